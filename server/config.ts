@@ -1,0 +1,84 @@
+/**
+ * The coordinator's configuration: the fixed points of DESIGN.md, read from flags and the
+ * environment, validated once at start with errors that name the setting.
+ */
+import path from 'node:path';
+import { z } from 'zod';
+
+export interface Config {
+  /** `DATABASE_URL`; when absent an embedded PostgreSQL runs with its data under `dataDir`. */
+  databaseUrl: string | undefined;
+  dataDir: string;
+  grpcAddr: string;
+  httpAddr: string;
+  adminKey: string | undefined;
+  leaseTtlMs: number;
+  claimTtlMs: number;
+  heartbeatIntervalMs: number;
+  reaperIntervalMs: number;
+}
+
+/** Flags given on the command line; each overrides its environment variable. */
+export interface ConfigFlags {
+  grpcAddr?: string;
+  httpAddr?: string;
+  dataDir?: string;
+}
+
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+}
+
+const units: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+
+/** Parses `250ms`, `2s`, `1.5m`, `1h` (or a bare number of milliseconds) into milliseconds. */
+export function parseDuration(text: string): number | undefined {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(text);
+  if (!m) return undefined;
+  const ms = Number(m[1]) * units[m[2] ?? 'ms']!;
+  return Number.isFinite(ms) ? Math.round(ms) : undefined;
+}
+
+const addr = z.string().regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'must be host:port, e.g. 127.0.0.1:50051');
+
+function duration(name: string, raw: string | undefined, fallback: number, min: number): number {
+  if (raw === undefined || raw === '') return fallback;
+  const ms = parseDuration(raw);
+  if (ms === undefined) throw new ConfigError(`${name}=${JSON.stringify(raw)} is not a duration: use e.g. 500ms, 2s, 1m`);
+  if (ms < min) throw new ConfigError(`${name}=${raw} is below the minimum of ${min} ms`);
+  return ms;
+}
+
+/** Builds the configuration from flags and environment; throws `ConfigError` naming the bad setting. */
+export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = process.env): Config {
+  const grpcAddr = flags.grpcAddr ?? env.LEASEHOLD_GRPC_ADDR ?? '127.0.0.1:50051';
+  const httpAddr = flags.httpAddr ?? env.LEASEHOLD_HTTP_ADDR ?? '127.0.0.1:8080';
+  for (const [name, value] of [
+    ['grpc address (--grpc-addr, LEASEHOLD_GRPC_ADDR)', grpcAddr],
+    ['http address (--http-addr, LEASEHOLD_HTTP_ADDR)', httpAddr],
+  ] as const) {
+    const r = addr.safeParse(value);
+    if (!r.success) throw new ConfigError(`${name} ${JSON.stringify(value)} ${r.error.issues[0]?.message}`);
+  }
+  const databaseUrl = env.DATABASE_URL || undefined;
+  if (databaseUrl && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    throw new ConfigError('DATABASE_URL must start with postgres:// or postgresql://');
+  }
+  const cfg: Config = {
+    databaseUrl,
+    dataDir: path.resolve(flags.dataDir ?? env.LEASEHOLD_DATA_DIR ?? '.leasehold'),
+    grpcAddr,
+    httpAddr,
+    adminKey: env.LEASEHOLD_ADMIN_KEY || undefined,
+    leaseTtlMs: duration('LEASEHOLD_LEASE_TTL', env.LEASEHOLD_LEASE_TTL, 30_000, 100),
+    claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
+    heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
+    reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
+  };
+  if (cfg.heartbeatIntervalMs >= cfg.leaseTtlMs) {
+    throw new ConfigError(
+      `LEASEHOLD_HEARTBEAT_INTERVAL (${cfg.heartbeatIntervalMs} ms) must be shorter than LEASEHOLD_LEASE_TTL (${cfg.leaseTtlMs} ms)`,
+    );
+  }
+  return cfg;
+}

@@ -1,0 +1,583 @@
+/**
+ * Leases and fences: claim, start, heartbeat, complete, fail.
+ *
+ * State machine (DESIGN.md):
+ *
+ *   queued ──claim──► claimed ──start──► running ──complete──► succeeded
+ *     ▲                  │ start deadline     │ fail(final) ──► failed
+ *     │                  │ passes (reaper)    │ fail(retryable) / lease or execution
+ *     └──────────────────┴────────────────────┘ timeout passes (reaper): queued, or dead at the cap
+ *
+ * The fence: claiming a job creates an attempt with a fresh 128-bit random id and stores it in
+ * `jobs.current_attempt_id`. Every write made on behalf of an attempt is one statement whose
+ * WHERE clause matches that id (and the agent that holds it, and the states it may act in);
+ * its row count is the outcome. Zero rows means the attempt is not current (`stale`, with a
+ * `stale_reports` row), is not this agent's (`forbidden`), does not exist (`not_found`), or already
+ * did this (`duplicate` / `conflict`, decided from its `completions` record). The follow-up read
+ * that tells these apart never writes job state: it only explains a write that did not happen.
+ *
+ * Leases expire lazily: a lease that has passed makes an attempt recoverable by the reaper,
+ * and until the reaper ends it the holder may still start, complete or fail (nobody else can
+ * hold the job meanwhile). Only started attempts count toward `max_attempts`.
+ */
+import { randomBytes } from 'node:crypto';
+import {
+  conflict,
+  duplicate,
+  forbidden,
+  notFound,
+  ok,
+  stale,
+  type CurrentState,
+  type Failure,
+  type Outcome,
+} from '../core/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
+import { z } from 'zod';
+import { currentOf, toJob, type Job } from './rows.js';
+import type { JobStatus } from './schema.js';
+import { run, statement, type Queryable } from './sql.js';
+
+/** A fresh fencing token: 128 bits from the CSPRNG, written as a UUID. */
+export function newAttemptId(): string {
+  const h = randomBytes(16).toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+/** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */
+export interface Backoff {
+  baseMs: number;
+  maxMs: number;
+}
+export const DEFAULT_BACKOFF: Backoff = { baseMs: 1000, maxMs: 3_600_000 };
+
+/** The SQL of the backoff delay after `started` started attempts, with params for base and max. */
+export const backoffSql = (started: string, base: string, max: string) =>
+  `make_interval(secs => least(${base}::float8 * power(2, greatest(${started}, 1) - 1), ${max}::float8)
+     * (0.5 + random() * 0.5) / 1000.0)`;
+
+// ───────────────────────────── claim ─────────────────────────────
+
+export interface ClaimParams {
+  agentId: string;
+  queues: string[];
+  /** Claim up to this many jobs. */
+  limit: number;
+  /** Start deadline: an attempt not started by then is recovered and does not count. */
+  claimTtlMs: number;
+  now?: Date;
+}
+
+/** A job handed to an agent: the attempt is its fencing token. */
+export interface Claimed {
+  job: Job;
+  attemptId: string;
+  attemptNo: number;
+  claimDeadline: Date;
+}
+
+// Safe under any number of concurrent claimers: each candidate row is locked FOR UPDATE and
+// rows another claimer holds are skipped (SKIP LOCKED), so no job is claimed twice and no
+// claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC, run_at,
+// id) WHERE status = 'queued': the ORDER BY matches it, so with one queue it is an index scan
+// stopped by the LIMIT. Attempt ids come from the caller (128 CSPRNG bits each), paired with the
+// candidates by position.
+const claimSql = statement(
+  'jobClaim',
+  `WITH c AS (
+     SELECT * FROM jobs
+     WHERE status = 'queued' AND queue = ANY($1::text[]) AND run_at <= coalesce($6::timestamptz, now())
+     ORDER BY priority DESC NULLS LAST, run_at, id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+   ), n AS (
+     SELECT c.id, row_number() OVER () AS rn FROM c
+   ), ids AS (
+     SELECT t.attempt_id, t.ord FROM unnest($3::uuid[]) WITH ORDINALITY AS t(attempt_id, ord)
+   ), u AS (
+     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = ids.attempt_id,
+       last_attempt_id = ids.attempt_id, agent_id = $4,
+       lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
+       updated_at = coalesce($6::timestamptz, now())
+     FROM n JOIN ids ON ids.ord = n.rn
+     WHERE j.id = n.id
+     RETURNING j.*
+   ), a AS (
+     INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
+     SELECT u.current_attempt_id, u.id, u.attempt_no, $4, 'claimed', u.updated_at, u.lease_expires_at FROM u
+   ), e AS (
+     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(c))
+     FROM u JOIN c ON c.id = u.id
+   )
+   SELECT * FROM u ORDER BY priority DESC, run_at, id`,
+);
+
+/** Claims up to `limit` queued jobs of `queues` for one agent, each with a fresh attempt. */
+export async function jobClaim(db: Queryable, p: ClaimParams): Promise<Outcome<Claimed[]>> {
+  const bad = checkAll(
+    check('agentId', schemas.agentId, p.agentId),
+    check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
+    check('limit', z.int().min(1).max(limits.claimBatch), p.limit),
+    check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
+  );
+  if (bad) return bad;
+  const ids = Array.from({ length: p.limit }, newAttemptId);
+  const rows = await run<Record<string, unknown>>(db, claimSql, [
+    p.queues,
+    p.limit,
+    ids,
+    p.agentId,
+    p.claimTtlMs,
+    p.now ?? null,
+  ]);
+  return ok(
+    rows.map((r) => {
+      const job = toJob(r);
+      return {
+        job,
+        attemptId: job.currentAttemptId as string,
+        attemptNo: job.attemptNo,
+        claimDeadline: job.leaseExpiresAt as Date,
+      };
+    }),
+  );
+}
+
+// ───────────────────── why a fenced write matched nothing ─────────────────────
+
+type Call = 'start' | 'heartbeat' | 'complete' | 'fail' | 'step';
+
+export interface Lookup {
+  job_id: string;
+  attempt_agent_id: string;
+  status: JobStatus;
+  attempt_no: number;
+  current_attempt_id: string | null;
+  kind: 'completed' | 'failed' | null;
+  result: unknown;
+  error: unknown;
+  retryable: boolean | null;
+  /** The call's own report equals the stored one (complete: result; fail: error and retryable). */
+  same: boolean | null;
+}
+
+// Read in a fresh snapshot after the fenced statement matched nothing, so it sees whatever
+// concurrent transition made the fence fail.
+const lookupSql = statement(
+  'attemptLookup',
+  `SELECT a.job_id, a.agent_id AS attempt_agent_id, j.status, j.attempt_no, j.current_attempt_id,
+          c.kind, c.result, c.error, c.retryable,
+          CASE WHEN c.kind = 'completed' THEN c.result = $2::jsonb
+               WHEN c.kind = 'failed' THEN c.error = $2::jsonb AND c.retryable = $3 END AS same
+   FROM attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN completions c ON c.attempt_id = a.id
+   WHERE a.id = $1`,
+);
+
+const staleReportSql = statement(
+  'staleReportInsert',
+  `INSERT INTO stale_reports (job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at)
+   SELECT j.id, $2, $3, $4, j.current_attempt_id, j.attempt_no, j.status, coalesce($5::timestamptz, now())
+   FROM jobs j WHERE j.id = $1
+   RETURNING current_attempt_id, current_attempt_no, current_status`,
+);
+
+/** Writes the `stale_reports` row for a late call and returns the `stale` outcome. */
+export async function reportStale(
+  db: Queryable,
+  p: { jobId: string; attemptId: string; agentId: string; call: Call; now?: Date | undefined },
+): Promise<Failure> {
+  const [r] = await run<{ current_attempt_id: string | null; current_attempt_no: number; current_status: JobStatus }>(
+    db,
+    staleReportSql,
+    [p.jobId, p.attemptId, p.agentId, p.call, p.now ?? null],
+  );
+  const current: CurrentState = {
+    jobId: p.jobId,
+    status: r?.current_status ?? 'canceled',
+    attemptNo: r?.current_attempt_no ?? 0,
+    currentAttemptId: r?.current_attempt_id ?? null,
+  };
+  return stale(
+    `attempt ${p.attemptId} is not current: job ${p.jobId} is ${current.status} at attempt ${current.attemptNo}` +
+      (current.currentAttemptId ? ` (current attempt ${current.currentAttemptId})` : ''),
+    current,
+  );
+}
+
+/**
+ * Explains a fenced write that matched nothing: `not_found`, `forbidden`, the stored answer
+ * of a repeat (via `onRepeat`), or `stale` (logged in `stale_reports`).
+ */
+export async function explain(
+  db: Queryable,
+  p: { attemptId: string; agentId: string; jobId?: string | undefined; call: Call; now?: Date | undefined },
+  report: { json: string | null; retryable: boolean | null },
+  onRepeat: (l: Lookup) => Outcome<string> | undefined,
+): Promise<Outcome<string>> {
+  const [l] = await run<Lookup>(db, lookupSql, [p.attemptId, report.json, report.retryable]);
+  if (!l || (p.jobId !== undefined && l.job_id !== p.jobId)) {
+    return notFound(`attempt ${p.attemptId} not found` + (p.jobId ? ` for job ${p.jobId}` : ''));
+  }
+  if (l.attempt_agent_id !== p.agentId) {
+    return forbidden(`attempt ${p.attemptId} belongs to another agent`);
+  }
+  const repeat = onRepeat(l);
+  if (repeat) return repeat;
+  return reportStale(db, { jobId: l.job_id, attemptId: p.attemptId, agentId: p.agentId, call: p.call, now: p.now });
+}
+
+interface AttemptRef {
+  attemptId: string;
+  agentId: string;
+  /** When given, the attempt must belong to this job (else `not_found`). */
+  jobId?: string;
+  now?: Date;
+}
+
+function checkRef(p: AttemptRef): Failure | undefined {
+  return checkAll(
+    check('attemptId', schemas.id, p.attemptId),
+    check('agentId', schemas.agentId, p.agentId),
+    p.jobId === undefined ? undefined : check('jobId', schemas.id, p.jobId),
+  );
+}
+
+// ───────────────────────────── start ─────────────────────────────
+
+export interface StartParams extends AttemptRef {
+  leaseTtlMs: number;
+}
+
+// The fence: the job's current attempt is $1, held by agent $2, still only claimed.
+const startSql = statement(
+  'attemptStart',
+  `WITH o AS (
+     SELECT * FROM jobs
+     WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'claimed' AND ($3::uuid IS NULL OR id = $3)
+     FOR UPDATE
+   ), u AS (
+     UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
+       execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
+       lease_expires_at = least(coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0),
+                                coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0)),
+       heartbeat_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
+     FROM o WHERE j.id = o.id
+     RETURNING j.*
+   ), a AS (
+     UPDATE attempts SET status = 'running', started_at = coalesce($5::timestamptz, now())
+     WHERE id = $1 AND EXISTS (SELECT 1 FROM u)
+   ), e AS (
+     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+     SELECT u.id, $1, 'started', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+   )
+   SELECT * FROM u`,
+);
+
+/**
+ * Moves a claimed job to `running` and sets its lease (capped by the execution timeout).
+ * A repeat from the running attempt is `duplicate`.
+ */
+export async function attemptStart(db: Queryable, p: StartParams): Promise<Outcome<Job>> {
+  const bad = checkRef(p) ?? check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs);
+  if (bad) return bad;
+  const [row] = await run<Record<string, unknown>>(db, startSql, [
+    p.attemptId,
+    p.agentId,
+    p.jobId ?? null,
+    p.leaseTtlMs,
+    p.now ?? null,
+  ]);
+  if (row) return ok(toJob(row));
+  const o = await explain(db, { ...p, call: 'start' }, { json: null, retryable: null }, (l) =>
+    l.current_attempt_id === p.attemptId && l.status === 'running' ? duplicate(l.job_id) : undefined,
+  );
+  return withJob(db, o);
+}
+
+const jobByIdSql = statement('attemptJobById', `SELECT * FROM jobs WHERE id = $1`);
+
+/** Turns a `duplicate` naming a job id into a `duplicate` carrying the job as stored now. */
+async function withJob(db: Queryable, o: Outcome<string>): Promise<Outcome<Job>> {
+  if (o.outcome !== 'duplicate' && o.outcome !== 'ok') return o;
+  const [row] = await run<Record<string, unknown>>(db, jobByIdSql, [o.value]);
+  return row ? duplicate(toJob(row)) : notFound(`job ${o.value} not found`);
+}
+
+// ─────────────────────────── heartbeat ───────────────────────────
+
+export interface HeartbeatParams {
+  /** Attempts to renew, each with the agent that claims to hold it. */
+  items: Array<{ attemptId: string; agentId: string }>;
+  leaseTtlMs: number;
+  now?: Date;
+}
+
+/** What a heartbeat found, attempt by attempt. */
+export interface HeartbeatResult {
+  /** Renewed: running, current, held by the caller. */
+  renewed: Array<{ attemptId: string; leaseExpiresAt: Date }>;
+  /** Current but only claimed: nothing to renew until `start`. */
+  pending: string[];
+  /** No longer to be worked on: superseded, ended, canceled, or past its execution timeout. */
+  lost: Array<{ attemptId: string; reason: 'stale' | 'timed_out' | 'not_found' | 'forbidden'; current?: CurrentState }>;
+}
+
+// One UPDATE renews every item whose attempt is current, running, held by its agent and not
+// past its execution deadline. Rows are locked in id order so concurrent batches cannot deadlock.
+const heartbeatSql = statement(
+  'attemptHeartbeat',
+  `WITH h AS (
+     SELECT * FROM unnest($1::uuid[], $2::text[]) AS t(attempt_id, agent_id)
+   ), l AS (
+     SELECT j.id FROM jobs j JOIN h ON j.current_attempt_id = h.attempt_id AND j.agent_id = h.agent_id
+     WHERE j.status = 'running' AND (j.execution_deadline IS NULL OR j.execution_deadline > coalesce($4::timestamptz, now()))
+     ORDER BY j.id
+     FOR UPDATE OF j
+   )
+   UPDATE jobs j SET
+     lease_expires_at = least(coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8 / 1000.0), j.execution_deadline),
+     heartbeat_at = coalesce($4::timestamptz, now())
+   FROM l WHERE j.id = l.id
+   RETURNING j.current_attempt_id AS attempt_id, j.agent_id, j.lease_expires_at`,
+);
+
+// For the items the UPDATE did not renew: what each attempt is now.
+const heartbeatLookupSql = statement(
+  'attemptHeartbeatLookup',
+  `SELECT h.attempt_id, h.agent_id, a.job_id, a.agent_id AS attempt_agent_id,
+          j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
+   FROM unnest($1::uuid[], $2::text[]) AS h(attempt_id, agent_id)
+   LEFT JOIN attempts a ON a.id = h.attempt_id
+   LEFT JOIN jobs j ON j.id = a.job_id`,
+);
+
+/**
+ * Renews the leases of many attempts in one statement (one per coordinator tick in practice).
+ * Returns those renewed, those still waiting for `start`, and those lost; a lost attempt that
+ * exists and is the caller's gets a `stale_reports` row.
+ */
+export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promise<Outcome<HeartbeatResult>> {
+  const bad = checkAll(
+    check(
+      'items',
+      z
+        .array(z.object({ attemptId: schemas.id, agentId: schemas.agentId }))
+        .max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`),
+      p.items,
+    ),
+    check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs),
+  );
+  if (bad) return bad;
+  const result: HeartbeatResult = { renewed: [], pending: [], lost: [] };
+  if (p.items.length === 0) return ok(result);
+  const ids = p.items.map((i) => i.attemptId);
+  const agents = p.items.map((i) => i.agentId);
+  const rows = await run<{ attempt_id: string; agent_id: string; lease_expires_at: Date }>(db, heartbeatSql, [
+    ids,
+    agents,
+    p.leaseTtlMs,
+    p.now ?? null,
+  ]);
+  const key = (attemptId: string, agentId: string) => `${attemptId} ${agentId}`;
+  const renewed = new Set<string>();
+  for (const r of rows) {
+    renewed.add(key(r.attempt_id, r.agent_id));
+    result.renewed.push({ attemptId: r.attempt_id, leaseExpiresAt: r.lease_expires_at });
+  }
+  const missed = p.items.filter((i) => !renewed.has(key(i.attemptId, i.agentId)));
+  if (missed.length === 0) return ok(result);
+
+  const found = await run<{
+    attempt_id: string;
+    agent_id: string;
+    job_id: string | null;
+    attempt_agent_id: string | null;
+    status: JobStatus | null;
+    attempt_no: number | null;
+    current_attempt_id: string | null;
+    timed_out: boolean | null;
+  }>(db, heartbeatLookupSql, [missed.map((i) => i.attemptId), missed.map((i) => i.agentId), p.now ?? null]);
+  for (const f of found) {
+    if (!f.job_id || !f.status) {
+      result.lost.push({ attemptId: f.attempt_id, reason: 'not_found' });
+    } else if (f.attempt_agent_id !== f.agent_id) {
+      result.lost.push({ attemptId: f.attempt_id, reason: 'forbidden' });
+    } else if (f.current_attempt_id === f.attempt_id && f.status === 'claimed') {
+      result.pending.push(f.attempt_id);
+    } else if (f.current_attempt_id === f.attempt_id && f.status === 'running' && f.timed_out) {
+      result.lost.push({
+        attemptId: f.attempt_id,
+        reason: 'timed_out',
+        current: currentOf({ job_id: f.job_id, status: f.status, attempt_no: f.attempt_no ?? 0, current_attempt_id: f.current_attempt_id }),
+      });
+    } else if (f.current_attempt_id === f.attempt_id && f.status === 'running') {
+      // Started by a start that committed after the UPDATE ran: that start set a fresh lease,
+      // so it is not lost; the next heartbeat renews it.
+      result.pending.push(f.attempt_id);
+    } else {
+      const s = await reportStale(db, {
+        jobId: f.job_id,
+        attemptId: f.attempt_id,
+        agentId: f.agent_id,
+        call: 'heartbeat',
+        now: p.now,
+      });
+      result.lost.push({ attemptId: f.attempt_id, reason: 'stale', ...(s.outcome === 'stale' ? { current: s.current } : {}) });
+    }
+  }
+  return ok(result);
+}
+
+// ─────────────────────────── complete ────────────────────────────
+
+export interface CompleteParams extends AttemptRef {
+  /** A JSON object, at most `limits.resultBytes` serialized. */
+  result: unknown;
+}
+
+// The fence: the job's current attempt is $1, held by agent $2, claimed or running. Completing
+// a claimed attempt starts it implicitly (it counts toward max_attempts).
+const completeSql = statement(
+  'attemptComplete',
+  `WITH o AS (
+     SELECT * FROM jobs
+     WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
+     FOR UPDATE
+   ), u AS (
+     UPDATE jobs j SET status = 'succeeded', result = $4::jsonb,
+       attempts_started = j.attempts_started + (o.status = 'claimed')::int,
+       current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
+       finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
+     FROM o WHERE j.id = o.id
+     RETURNING j.*
+   ), a AS (
+     UPDATE attempts SET status = 'succeeded', ended_at = u.finished_at, started_at = coalesce(started_at, u.finished_at)
+     FROM u WHERE attempts.id = $1
+   ), c AS (
+     INSERT INTO completions (attempt_id, job_id, kind, result, created_at)
+     SELECT $1, u.id, 'completed', $4::jsonb, u.finished_at FROM u
+   ), e AS (
+     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+     SELECT u.id, $1, 'completed', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+   )
+   SELECT * FROM u`,
+);
+
+/**
+ * Completes the job with `result`, stored once. A repeat with the same result is `duplicate`
+ * carrying the stored result; another result (or a failure report) from the same attempt is
+ * `conflict`; a non-current attempt is `stale`.
+ */
+export async function attemptComplete(db: Queryable, p: CompleteParams): Promise<Outcome<Job>> {
+  const bad = checkRef(p);
+  if (bad) return bad;
+  const result = checkJson('result', p.result, { maxBytes: limits.resultBytes, object: true });
+  if ('failure' in result) return result.failure;
+  const [row] = await run<Record<string, unknown>>(db, completeSql, [
+    p.attemptId,
+    p.agentId,
+    p.jobId ?? null,
+    result.json,
+    p.now ?? null,
+  ]);
+  if (row) return ok(toJob(row));
+  return repeatOrStale(db, p, 'complete', { json: result.json, retryable: null }, 'completed');
+}
+
+/** After a zero-row complete or fail: the stored answer of a repeat, or why not. */
+async function repeatOrStale(
+  db: Queryable,
+  p: AttemptRef,
+  call: 'complete' | 'fail',
+  report: { json: string; retryable: boolean | null },
+  kind: 'completed' | 'failed',
+): Promise<Outcome<Job>> {
+  const o = await explain(db, { ...p, call }, report, (l) => {
+    if (!l.kind) return undefined;
+    if (l.kind === kind && l.same) return duplicate(l.job_id);
+    return conflict(
+      l.kind === kind
+        ? `attempt ${p.attemptId} already reported a different ${kind === 'completed' ? 'result' : 'failure'}`
+        : `attempt ${p.attemptId} already ${l.kind}`,
+      currentOf(l),
+    );
+  });
+  return withJob(db, o);
+}
+
+// ───────────────────────────── fail ──────────────────────────────
+
+export interface FailParams extends AttemptRef {
+  /** `{message, …}`: at most `limits.errorBytes` serialized. */
+  error: { message: string; [k: string]: unknown };
+  /** Retry (with backoff, or `dead` at the attempt cap), or fail for good. */
+  retryable: boolean;
+  backoff?: Backoff;
+}
+
+// The fence as in attemptComplete. The next state: `failed` when not retryable; `dead` when the
+// started attempts (this one included) reached max_attempts; otherwise `queued` after a backoff.
+const failSql = statement(
+  'attemptFail',
+  `WITH o AS (
+     SELECT * FROM jobs
+     WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
+     FOR UPDATE
+   ), d AS (
+     SELECT o.id, o.attempts_started + (o.status = 'claimed')::int AS started,
+       (CASE WHEN NOT $5::boolean THEN 'failed'
+             WHEN o.attempts_started + (o.status = 'claimed')::int >= o.max_attempts THEN 'dead'
+             ELSE 'queued' END)::job_status AS next
+     FROM o
+   ), u AS (
+     UPDATE jobs j SET status = d.next, error = $4::jsonb, attempts_started = d.started,
+       current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
+       run_at = CASE WHEN d.next = 'queued'
+                     THEN coalesce($8::timestamptz, now()) + ${backoffSql('d.started', '$6', '$7')}
+                     ELSE j.run_at END,
+       finished_at = CASE WHEN d.next = 'queued' THEN NULL ELSE coalesce($8::timestamptz, now()) END,
+       updated_at = coalesce($8::timestamptz, now())
+     FROM d WHERE j.id = d.id
+     RETURNING j.*
+   ), a AS (
+     UPDATE attempts SET status = 'failed', ended_at = u.updated_at, started_at = coalesce(started_at, u.updated_at)
+     FROM u WHERE attempts.id = $1
+   ), c AS (
+     INSERT INTO completions (attempt_id, job_id, kind, error, retryable, created_at)
+     SELECT $1, u.id, 'failed', $4::jsonb, $5, u.updated_at FROM u
+   ), e AS (
+     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+     SELECT u.id, $1,
+       (CASE u.status WHEN 'queued' THEN 'retry_scheduled' WHEN 'dead' THEN 'dead' ELSE 'failed' END)::event_kind,
+       u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
+     FROM u JOIN o ON o.id = u.id
+   )
+   SELECT * FROM u`,
+);
+
+const errorSchema = z.object({ message: z.string().min(1, 'must not be empty') }).loose();
+
+/**
+ * Reports the attempt failed: `failed` for good, or retried after a backoff, or `dead` at the
+ * attempt cap. Repeats are `duplicate` / `conflict` as for `attemptComplete`.
+ */
+export async function attemptFail(db: Queryable, p: FailParams): Promise<Outcome<Job>> {
+  const bad = checkRef(p) ?? check('error', errorSchema, p.error) ?? check('retryable', z.boolean(), p.retryable);
+  if (bad) return bad;
+  const error = checkJson('error', p.error, { maxBytes: limits.errorBytes, object: true });
+  if ('failure' in error) return error.failure;
+  const backoff = p.backoff ?? DEFAULT_BACKOFF;
+  const [row] = await run<Record<string, unknown>>(db, failSql, [
+    p.attemptId,
+    p.agentId,
+    p.jobId ?? null,
+    error.json,
+    p.retryable,
+    backoff.baseMs,
+    backoff.maxMs,
+    p.now ?? null,
+  ]);
+  if (row) return ok(toJob(row));
+  return repeatOrStale(db, p, 'fail', { json: error.json, retryable: p.retryable }, 'failed');
+}

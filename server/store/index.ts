@@ -1,0 +1,9 @@
+/** The store: every SQL statement of Leasehold, as verbs taking `(db | tx, params)`. */
+export * from './attempts.js';
+export * from './jobs.js';
+export * from './rescue.js';
+export * from './steps.js';
+export { type Job, toJob } from './rows.js';
+export { StoreError, withTransaction, type Queryable } from './sql.js';
+export { openDatabase, createPool, redact, type Database } from './database.js';
+export { migrateDatabase } from './migrate.js';

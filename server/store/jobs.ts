@@ -1,0 +1,241 @@
+/**
+ * Job verbs that are not made on behalf of an attempt: enqueue, cancel, requeue, get.
+ * Each is one statement (or, for `jobGet`, one read-only snapshot); each appends its
+ * transition to `job_events` in the same statement.
+ */
+import { asc, desc, eq } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import pg from 'pg';
+import {
+  conflict,
+  duplicate,
+  notFound,
+  ok,
+  type Outcome,
+} from '../core/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
+import { currentOf, toJob, type Job } from './rows.js';
+import {
+  attempts,
+  jobEvents,
+  staleReports,
+  steps,
+  type AttemptRow,
+  type JobEventRow,
+  type StaleReportRow,
+  type StepRow,
+} from './schema.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
+
+export interface EnqueueParams {
+  queue: string;
+  /** A JSON object, at most `limits.payloadBytes` serialized. */
+  payload: unknown;
+  /** Higher runs first; default 0. */
+  priority?: number;
+  /** Not before this time; default now. */
+  runAt?: Date;
+  /** Started attempts before the job is dead-lettered; default 5. */
+  maxAttempts?: number;
+  /** The same key with the same queue and payload returns the existing job; another payload is `conflict`. */
+  idempotencyKey?: string;
+  /** A running attempt past this is revoked and failed as retryable. */
+  executionTimeoutMs?: number;
+  now?: Date;
+}
+
+export const DEFAULT_MAX_ATTEMPTS = 5;
+
+const enqueueSql = statement(
+  'jobEnqueue',
+  `WITH n AS (
+     INSERT INTO jobs (queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
+                       created_at, updated_at)
+     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7,
+             coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()))
+     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+     RETURNING *
+   ), e AS (
+     INSERT INTO job_events (job_id, kind, at, data)
+     SELECT n.id, 'enqueued', n.created_at, job_event_delta(to_jsonb(n), '{}'::jsonb) FROM n
+   )
+   SELECT * FROM n`,
+);
+
+// Runs after an ON CONFLICT DO NOTHING returned nothing: a new snapshot, so it sees the
+// competing insert that made it skip (READ COMMITTED).
+const byKeySql = statement(
+  'jobByIdempotencyKey',
+  `SELECT *, (queue = $2 AND payload = $3::jsonb) AS same FROM jobs WHERE idempotency_key = $1`,
+);
+
+/**
+ * Adds a job in `queued`. With an idempotency key: `ok` for a new job, `duplicate` with the
+ * existing job for the same queue and payload, `conflict` for another one.
+ */
+export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outcome<Job>> {
+  const bad = checkAll(
+    check('queue', schemas.queue, p.queue),
+    p.priority === undefined ? undefined : check('priority', schemas.priority, p.priority),
+    p.maxAttempts === undefined ? undefined : check('maxAttempts', schemas.maxAttempts, p.maxAttempts),
+    p.runAt === undefined ? undefined : check('runAt', schemas.date, p.runAt),
+    p.idempotencyKey === undefined ? undefined : check('idempotencyKey', schemas.idempotencyKey, p.idempotencyKey),
+    p.executionTimeoutMs === undefined
+      ? undefined
+      : check('executionTimeoutMs', schemas.executionTimeoutMs, p.executionTimeoutMs),
+  );
+  if (bad) return bad;
+  const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
+  if ('failure' in payload) return payload.failure;
+
+  const rows = await run(db, enqueueSql, [
+    p.queue,
+    payload.json,
+    p.priority ?? 0,
+    p.runAt ?? null,
+    p.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
+    p.idempotencyKey ?? null,
+    p.executionTimeoutMs ?? null,
+    p.now ?? null,
+  ]);
+  if (rows[0]) return ok(toJob(rows[0]));
+
+  const [existing] = await run<Record<string, unknown> & { same: boolean }>(db, byKeySql, [
+    p.idempotencyKey,
+    p.queue,
+    payload.json,
+  ]);
+  // The conflicting row was purged between the two statements: the key is free again.
+  if (!existing) return jobEnqueue(db, p);
+  const { same, ...row } = existing;
+  if (same) return duplicate(toJob(row));
+  return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`);
+}
+
+export interface CancelParams {
+  jobId: string;
+  now?: Date;
+}
+
+/** What a cancel did: the job, and the attempt it took away (to push `Cancel` to its agent). */
+export interface Canceled {
+  job: Job;
+  canceledAttempt: { attemptId: string; agentId: string } | null;
+}
+
+const cancelSql = statement(
+  'jobCancel',
+  `WITH o AS (
+     SELECT * FROM jobs WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
+   ), u AS (
+     UPDATE jobs j SET status = 'canceled', current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL,
+       execution_deadline = NULL, finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+     FROM o WHERE j.id = o.id
+     RETURNING j.*
+   ), a AS (
+     UPDATE attempts SET status = 'canceled', ended_at = coalesce($2::timestamptz, now())
+     WHERE id = (SELECT current_attempt_id FROM o)
+   ), e AS (
+     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+     SELECT u.id, o.current_attempt_id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
+     FROM u JOIN o ON o.id = u.id
+   )
+   SELECT u.*, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
+   FROM u JOIN o ON o.id = u.id`,
+);
+
+const jobStateSql = statement('jobState', `SELECT * FROM jobs WHERE id = $1`);
+
+/**
+ * Cancels a job that is not terminal (its current attempt, if any, ends as `canceled`).
+ * A canceled job is `duplicate`; another terminal job is `conflict`.
+ */
+export async function jobCancel(db: Queryable, p: CancelParams): Promise<Outcome<Canceled>> {
+  const bad = check('jobId', schemas.id, p.jobId);
+  if (bad) return bad;
+  const [row] = await run<Record<string, unknown>>(db, cancelSql, [p.jobId, p.now ?? null]);
+  if (row) {
+    const { canceled_attempt_id, canceled_agent_id, ...job } = row;
+    return ok({
+      job: toJob(job),
+      canceledAttempt: canceled_attempt_id
+        ? { attemptId: canceled_attempt_id as string, agentId: canceled_agent_id as string }
+        : null,
+    });
+  }
+  const [cur] = await run<Record<string, unknown>>(db, jobStateSql, [p.jobId]);
+  if (!cur) return notFound(`job ${p.jobId} not found`);
+  const job = toJob(cur);
+  if (job.status === 'canceled') return duplicate({ job, canceledAttempt: null });
+  return conflict(`job ${p.jobId} is already ${job.status}`, currentOf(cur as never));
+}
+
+export interface RequeueParams {
+  jobId: string;
+  now?: Date;
+}
+
+const requeueSql = statement(
+  'jobRequeue',
+  `WITH o AS (
+     SELECT * FROM jobs WHERE id = $1 AND status IN ('dead', 'failed', 'canceled') FOR UPDATE
+   ), u AS (
+     UPDATE jobs j SET status = 'queued', run_at = coalesce($2::timestamptz, now()), attempts_started = 0,
+       finished_at = NULL, updated_at = coalesce($2::timestamptz, now())
+     FROM o WHERE j.id = o.id
+     RETURNING j.*
+   ), e AS (
+     INSERT INTO job_events (job_id, kind, at, data)
+     SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+   )
+   SELECT * FROM u`,
+);
+
+/**
+ * An operator's second chance: a `dead`, `failed` or `canceled` job goes back to `queued` with
+ * its started-attempt count reset (attempt numbers keep growing). A succeeded job never moves.
+ */
+export async function jobRequeue(db: Queryable, p: RequeueParams): Promise<Outcome<Job>> {
+  const bad = check('jobId', schemas.id, p.jobId);
+  if (bad) return bad;
+  const [row] = await run<Record<string, unknown>>(db, requeueSql, [p.jobId, p.now ?? null]);
+  if (row) return ok(toJob(row));
+  const [cur] = await run<Record<string, unknown>>(db, jobStateSql, [p.jobId]);
+  if (!cur) return notFound(`job ${p.jobId} not found`);
+  return conflict(
+    `job ${p.jobId} is ${String(cur.status)}: only dead, failed or canceled jobs can be requeued`,
+    currentOf(cur as never),
+  );
+}
+
+/** A job with everything that happened to it. */
+export interface JobDetail {
+  job: Job;
+  attempts: AttemptRow[];
+  events: JobEventRow[];
+  steps: StepRow[];
+  staleReports: StaleReportRow[];
+}
+
+/** One job with its attempts, events, steps and stale reports, read from one snapshot. */
+export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outcome<JobDetail>> {
+  const bad = check('jobId', schemas.id, p.jobId);
+  if (bad) return bad;
+  const read = async (tx: pg.PoolClient | pg.Client) => {
+    const [row] = (await tx.query('SELECT * FROM jobs WHERE id = $1', [p.jobId])).rows;
+    if (!row) return notFound(`job ${p.jobId} not found`);
+    const d = drizzle(tx);
+    return ok<JobDetail>({
+      job: toJob(row),
+      attempts: await d.select().from(attempts).where(eq(attempts.jobId, p.jobId)).orderBy(asc(attempts.attemptNo)),
+      events: await d.select().from(jobEvents).where(eq(jobEvents.jobId, p.jobId)).orderBy(asc(jobEvents.id)),
+      steps: await d.select().from(steps).where(eq(steps.jobId, p.jobId)).orderBy(asc(steps.startedAt)),
+      staleReports: await d
+        .select()
+        .from(staleReports)
+        .where(eq(staleReports.jobId, p.jobId))
+        .orderBy(desc(staleReports.id)),
+    });
+  };
+  return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY' });
+}

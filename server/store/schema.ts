@@ -1,0 +1,244 @@
+/**
+ * The Leasehold schema, in Drizzle. `drizzle-kit generate` turns it into the SQL migrations
+ * under `server/store/migrations/` (committed); `npm run migrate` and the coordinator's start
+ * apply them.
+ *
+ * The `jobs` row is the current state of a job and the only place a fence is checked:
+ * every write on behalf of an attempt matches `current_attempt_id`. Everything else is
+ * history (`attempts`, `job_events`, `stale_reports`) or an idempotency record
+ * (`completions`, `steps`).
+ */
+import { sql } from 'drizzle-orm';
+import {
+  bigint,
+  boolean,
+  check,
+  index,
+  integer,
+  jsonb,
+  pgEnum,
+  pgTable,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from 'drizzle-orm/pg-core';
+
+/** Job states of DESIGN.md. `claimed` (holds a start deadline) and `running` (holds a lease) are the two held states. */
+export const jobStatus = pgEnum('job_status', [
+  'queued',
+  'claimed',
+  'running',
+  'succeeded',
+  'failed',
+  'dead',
+  'canceled',
+]);
+
+/** How an attempt ended, or that it has not ended yet (`claimed`, `running`). */
+export const attemptStatus = pgEnum('attempt_status', [
+  'claimed',
+  'running',
+  'succeeded',
+  'failed',
+  'claim_expired',
+  'lease_expired',
+  'timed_out',
+  'canceled',
+]);
+
+/** The kinds of `job_events` rows: one per transition of a job. */
+export const eventKind = pgEnum('event_kind', [
+  'enqueued',
+  'claimed',
+  'started',
+  'completed',
+  'failed',
+  'retry_scheduled',
+  'claim_expired',
+  'lease_expired',
+  'timed_out',
+  'dead',
+  'canceled',
+  'requeued',
+]);
+
+/** A step of the effect ledger is `started` (reserved by an attempt, outcome unknown) or `done`. */
+export const stepStatus = pgEnum('step_status', ['started', 'done']);
+
+const tsz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
+
+export const jobs = pgTable(
+  'jobs',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    queue: text('queue').notNull(),
+    payload: jsonb('payload').notNull(),
+    priority: integer('priority').notNull().default(0),
+    status: jobStatus('status').notNull().default('queued'),
+    runAt: tsz('run_at').notNull().defaultNow(),
+    maxAttempts: integer('max_attempts').notNull().default(5),
+    /** Number of the newest attempt; the next claim creates attempt `attempt_no + 1`. */
+    attemptNo: integer('attempt_no').notNull().default(0),
+    /** Attempts that reached `start`: only these count toward `max_attempts`. */
+    attemptsStarted: integer('attempts_started').notNull().default(0),
+    /** The fencing token: set exactly while the job is `claimed` or `running`. */
+    currentAttemptId: uuid('current_attempt_id'),
+    /** The newest attempt, whatever its state; kept after the job leaves the held states. */
+    lastAttemptId: uuid('last_attempt_id'),
+    /** The agent holding the current attempt. */
+    agentId: text('agent_id'),
+    /** Start deadline while `claimed`, run lease while `running` (never past `execution_deadline`). */
+    leaseExpiresAt: tsz('lease_expires_at'),
+    heartbeatAt: tsz('heartbeat_at'),
+    executionTimeoutMs: integer('execution_timeout_ms'),
+    /** `started_at + execution_timeout` of the current attempt. */
+    executionDeadline: tsz('execution_deadline'),
+    idempotencyKey: text('idempotency_key'),
+    result: jsonb('result'),
+    /** The last error reported (or recorded by the reaper), `{message, …}`. */
+    error: jsonb('error'),
+    createdAt: tsz('created_at').notNull().defaultNow(),
+    updatedAt: tsz('updated_at').notNull().defaultNow(),
+    finishedAt: tsz('finished_at'),
+  },
+  (t) => [
+    // Serves jobClaim: the next queued jobs of the agent's queues in priority order. Partial,
+    // so it holds only claimable rows and stays small however many finished jobs are kept.
+    index('jobs_claim_idx')
+      .on(t.queue, t.priority.desc(), t.runAt, t.id)
+      .where(sql`${t.status} = 'queued'`),
+    // Serves jobRescueExpired (the reaper): held jobs whose start deadline or lease has passed,
+    // oldest first. The execution timeout caps the lease, so it is found through this index too.
+    index('jobs_lease_idx')
+      .on(t.leaseExpiresAt)
+      .where(sql`${t.status} in ('claimed', 'running')`),
+    // Serves every fenced write (start, heartbeat, complete, fail, steps): the fence is this
+    // column, and a unique index also makes two jobs sharing an attempt id impossible.
+    uniqueIndex('jobs_current_attempt_uq')
+      .on(t.currentAttemptId)
+      .where(sql`${t.currentAttemptId} is not null`),
+    // Serves jobEnqueue's ON CONFLICT: one job per idempotency key.
+    uniqueIndex('jobs_idempotency_key_uq')
+      .on(t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} is not null`),
+    // Serves listing and purging finished jobs by age.
+    index('jobs_finished_idx')
+      .on(t.finishedAt)
+      .where(sql`${t.finishedAt} is not null`),
+    check('jobs_payload_object', sql`jsonb_typeof(${t.payload}) = 'object'`),
+    check('jobs_max_attempts_positive', sql`${t.maxAttempts} > 0`),
+    check(
+      'jobs_held_has_attempt',
+      sql`(${t.status} in ('claimed', 'running')) = (${t.currentAttemptId} is not null and ${t.leaseExpiresAt} is not null and ${t.agentId} is not null)`,
+    ),
+  ],
+);
+
+export const attempts = pgTable(
+  'attempts',
+  {
+    /** The fencing token: 128 random bits (crypto.randomBytes), written as a UUID. */
+    id: uuid('id').primaryKey(),
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    attemptNo: integer('attempt_no').notNull(),
+    agentId: text('agent_id').notNull(),
+    status: attemptStatus('status').notNull().default('claimed'),
+    claimedAt: tsz('claimed_at').notNull(),
+    claimDeadline: tsz('claim_deadline').notNull(),
+    startedAt: tsz('started_at'),
+    endedAt: tsz('ended_at'),
+  },
+  (t) => [uniqueIndex('attempts_job_attempt_no_uq').on(t.jobId, t.attemptNo)],
+);
+
+export const jobEvents = pgTable(
+  'job_events',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    attemptId: uuid('attempt_id'),
+    kind: eventKind('kind').notNull(),
+    at: tsz('at').notNull(),
+    /** The columns of `jobs` this transition set, by column name: folding them in `id` order rebuilds the row. */
+    data: jsonb('data').notNull(),
+  },
+  (t) => [
+    // Serves jobGet's history and the rebuild of a job from its events.
+    index('job_events_job_idx').on(t.jobId, t.id),
+  ],
+);
+
+export const completions = pgTable('completions', {
+  /** One terminal report per attempt: a repeat is compared with it (`duplicate` or `conflict`). */
+  attemptId: uuid('attempt_id')
+    .primaryKey()
+    .references(() => attempts.id, { onDelete: 'cascade' }),
+  jobId: uuid('job_id')
+    .notNull()
+    .references(() => jobs.id, { onDelete: 'cascade' }),
+  kind: text('kind', { enum: ['completed', 'failed'] }).notNull(),
+  result: jsonb('result'),
+  error: jsonb('error'),
+  retryable: boolean('retryable'),
+  createdAt: tsz('created_at').notNull(),
+});
+
+export const steps = pgTable(
+  'steps',
+  {
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    step: text('step').notNull(),
+    status: stepStatus('status').notNull(),
+    /** The attempt holding the reservation, or the one that recorded the outcome. */
+    attemptId: uuid('attempt_id').notNull(),
+    /** The attempt whose reservation this one took over (its outcome was unknown). */
+    previousAttemptId: uuid('previous_attempt_id'),
+    output: jsonb('output'),
+    /** How many attempts have reserved this step: more than one means an outcome was once unknown. */
+    reservations: integer('reservations').notNull().default(1),
+    startedAt: tsz('started_at').notNull(),
+    finishedAt: tsz('finished_at'),
+  },
+  (t) => [primaryKey({ columns: [t.jobId, t.step] })],
+);
+
+export const staleReports = pgTable(
+  'stale_reports',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    /** The attempt that made the late call. */
+    attemptId: uuid('attempt_id').notNull(),
+    agentId: text('agent_id'),
+    call: text('call', { enum: ['start', 'heartbeat', 'complete', 'fail', 'step'] }).notNull(),
+    /** The job's current attempt at the time of the call, if it had one. */
+    currentAttemptId: uuid('current_attempt_id'),
+    currentAttemptNo: integer('current_attempt_no').notNull(),
+    currentStatus: jobStatus('current_status').notNull(),
+    at: tsz('at').notNull(),
+  },
+  (t) => [
+    // Serves listing stale reports newest first, and a job's own reports.
+    index('stale_reports_at_idx').on(t.at),
+    index('stale_reports_job_idx').on(t.jobId),
+  ],
+);
+
+export type JobRow = typeof jobs.$inferSelect;
+export type AttemptRow = typeof attempts.$inferSelect;
+export type JobEventRow = typeof jobEvents.$inferSelect;
+export type StepRow = typeof steps.$inferSelect;
+export type StaleReportRow = typeof staleReports.$inferSelect;
+export type JobStatus = (typeof jobStatus.enumValues)[number];
+export type AttemptStatus = (typeof attemptStatus.enumValues)[number];
+export type EventKind = (typeof eventKind.enumValues)[number];

@@ -1,0 +1,69 @@
+/**
+ * How store verbs talk to PostgreSQL: a `Queryable` (a pool, or a client inside a transaction),
+ * named prepared statements for the hot path, and `withTransaction`.
+ */
+import pg from 'pg';
+
+/** A pool or a checked-out client: every store verb takes one as its first argument. */
+export type Queryable = pg.Pool | pg.PoolClient | pg.Client;
+
+/** A statement with a stable name: PostgreSQL parses and plans it once per connection. */
+export interface Statement {
+  readonly name: string;
+  readonly text: string;
+}
+
+/** Declares a named statement. Names are unique across the store (checked at module load). */
+export function statement(name: string, text: string): Statement {
+  if (statementNames.has(name)) throw new Error(`duplicate statement name ${name}`);
+  statementNames.add(name);
+  return { name, text };
+}
+const statementNames = new Set<string>();
+
+/** Runs a named statement and returns its rows. */
+export async function run<R extends pg.QueryResultRow>(
+  db: Queryable,
+  stmt: Statement,
+  values: unknown[],
+): Promise<R[]> {
+  try {
+    const res = await db.query<R>({ name: stmt.name, text: stmt.text, values });
+    return res.rows;
+  } catch (err) {
+    throw new StoreError(`${stmt.name} failed: ${(err as Error).message}`, { cause: err });
+  }
+}
+
+/** An infrastructure failure inside a store verb (connection lost, constraint broken): never an outcome. */
+export class StoreError extends Error {
+  override readonly name = 'StoreError';
+}
+
+/**
+ * Runs `fn` in one transaction, committing on return and rolling back on throw. Given a pool it
+ * checks out a client; given a client already inside `withTransaction` it joins that
+ * transaction, so verbs compose.
+ */
+export async function withTransaction<T>(
+  db: Queryable,
+  fn: (tx: pg.PoolClient | pg.Client) => Promise<T>,
+  opts: { mode?: 'REPEATABLE READ, READ ONLY' } = {},
+): Promise<T> {
+  if (!(db instanceof pg.Pool) && inTransaction.has(db)) return fn(db);
+  const client = db instanceof pg.Pool ? await db.connect() : db;
+  inTransaction.add(client);
+  try {
+    await client.query(opts.mode ? `BEGIN ISOLATION LEVEL ${opts.mode}` : 'BEGIN');
+    const out = await fn(client);
+    await client.query('COMMIT');
+    return out;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  } finally {
+    inTransaction.delete(client);
+    if (db instanceof pg.Pool) (client as pg.PoolClient).release();
+  }
+}
+const inTransaction = new WeakSet<pg.PoolClient | pg.Client>();

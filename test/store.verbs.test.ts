@@ -1,0 +1,383 @@
+/**
+ * Each store verb, outcome by outcome, on real PostgreSQL with a pinned clock; the invariants
+ * are checked after every test.
+ */
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import {
+  attemptComplete,
+  attemptFail,
+  attemptHeartbeat,
+  attemptStart,
+  jobCancel,
+  jobClaim,
+  jobEnqueue,
+  jobGet,
+  jobRequeue,
+  jobRescueExpired,
+  stepRecord,
+  stepReserve,
+  type Claimed,
+} from '../server/store/index.js';
+import type { Outcome } from '../server/core/outcomes.js';
+import { useTestDb } from './helpers/db.js';
+import { makeJob } from './helpers/factories.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const T0 = new Date('2030-01-01T00:00:00Z');
+const at = (ms: number) => new Date(T0.getTime() + ms);
+const TTL = 30_000;
+
+function value<T>(o: Outcome<T>): T {
+  if (o.outcome !== 'ok' && o.outcome !== 'duplicate') throw new Error(`expected a value, got ${JSON.stringify(o)}`);
+  return o.value;
+}
+
+async function enqueueOne(extra: Partial<Parameters<typeof jobEnqueue>[1]> = {}) {
+  return value(await jobEnqueue(t.pool, { queue: 'q', payload: { n: 1 }, now: T0, ...extra }));
+}
+async function claimOne(agentId = 'a1', now = T0): Promise<Claimed> {
+  const c = value(await jobClaim(t.pool, { agentId, queues: ['q'], limit: 1, claimTtlMs: TTL, now }));
+  expect(c).toHaveLength(1);
+  return c[0]!;
+}
+async function runningOne(extra: Partial<Parameters<typeof jobEnqueue>[1]> = {}) {
+  await enqueueOne(extra);
+  const c = await claimOne();
+  value(await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: T0 }));
+  return c;
+}
+
+beforeEach(() => t.truncate());
+afterEach(() => checkInvariants(t.pool));
+
+describe('jobEnqueue', () => {
+  it('creates a queued job with defaults', async () => {
+    const j = await enqueueOne();
+    expect(j).toMatchObject({ queue: 'q', payload: { n: 1 }, status: 'queued', attemptNo: 0, maxAttempts: 5, priority: 0 });
+    expect(j.runAt).toEqual(T0);
+  });
+
+  it('returns the existing job for the same key and payload, conflict for another payload', async () => {
+    const a = await jobEnqueue(t.pool, { queue: 'q', payload: { x: 1, y: [1, 2] }, idempotencyKey: 'k1' });
+    const b = await jobEnqueue(t.pool, { queue: 'q', payload: { y: [1, 2], x: 1 }, idempotencyKey: 'k1' });
+    expect(a.outcome).toBe('ok');
+    expect(b.outcome).toBe('duplicate');
+    expect(value(b).id).toBe(value(a).id);
+    const c = await jobEnqueue(t.pool, { queue: 'q', payload: { x: 2 }, idempotencyKey: 'k1' });
+    expect(c).toMatchObject({ outcome: 'conflict' });
+    const d = await jobEnqueue(t.pool, { queue: 'other', payload: { x: 1, y: [1, 2] }, idempotencyKey: 'k1' });
+    expect(d).toMatchObject({ outcome: 'conflict' });
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM jobs')).rows[0].n).toBe(1);
+  });
+
+  it('makes one job from many concurrent enqueues with one key', async () => {
+    const pool = t.newPool(16);
+    const outs = await Promise.all(
+      Array.from({ length: 16 }, () => jobEnqueue(pool, { queue: 'q', payload: { same: true }, idempotencyKey: 'race' })),
+    );
+    expect(outs.filter((o) => o.outcome === 'ok')).toHaveLength(1);
+    expect(outs.filter((o) => o.outcome === 'duplicate')).toHaveLength(15);
+    expect(new Set(outs.map((o) => value(o).id)).size).toBe(1);
+  });
+});
+
+describe('jobClaim', () => {
+  it('claims by priority, then run_at, and not before run_at', async () => {
+    await enqueueOne({ payload: { i: 'low' }, priority: 0 });
+    await enqueueOne({ payload: { i: 'high' }, priority: 5 });
+    await enqueueOne({ payload: { i: 'later' }, priority: 9, runAt: at(60_000) });
+    const c = value(await jobClaim(t.pool, { agentId: 'a1', queues: ['q'], limit: 3, claimTtlMs: TTL, now: T0 }));
+    expect(c.map((x) => x.job.payload)).toEqual([{ i: 'high' }, { i: 'low' }]);
+    expect(c[0]).toMatchObject({ attemptNo: 1, claimDeadline: at(TTL) });
+    expect(c[0]!.job).toMatchObject({ status: 'claimed', agentId: 'a1' });
+    expect(c[0]!.attemptId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+  });
+
+  it('only claims from the named queues', async () => {
+    await enqueueOne({ queue: 'elsewhere' });
+    const c = value(await jobClaim(t.pool, { agentId: 'a1', queues: ['q'], limit: 5, claimTtlMs: TTL, now: T0 }));
+    expect(c).toEqual([]);
+  });
+});
+
+describe('attemptStart', () => {
+  it('moves claimed to running with a lease; a repeat is duplicate', async () => {
+    await enqueueOne();
+    const c = await claimOne();
+    const s = await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: 10_000, now: at(1000) });
+    expect(s.outcome).toBe('ok');
+    expect(value(s)).toMatchObject({ status: 'running', attemptsStarted: 1, leaseExpiresAt: at(11_000) });
+    const again = await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: 10_000, now: at(2000) });
+    expect(again.outcome).toBe('duplicate');
+  });
+
+  it('is forbidden to another agent and not_found for an unknown attempt', async () => {
+    await enqueueOne();
+    const c = await claimOne();
+    expect(await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a2', leaseTtlMs: TTL })).toMatchObject({
+      outcome: 'forbidden',
+    });
+    expect(
+      await attemptStart(t.pool, { attemptId: '00000000-0000-0000-0000-000000000000', agentId: 'a1', leaseTtlMs: TTL }),
+    ).toMatchObject({ outcome: 'not_found' });
+  });
+
+  it('caps the lease by the execution timeout', async () => {
+    await enqueueOne({ executionTimeoutMs: 5000 });
+    const c = await claimOne();
+    const j = value(await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: T0 }));
+    expect(j.leaseExpiresAt).toEqual(at(5000));
+    expect(j.executionDeadline).toEqual(at(5000));
+  });
+});
+
+describe('attemptHeartbeat', () => {
+  it('renews running attempts in one call and reports the others', async () => {
+    const r1 = await runningOne();
+    await enqueueOne();
+    const claimedOnly = await claimOne();
+    const res = value(
+      await attemptHeartbeat(t.pool, {
+        items: [
+          { attemptId: r1.attemptId, agentId: 'a1' },
+          { attemptId: claimedOnly.attemptId, agentId: 'a1' },
+          { attemptId: '11111111-1111-1111-1111-111111111111', agentId: 'a1' },
+          { attemptId: r1.attemptId, agentId: 'a2' },
+        ],
+        leaseTtlMs: TTL,
+        now: at(5000),
+      }),
+    );
+    expect(res.renewed).toEqual([{ attemptId: r1.attemptId, leaseExpiresAt: at(5000 + TTL) }]);
+    expect(res.pending).toEqual([claimedOnly.attemptId]);
+    expect(res.lost.map((l) => l.reason).sort()).toEqual(['forbidden', 'not_found']);
+  });
+
+  it('reports a superseded attempt as stale and logs it', async () => {
+    const r1 = await runningOne();
+    value(await jobRescueExpired(t.pool, { limit: 10, now: at(TTL + 1) }));
+    const r2 = await claimOne('a1', at(TTL + 2));
+    const res = value(
+      await attemptHeartbeat(t.pool, { items: [{ attemptId: r1.attemptId, agentId: 'a1' }], leaseTtlMs: TTL, now: at(TTL + 3) }),
+    );
+    expect(res.lost).toEqual([
+      {
+        attemptId: r1.attemptId,
+        reason: 'stale',
+        current: { jobId: r1.job.id, status: 'claimed', attemptNo: 2, currentAttemptId: r2.attemptId },
+      },
+    ]);
+    const { rows } = await t.pool.query('SELECT * FROM stale_reports');
+    expect(rows).toMatchObject([{ attempt_id: r1.attemptId, current_attempt_id: r2.attemptId, call: 'heartbeat' }]);
+  });
+
+  it('stops renewing past the execution deadline and says timed_out', async () => {
+    const r = await runningOne({ executionTimeoutMs: 5000 });
+    const res = value(
+      await attemptHeartbeat(t.pool, { items: [{ attemptId: r.attemptId, agentId: 'a1' }], leaseTtlMs: TTL, now: at(5000) }),
+    );
+    expect(res.lost).toMatchObject([{ attemptId: r.attemptId, reason: 'timed_out' }]);
+  });
+});
+
+describe('attemptComplete', () => {
+  it('stores the result once; a repeat is duplicate with it; another result is conflict', async () => {
+    const r = await runningOne();
+    const done = await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: { ok: 1 }, now: at(100) });
+    expect(value(done)).toMatchObject({ status: 'succeeded', result: { ok: 1 }, currentAttemptId: null });
+    const dup = await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: { ok: 1 } });
+    expect(dup.outcome).toBe('duplicate');
+    expect(value(dup).result).toEqual({ ok: 1 });
+    const other = await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: { ok: 2 } });
+    expect(other).toMatchObject({ outcome: 'conflict' });
+    const fail = await attemptFail(t.pool, { attemptId: r.attemptId, agentId: 'a1', error: { message: 'x' }, retryable: true });
+    expect(fail).toMatchObject({ outcome: 'conflict' });
+    expect((await t.pool.query('SELECT result FROM jobs')).rows[0].result).toEqual({ ok: 1 });
+  });
+
+  it('rejects a superseded attempt as stale with the current attempt, and logs both ids', async () => {
+    const r1 = await runningOne();
+    value(await jobRescueExpired(t.pool, { limit: 10, now: at(TTL + 1) }));
+    const r2 = await claimOne('a2', at(TTL + 2));
+    const late = await attemptComplete(t.pool, { attemptId: r1.attemptId, agentId: 'a1', result: { late: true } });
+    expect(late).toMatchObject({
+      outcome: 'stale',
+      current: { jobId: r1.job.id, status: 'claimed', attemptNo: 2, currentAttemptId: r2.attemptId },
+    });
+    const { rows } = await t.pool.query('SELECT * FROM stale_reports');
+    expect(rows).toMatchObject([
+      { job_id: r1.job.id, attempt_id: r1.attemptId, current_attempt_id: r2.attemptId, current_attempt_no: 2, call: 'complete' },
+    ]);
+    expect((await t.pool.query('SELECT status, result FROM jobs')).rows[0]).toEqual({ status: 'claimed', result: null });
+  });
+
+  it('accepts a completion after the lease passed but before the reaper took the job', async () => {
+    const r = await runningOne();
+    const o = await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: {}, now: at(TTL * 3) });
+    expect(o.outcome).toBe('ok');
+  });
+
+  it('completing a claimed attempt starts it implicitly', async () => {
+    await enqueueOne();
+    const c = await claimOne();
+    const j = value(await attemptComplete(t.pool, { attemptId: c.attemptId, agentId: 'a1', result: { r: 1 } }));
+    expect(j).toMatchObject({ status: 'succeeded', attemptsStarted: 1 });
+  });
+});
+
+describe('attemptFail', () => {
+  it('retries with a backoff within [0.5, 1] of base·2^(n-1), then dead at the cap', async () => {
+    await enqueueOne({ maxAttempts: 3 });
+    const backoff = { baseMs: 1000, maxMs: 60_000 };
+    let now = T0;
+    for (let n = 1; n <= 3; n++) {
+      const c = await claimOne('a1', now);
+      expect(c.attemptNo).toBe(n);
+      value(await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: TTL, now }));
+      const j = value(
+        await attemptFail(t.pool, { attemptId: c.attemptId, agentId: 'a1', error: { message: `boom ${n}` }, retryable: true, backoff, now }),
+      );
+      if (n < 3) {
+        expect(j.status).toBe('queued');
+        const delay = j.runAt.getTime() - now.getTime();
+        const full = 1000 * 2 ** (n - 1);
+        expect(delay).toBeGreaterThanOrEqual(full * 0.5);
+        expect(delay).toBeLessThanOrEqual(full);
+        now = new Date(j.runAt.getTime() + 1); // the row holds microseconds, Date only milliseconds
+      } else {
+        expect(j).toMatchObject({ status: 'dead', error: { message: 'boom 3' } });
+      }
+    }
+    const events = value(await jobGet(t.pool, { jobId: (await t.pool.query('SELECT id FROM jobs')).rows[0].id })).events;
+    expect(events.map((e) => e.kind)).toEqual([
+      'enqueued', 'claimed', 'started', 'retry_scheduled', 'claimed', 'started', 'retry_scheduled', 'claimed', 'started', 'dead',
+    ]);
+  });
+
+  it('fails for good when not retryable; a repeat is duplicate', async () => {
+    const r = await runningOne();
+    const p = { attemptId: r.attemptId, agentId: 'a1', error: { message: 'bad input', code: 7 }, retryable: false };
+    expect(value(await attemptFail(t.pool, p))).toMatchObject({ status: 'failed', error: { message: 'bad input', code: 7 } });
+    expect((await attemptFail(t.pool, p)).outcome).toBe('duplicate');
+    expect((await attemptFail(t.pool, { ...p, retryable: true })).outcome).toBe('conflict');
+  });
+});
+
+describe('jobCancel', () => {
+  it('cancels a running job, names the attempt to revoke, and fences the attempt out', async () => {
+    const r = await runningOne();
+    const c = value(await jobCancel(t.pool, { jobId: r.job.id }));
+    expect(c.canceledAttempt).toEqual({ attemptId: r.attemptId, agentId: 'a1' });
+    expect(c.job.status).toBe('canceled');
+    expect((await jobCancel(t.pool, { jobId: r.job.id })).outcome).toBe('duplicate');
+    expect(await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: {} })).toMatchObject({
+      outcome: 'stale',
+      current: { status: 'canceled' },
+    });
+  });
+
+  it('is conflict for a succeeded job and not_found for an unknown one', async () => {
+    const r = await runningOne();
+    value(await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: {} }));
+    expect(await jobCancel(t.pool, { jobId: r.job.id })).toMatchObject({ outcome: 'conflict', current: { status: 'succeeded' } });
+    expect(await jobCancel(t.pool, { jobId: '22222222-2222-2222-2222-222222222222' })).toMatchObject({ outcome: 'not_found' });
+  });
+});
+
+describe('steps', () => {
+  it('reserve → record → a later attempt gets the recorded output without running', async () => {
+    const r1 = await runningOne();
+    const ref = { attemptId: r1.attemptId, agentId: 'a1', step: 'charge' };
+    expect(value(await stepReserve(t.pool, ref))).toEqual({ state: 'reserved' });
+    expect(value(await stepReserve(t.pool, ref))).toEqual({ state: 'reserved' }); // a retried reserve
+    expect((await stepRecord(t.pool, { ...ref, output: { charged: 42 } })).outcome).toBe('ok');
+    expect((await stepRecord(t.pool, { ...ref, output: { charged: 42 } })).outcome).toBe('duplicate');
+    expect((await stepRecord(t.pool, { ...ref, output: { charged: 43 } })).outcome).toBe('conflict');
+    value(await jobRescueExpired(t.pool, { limit: 10, now: at(TTL + 1) }));
+    const r2 = await claimOne('a1', at(TTL + 2));
+    value(await attemptStart(t.pool, { attemptId: r2.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: at(TTL + 2) }));
+    expect(value(await stepReserve(t.pool, { ...ref, attemptId: r2.attemptId }))).toEqual({
+      state: 'done',
+      output: { charged: 42 },
+      attemptId: r1.attemptId,
+    });
+  });
+
+  it('a reservation never recorded is unknown to the next attempt, which takes it over', async () => {
+    const r1 = await runningOne();
+    value(await stepReserve(t.pool, { attemptId: r1.attemptId, agentId: 'a1', step: 'email' }));
+    value(await jobRescueExpired(t.pool, { limit: 10, now: at(TTL + 1) }));
+    const r2 = await claimOne('a1', at(TTL + 2));
+    value(await attemptStart(t.pool, { attemptId: r2.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: at(TTL + 2) }));
+    const ref2 = { attemptId: r2.attemptId, agentId: 'a1', step: 'email' };
+    expect(value(await stepReserve(t.pool, ref2))).toEqual({ state: 'unknown', previousAttemptId: r1.attemptId, reservations: 2 });
+    // The old attempt can no longer record it: it is stale.
+    expect(await stepRecord(t.pool, { attemptId: r1.attemptId, agentId: 'a1', step: 'email', output: 1 })).toMatchObject({
+      outcome: 'stale',
+    });
+    expect((await stepRecord(t.pool, { ...ref2, output: { sent: true } })).outcome).toBe('ok');
+  });
+
+  it('refuses steps of an attempt that is only claimed, and records nothing for a stale one', async () => {
+    await enqueueOne();
+    const c = await claimOne();
+    expect(await stepReserve(t.pool, { attemptId: c.attemptId, agentId: 'a1', step: 's' })).toMatchObject({ outcome: 'conflict' });
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM steps')).rows[0].n).toBe(0);
+  });
+});
+
+describe('jobRescueExpired', () => {
+  it('requeues an unstarted claim without counting it, a lost lease at once, and dead-letters at the cap', async () => {
+    const claimed = await makeJob(t.pool, { status: 'claimed', leaseExpiresAt: at(-1) });
+    const running = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(-1), maxAttempts: 3, attemptsStarted: 1 });
+    const capped = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(-1), maxAttempts: 2, attemptsStarted: 2 });
+    const live = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(1000) });
+    const out = value(await jobRescueExpired(t.pool, { limit: 100, now: T0 }));
+    const by = new Map(out.map((r) => [r.jobId, r]));
+    expect(by.get(claimed.id)).toMatchObject({ reason: 'claim_expired', status: 'queued' });
+    expect(by.get(running.id)).toMatchObject({ reason: 'lease_expired', status: 'queued' });
+    expect(by.get(capped.id)).toMatchObject({ reason: 'lease_expired', status: 'dead' });
+    expect(by.has(live.id)).toBe(false);
+    const rows = (await t.pool.query('SELECT id, status::text, attempts_started, run_at FROM jobs')).rows;
+    const row = (id: string) => rows.find((r) => r.id === id);
+    expect(row(claimed.id)).toMatchObject({ status: 'queued', attempts_started: 0, run_at: claimed.runAt });
+    expect(row(running.id)).toMatchObject({ status: 'queued', attempts_started: 1 });
+    await checkInvariants(t.pool, { rescuedAt: T0 });
+  });
+
+  it('fails a job past its execution timeout as retryable, with a backoff', async () => {
+    const r = await runningOne({ executionTimeoutMs: 5000 });
+    const out = value(await jobRescueExpired(t.pool, { limit: 10, now: at(5001), backoff: { baseMs: 1000, maxMs: 1000 } }));
+    expect(out).toMatchObject([{ jobId: r.job.id, reason: 'timed_out', status: 'queued' }]);
+    const j = value(await jobGet(t.pool, { jobId: r.job.id }));
+    expect(j.job.runAt.getTime()).toBeGreaterThanOrEqual(at(5001 + 500).getTime());
+    expect(j.job.error).toMatchObject({ reason: 'timed_out' });
+    expect(j.attempts[0]!.status).toBe('timed_out');
+  });
+});
+
+describe('jobRequeue and jobGet', () => {
+  it('requeues a dead job with a fresh attempt budget; never a succeeded one', async () => {
+    const dead = await makeJob(t.pool, { status: 'dead' });
+    const j = value(await jobRequeue(t.pool, { jobId: dead.id }));
+    expect(j).toMatchObject({ status: 'queued', attemptsStarted: 0, finishedAt: null });
+    const r = await runningOne();
+    value(await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: {} }));
+    expect(await jobRequeue(t.pool, { jobId: r.job.id })).toMatchObject({ outcome: 'conflict' });
+  });
+
+  it('returns a job with its attempts, events, steps and stale reports', async () => {
+    const r = await runningOne();
+    value(await stepReserve(t.pool, { attemptId: r.attemptId, agentId: 'a1', step: 's1' }));
+    value(await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: { z: 1 } }));
+    await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: { z: 1 } });
+    const d = value(await jobGet(t.pool, { jobId: r.job.id }));
+    expect(d.job.result).toEqual({ z: 1 });
+    expect(d.attempts).toMatchObject([{ id: r.attemptId, attemptNo: 1, status: 'succeeded' }]);
+    expect(d.events.map((e) => e.kind)).toEqual(['enqueued', 'claimed', 'started', 'completed']);
+    expect(d.steps).toMatchObject([{ step: 's1', status: 'started' }]);
+    expect(d.staleReports).toEqual([]);
+    expect(await jobGet(t.pool, { jobId: '33333333-3333-3333-3333-333333333333' })).toMatchObject({ outcome: 'not_found' });
+  });
+});
