@@ -61,6 +61,11 @@ export class Reaper extends EventEmitter<ReaperEvents> {
     this.config = configSchema.parse(config);
   }
 
+  /** Whether a next run is scheduled (false before `start()` and after `stop()`). */
+  get scheduled(): boolean {
+    return this.timer !== undefined;
+  }
+
   /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
   start(): void {
     if (this.started) return;
@@ -114,7 +119,10 @@ export class Reaper extends EventEmitter<ReaperEvents> {
   }
 
   private schedule(): void {
-    if (!this.started) return;
+    if (!this.started) {
+      this.timer = undefined;
+      return;
+    }
     const { intervalMs, jitter } = this.config;
     const delay = intervalMs * (1 - jitter + Math.random() * 2 * jitter);
     this.timer = setTimeout(() => {

@@ -1,0 +1,161 @@
+/**
+ * `leasehold serve` (what `npm start` runs) as a real process on its own embedded PostgreSQL:
+ * it comes up, keeps its data between runs, stops cleanly on SIGINT and SIGTERM (database
+ * stopped, exit 0), recovers a database left running by a SIGKILLed coordinator, and refuses a
+ * bad setting with exit code 2.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import pg from 'pg';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+
+const root = path.resolve(import.meta.dirname, '..');
+let dataDir: string;
+const children = new Set<ChildProcess>();
+
+interface Proc {
+  child: ChildProcess;
+  lines: Array<Record<string, unknown>>;
+  /** Resolves with the first log line whose msg matches. */
+  waitFor(msg: RegExp): Promise<Record<string, unknown>>;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+function serve(args: string[] = ['serve'], env: Record<string, string> = {}): Proc {
+  // As `npm start` runs it: one node process with the tsx loader, so signals reach the coordinator.
+  const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
+    cwd: root,
+    env: { ...process.env, DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, LEASEHOLD_LOG_FORMAT: 'json', LEASEHOLD_LOG_LEVEL: 'info', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  children.add(child);
+  const lines: Array<Record<string, unknown>> = [];
+  const waiters: Array<{ re: RegExp; resolve: (l: Record<string, unknown>) => void }> = [];
+  const onLine = (text: string) => {
+    let l: Record<string, unknown>;
+    try {
+      l = JSON.parse(text) as Record<string, unknown>;
+    } catch {
+      l = { msg: text };
+    }
+    lines.push(l);
+    for (const w of [...waiters]) {
+      if (w.re.test(String(l.msg))) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.resolve(l);
+      }
+    }
+  };
+  createInterface({ input: child.stdout! }).on('line', onLine);
+  createInterface({ input: child.stderr! }).on('line', onLine);
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => {
+      children.delete(child);
+      resolve({ code, signal });
+    }),
+  );
+  return {
+    child,
+    lines,
+    exited,
+    waitFor: (re) =>
+      new Promise((resolve, reject) => {
+        const hit = lines.find((l) => re.test(String(l.msg)));
+        if (hit) return resolve(hit);
+        waiters.push({ re, resolve });
+        exited.then(({ code }) => reject(new Error(`exited (${code}) before ${re}: ${JSON.stringify(lines.slice(-8))}`)));
+      }),
+  };
+}
+
+function postmasterPid(): number | undefined {
+  const f = path.join(dataDir, 'pg', 'postmaster.pid');
+  return existsSync(f) ? Number(readFileSync(f, 'utf8').split('\n')[0]) : undefined;
+}
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+beforeAll(async () => {
+  dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-serve-'));
+});
+afterEach(() => {
+  for (const c of children) c.kill('SIGKILL');
+});
+afterAll(async () => {
+  const pid = postmasterPid();
+  if (pid && alive(pid)) process.kill(pid, 'SIGINT');
+  await rm(dataDir, { recursive: true, force: true });
+});
+
+describe('leasehold serve', () => {
+  it('comes up on a new embedded database, answers, and stops cleanly on SIGINT', async () => {
+    const p = serve();
+    const started = await p.waitFor(/embedded PostgreSQL started/);
+    await p.waitFor(/leasehold coordinator ready/);
+    expect(p.lines.some((l) => /initialising a new embedded PostgreSQL cluster/.test(String(l.msg)))).toBe(true);
+    expect(p.lines.find((l) => /migrations applied/.test(String(l.msg)))).toMatchObject({ applied: 2 });
+
+    const creds = JSON.parse(readFileSync(path.join(dataDir, 'credentials.json'), 'utf8'));
+    const c = new pg.Client({ host: '127.0.0.1', port: Number(started.port), user: creds.user, password: creds.password, database: 'postgres' });
+    await c.connect();
+    const { rows } = await c.query(`SELECT count(*)::int AS n FROM information_schema.tables WHERE table_name IN ('jobs','attempts','job_events','completions','steps','stale_reports')`);
+    expect(rows[0].n).toBe(6);
+    await c.end();
+
+    const pgPid = postmasterPid()!;
+    expect(alive(pgPid)).toBe(true);
+    p.child.kill('SIGINT');
+    expect(await p.exited).toEqual({ code: 0, signal: null });
+    expect(alive(pgPid)).toBe(false);
+    expect(postmasterPid()).toBeUndefined();
+  });
+
+  it('keeps its data between runs and stops cleanly on SIGTERM', async () => {
+    const p = serve();
+    await p.waitFor(/leasehold coordinator ready/);
+    expect(p.lines.some((l) => /initialising/.test(String(l.msg)))).toBe(false);
+    expect(p.lines.find((l) => /schema up to date/.test(String(l.msg)))).toBeDefined();
+    p.child.kill('SIGTERM');
+    expect(await p.exited).toEqual({ code: 0, signal: null });
+    expect(postmasterPid()).toBeUndefined();
+  });
+
+  it('stops a database left running by a SIGKILLed coordinator and starts again', async () => {
+    const p = serve();
+    await p.waitFor(/leasehold coordinator ready/);
+    const orphan = postmasterPid()!;
+    p.child.kill('SIGKILL');
+    await p.exited;
+    expect(alive(orphan)).toBe(true);
+
+    const q = serve();
+    await q.waitFor(/leasehold coordinator ready/);
+    expect(q.lines.some((l) => /left running by a coordinator that is gone/.test(String(l.msg)))).toBe(true);
+    expect(alive(orphan)).toBe(false);
+    q.child.kill('SIGINT');
+    expect((await q.exited).code).toBe(0);
+  });
+
+  it('migrate applies nothing on an up-to-date database and exits 0', async () => {
+    const p = serve(['migrate']);
+    expect((await p.exited).code).toBe(0);
+    expect(p.lines.find((l) => /schema up to date/.test(String(l.msg)))).toBeDefined();
+    expect(postmasterPid()).toBeUndefined();
+  });
+
+  it('refuses a bad setting with exit code 2 and a message naming it', async () => {
+    const p = serve(['serve'], { LEASEHOLD_LEASE_TTL: 'soon' });
+    expect((await p.exited).code).toBe(2);
+    expect(p.lines.map((l) => String(l.msg)).join('\n')).toMatch(/LEASEHOLD_LEASE_TTL="soon" is not a duration/);
+  });
+});

@@ -1,0 +1,96 @@
+/**
+ * Stale against current, concurrently, for hundreds of rounds: only the current attempt ever
+ * wins; the superseded one is `stale` and logged in `stale_reports` with both attempt ids.
+ */
+import { expect, it } from 'vitest';
+import {
+  attemptComplete,
+  attemptStart,
+  jobClaim,
+  jobEnqueue,
+  jobRescueExpired,
+} from '../server/store/index.js';
+import { useTestDb } from './helpers/db.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const ROUNDS = 200;
+const TTL = 1000;
+
+function must<T>(o: { outcome: string; value?: T }): T {
+  if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+  return o.value as T;
+}
+
+it(`${ROUNDS} rounds of a late and a current completion racing: the current one always wins`, async () => {
+  const a = t.newPool(2);
+  const b = t.newPool(2);
+  let t0 = Date.parse('2031-01-01T00:00:00Z');
+  for (let round = 0; round < ROUNDS; round++) {
+    const now = (ms: number) => new Date(t0 + ms);
+    const job = must(await jobEnqueue(t.pool, { queue: `r${round}`, payload: { round }, now: now(0) }));
+    const [first] = must(await jobClaim(t.pool, { agentId: 'old', queues: [`r${round}`], limit: 1, claimTtlMs: TTL, now: now(0) }));
+    must(await attemptStart(t.pool, { attemptId: first!.attemptId, agentId: 'old', leaseTtlMs: TTL, now: now(0) }));
+    // The old agent stops heartbeating; its lease passes and the job goes to another agent.
+    must(await jobRescueExpired(t.pool, { limit: 10, now: now(TTL + 1) }));
+    const [second] = must(await jobClaim(t.pool, { agentId: 'new', queues: [`r${round}`], limit: 1, claimTtlMs: TTL, now: now(TTL + 2) }));
+    must(await attemptStart(t.pool, { attemptId: second!.attemptId, agentId: 'new', leaseTtlMs: TTL, now: now(TTL + 2) }));
+    expect(second!.attemptNo).toBe(2);
+
+    // Both report at once on separate connections; which reaches the database first varies.
+    const late = () => attemptComplete(a, { attemptId: first!.attemptId, agentId: 'old', result: { by: 'old' } });
+    const current = () => attemptComplete(b, { attemptId: second!.attemptId, agentId: 'new', result: { by: 'new' } });
+    const [lo, co] = round % 2 ? await Promise.all([late(), current()]) : (await Promise.all([current(), late()])).reverse();
+    expect(co!.outcome).toBe('ok');
+    expect(lo).toMatchObject({
+      outcome: 'stale',
+      current: { jobId: job.id, attemptNo: 2 },
+    });
+    const row = (await t.pool.query('SELECT status::text, result, last_attempt_id FROM jobs WHERE id = $1', [job.id])).rows[0];
+    expect(row).toEqual({ status: 'succeeded', result: { by: 'new' }, last_attempt_id: second!.attemptId });
+    t0 += 10 * TTL;
+  }
+  const reports = (await t.pool.query('SELECT attempt_id, current_attempt_id, current_attempt_no, call FROM stale_reports')).rows;
+  expect(reports).toHaveLength(ROUNDS);
+  const oldAttempts = new Set((await t.pool.query(`SELECT id FROM attempts WHERE agent_id = 'old'`)).rows.map((r) => r.id));
+  for (const r of reports) {
+    expect(oldAttempts.has(r.attempt_id)).toBe(true);
+    expect(r.call).toBe('complete');
+    expect(r.current_attempt_no).toBe(2);
+    // The current attempt at the time of the report: the new one (still running, or just done).
+  }
+  await checkInvariants(t.pool);
+});
+
+it(`${ROUNDS} rounds of a completion racing the reaper: exactly one of them takes effect`, async () => {
+  const a = t.newPool(2);
+  const b = t.newPool(2);
+  let t0 = Date.parse('2032-01-01T00:00:00Z');
+  const tally = { completed: 0, rescued: 0 };
+  for (let round = 0; round < ROUNDS; round++) {
+    const now = (ms: number) => new Date(t0 + ms);
+    const job = must(await jobEnqueue(t.pool, { queue: `x${round}`, payload: { round }, now: now(0) }));
+    const [c] = must(await jobClaim(t.pool, { agentId: 'agent', queues: [`x${round}`], limit: 1, claimTtlMs: TTL, now: now(0) }));
+    must(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'agent', leaseTtlMs: TTL, now: now(0) }));
+    // The lease has passed: the agent's completion and the reaper race for the job.
+    const [co, ro] = await Promise.all([
+      attemptComplete(a, { attemptId: c!.attemptId, agentId: 'agent', result: { round } }),
+      jobRescueExpired(b, { limit: 10, now: now(TTL + 1) }),
+    ]);
+    const rescued = must(ro).filter((r) => r.jobId === job.id).length;
+    if (co.outcome === 'ok') {
+      expect(rescued).toBe(0);
+      tally.completed++;
+    } else {
+      expect(co).toMatchObject({ outcome: 'stale', current: { jobId: job.id, status: 'queued', attemptNo: 1 } });
+      expect(rescued).toBe(1);
+      tally.rescued++;
+    }
+    t0 += 10 * TTL;
+  }
+  expect(tally.completed + tally.rescued).toBe(ROUNDS);
+  const n = (await t.pool.query('SELECT count(*)::int AS n FROM stale_reports WHERE attempt_id IN (SELECT id FROM attempts)')).rows[0].n;
+  expect(n).toBeGreaterThanOrEqual(tally.rescued);
+  console.log(`completion vs reaper over ${ROUNDS} rounds: completion won ${tally.completed}, reaper won ${tally.rescued}`);
+  await checkInvariants(t.pool);
+});
