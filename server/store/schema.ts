@@ -96,6 +96,10 @@ export const jobs = pgTable(
     /** `started_at + execution_timeout` of the current attempt. */
     executionDeadline: tsz('execution_deadline'),
     idempotencyKey: text('idempotency_key'),
+    /** Labels an agent must have (its `Hello.labels` contain these pairs) to be given this job. */
+    labels: jsonb('labels').notNull().default({}),
+    /** The latest progress its current attempt reported with a heartbeat (not a transition). */
+    progress: jsonb('progress'),
     result: jsonb('result'),
     /** The last error reported (or recorded by the reaper), `{message, …}`. */
     error: jsonb('error'),
@@ -123,6 +127,8 @@ export const jobs = pgTable(
     uniqueIndex('jobs_idempotency_key_uq')
       .on(t.idempotencyKey)
       .where(sql`${t.idempotencyKey} is not null`),
+    // Serves jobList: newest first, paged by (created_at, id).
+    index('jobs_created_idx').on(t.createdAt.desc(), t.id.desc()),
     // Serves listing and purging finished jobs by age.
     index('jobs_finished_idx')
       .on(t.finishedAt)
@@ -151,8 +157,32 @@ export const attempts = pgTable(
     claimDeadline: tsz('claim_deadline').notNull(),
     startedAt: tsz('started_at'),
     endedAt: tsz('ended_at'),
+    /** Set when the agent's stream was lost while it held this attempt; cleared on resume. */
+    suspectSince: tsz('suspect_since'),
   },
-  (t) => [uniqueIndex('attempts_job_attempt_no_uq').on(t.jobId, t.attemptNo)],
+  (t) => [
+    uniqueIndex('attempts_job_attempt_no_uq').on(t.jobId, t.attemptNo),
+    // Serves listing an agent's live and suspect attempts (operators, resume).
+    index('attempts_live_agent_idx')
+      .on(t.agentId)
+      .where(sql`${t.status} in ('claimed', 'running')`),
+  ],
+);
+
+/** Agents that may connect: the token is shown once at creation and stored as a SHA-256 hash. */
+export const agents = pgTable(
+  'agents',
+  {
+    id: text('id').primaryKey(),
+    tokenHash: text('token_hash').notNull(),
+    createdAt: tsz('created_at').notNull().defaultNow(),
+    revokedAt: tsz('revoked_at'),
+    lastSeenAt: tsz('last_seen_at'),
+  },
+  (t) => [
+    // Serves authenticating a token (Hello, stream-less calls).
+    uniqueIndex('agents_token_hash_uq').on(t.tokenHash),
+  ],
 );
 
 export const jobEvents = pgTable(
@@ -239,6 +269,7 @@ export type AttemptRow = typeof attempts.$inferSelect;
 export type JobEventRow = typeof jobEvents.$inferSelect;
 export type StepRow = typeof steps.$inferSelect;
 export type StaleReportRow = typeof staleReports.$inferSelect;
+export type AgentRow = typeof agents.$inferSelect;
 export type JobStatus = (typeof jobStatus.enumValues)[number];
 export type AttemptStatus = (typeof attemptStatus.enumValues)[number];
 export type EventKind = (typeof eventKind.enumValues)[number];

@@ -19,7 +19,7 @@ import type pg from 'pg';
 type Db = pg.Pool | pg.PoolClient | pg.Client;
 
 /** Columns a heartbeat may move without a transition: left out of the rebuild comparison. */
-const UNTRACKED = ['updated_at', 'heartbeat_at', 'lease_expires_at'];
+const UNTRACKED = ['updated_at', 'heartbeat_at', 'lease_expires_at', 'progress'];
 const TERMINAL_EVENTS = new Set(['completed', 'failed', 'dead', 'canceled']);
 /** Events that a new attempt makes (`claimed`) or that need no attempt. */
 const UNFENCED_EVENTS = new Set(['enqueued', 'claimed', 'requeued']);

@@ -1,0 +1,106 @@
+/**
+ * LISTEN/NOTIFY between coordinators: `leasehold_jobs` carries a queue name when jobs become
+ * due there (sent by the enqueue, requeue and rescue statements); `leasehold_control` carries
+ * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain).
+ */
+import { EventEmitter } from 'node:events';
+import pg from 'pg';
+import type { Logger } from '../log.js';
+import { run, statement, type Queryable } from './sql.js';
+
+export const JOBS_CHANNEL = 'leasehold_jobs';
+export const CONTROL_CHANNEL = 'leasehold_control';
+
+/** A command for the coordinator that holds an agent's stream. */
+export type ControlMessage =
+  | { type: 'cancel'; agentId: string; attemptIds: string[] }
+  | { type: 'drain'; agentId: string };
+
+const controlSql = statement('controlNotify', `SELECT pg_notify('${CONTROL_CHANNEL}', $1)`);
+
+/** Sends a control message to every coordinator (delivered when the caller's transaction commits). */
+export async function controlNotify(db: Queryable, msg: ControlMessage): Promise<void> {
+  await run(db, controlSql, [JSON.stringify(msg)]);
+}
+
+export interface ListenerEvents {
+  /** A queue got due jobs. */
+  jobs: [queue: string];
+  control: [ControlMessage];
+  /** (Re)connected: notifications may have been missed meanwhile, so look again. */
+  connected: [];
+}
+
+/**
+ * A dedicated connection that LISTENs on both channels and reconnects (with backoff) when it
+ * drops. `connected` fires after each (re)connection.
+ */
+export class Listener extends EventEmitter<ListenerEvents> {
+  private client: pg.Client | undefined;
+  private stopped = false;
+  private retry: NodeJS.Timeout | undefined;
+  private attempt = 0;
+
+  constructor(
+    private readonly url: string,
+    private readonly log: Logger,
+  ) {
+    super();
+  }
+
+  /** Connects and starts listening; resolves after the first LISTEN (throws if that fails). */
+  async start(): Promise<void> {
+    await this.connect();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.retry);
+    const c = this.client;
+    this.client = undefined;
+    await c?.end().catch(() => undefined);
+  }
+
+  private async connect(): Promise<void> {
+    const client = new pg.Client({ connectionString: this.url, application_name: 'leasehold-listener' });
+    client.on('notification', (n) => this.onNotification(n));
+    client.on('error', (err) => {
+      this.log.warn({ err }, 'listener connection failed; reconnecting');
+      this.reconnectSoon(client);
+    });
+    client.on('end', () => this.reconnectSoon(client));
+    await client.connect();
+    await client.query(`LISTEN ${JOBS_CHANNEL}; LISTEN ${CONTROL_CHANNEL}`);
+    if (this.stopped) {
+      await client.end();
+      return;
+    }
+    this.client = client;
+    this.attempt = 0;
+    this.emit('connected');
+  }
+
+  private reconnectSoon(failed: pg.Client) {
+    if (this.stopped || this.client !== failed) return;
+    this.client = undefined;
+    const delay = Math.min(100 * 2 ** this.attempt++, 5000) * (0.5 + Math.random() / 2);
+    this.retry = setTimeout(() => {
+      this.connect().catch((err: unknown) => {
+        this.log.warn({ err }, 'listener reconnect failed');
+        this.client = failed; // so reconnectSoon accepts it once more
+        this.reconnectSoon(failed);
+      });
+    }, delay);
+  }
+
+  private onNotification(n: pg.Notification) {
+    if (n.channel === JOBS_CHANNEL && n.payload) this.emit('jobs', n.payload);
+    if (n.channel === CONTROL_CHANNEL && n.payload) {
+      try {
+        this.emit('control', JSON.parse(n.payload) as ControlMessage);
+      } catch (err) {
+        this.log.warn({ err, payload: n.payload }, 'ignoring a malformed control notification');
+      }
+    }
+  }
+}
