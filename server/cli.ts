@@ -1,12 +1,13 @@
 /**
- * `leasehold`: the coordinator's command line. `serve` (what `npm start` runs) and `migrate`
- * (what `npm run migrate` runs).
+ * `leasehold`: the coordinator's command line. `serve` (what `npm start` runs), `migrate`
+ * (what `npm run migrate` runs), and `agents add|list|revoke` (on the database directly: the
+ * embedded one is shared with a running coordinator).
  */
 import { Command } from 'commander';
 import { ConfigError, loadConfig, type ConfigFlags } from './config.js';
 import { startCoordinator } from './coordinator.js';
 import { createLogger } from './log.js';
-import { migrateDatabase, openDatabase } from './store/index.js';
+import { agentCreate, agentList, agentRevoke, migrateDatabase, openDatabase, type Database } from './store/index.js';
 
 const log = createLogger();
 
@@ -63,6 +64,61 @@ withDbFlags(program.command('migrate').description('apply database migrations an
     }
   },
 );
+
+/** Runs `fn` on a migrated database, then closes it. */
+async function withDb<T>(flags: ConfigFlags, fn: (db: Database) => Promise<T>): Promise<T> {
+  const config = loadConfig(flags);
+  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log, max: 2 });
+  try {
+    await migrateDatabase(db.pool);
+    return await fn(db);
+  } finally {
+    await db.close();
+  }
+}
+
+/** Prints an outcome's failure to stderr and sets a non-zero exit code; true when it failed. */
+function failed(o: { outcome: string; message?: string; field?: string }): boolean {
+  if (o.outcome === 'ok') return false;
+  process.stderr.write(`error: ${o.field ? `${o.field} ` : ''}${o.message ?? o.outcome}\n`);
+  process.exitCode = o.outcome === 'invalid' ? 2 : 1;
+  return true;
+}
+
+const agentsCmd = program.command('agents').description('agent identities: each agent connects with its own token');
+
+withDbFlags(agentsCmd.command('add <name>').description('create an agent and print its token (shown once)'))
+  .option('--json', 'print JSON')
+  .action((name: string, flags: ConfigFlags & { json?: boolean }) =>
+    withDb(flags, async (db) => {
+      const o = await agentCreate(db.pool, { agentId: name });
+      if (failed(o) || o.outcome !== 'ok') return;
+      if (flags.json) process.stdout.write(`${JSON.stringify(o.value)}\n`);
+      else process.stdout.write(`agent ${o.value.agentId} created; its token (shown once, keep it secret):\n${o.value.token}\n`);
+    }),
+  );
+
+withDbFlags(agentsCmd.command('list').description('list agents'))
+  .option('--json', 'print JSON')
+  .action((flags: ConfigFlags & { json?: boolean }) =>
+    withDb(flags, async (db) => {
+      const rows = await agentList(db.pool);
+      if (flags.json) {
+        process.stdout.write(`${JSON.stringify(rows.map(({ tokenHash: _, ...r }) => r))}\n`);
+        return;
+      }
+      const lines = rows.map((r) => [r.id, r.revokedAt ? 'revoked' : 'active', r.createdAt.toISOString(), r.lastSeenAt?.toISOString() ?? '-']);
+      for (const l of [['AGENT', 'STATE', 'CREATED', 'LAST SEEN'], ...lines]) process.stdout.write(`${l.map((c, i) => (i < 3 ? c.padEnd(i === 2 ? 26 : 24) : c)).join(' ')}\n`);
+    }),
+  );
+
+withDbFlags(agentsCmd.command('revoke <name>').description('revoke an agent: its token stops working'))
+  .action((name: string, flags: ConfigFlags) =>
+    withDb(flags, async (db) => {
+      const o = await agentRevoke(db.pool, { agentId: name });
+      if (!failed(o)) process.stdout.write(`agent ${name} revoked\n`);
+    }),
+  );
 
 program.parseAsync().catch((err: unknown) => {
   if (err instanceof ConfigError) {

@@ -2,6 +2,7 @@
  * The coordinator's configuration: the fixed points of DESIGN.md, read from flags and the
  * environment, validated once at start with errors that name the setting.
  */
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
 
@@ -16,6 +17,8 @@ export interface Config {
   claimTtlMs: number;
   heartbeatIntervalMs: number;
   reaperIntervalMs: number;
+  /** TLS on the gRPC listener when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
+  tls: { certFile: string; keyFile: string } | undefined;
 }
 
 /** Flags given on the command line; each overrides its environment variable. */
@@ -74,7 +77,17 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
     heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
     reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
+    tls: undefined,
   };
+  const cert = env.LEASEHOLD_TLS_CERT || undefined;
+  const key = env.LEASEHOLD_TLS_KEY || undefined;
+  if (Boolean(cert) !== Boolean(key)) throw new ConfigError('set both LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY (PEM files), or neither');
+  if (cert && key) {
+    for (const [name, file] of [['LEASEHOLD_TLS_CERT', cert], ['LEASEHOLD_TLS_KEY', key]] as const) {
+      if (!existsSync(file)) throw new ConfigError(`${name}=${file}: no such file`);
+    }
+    cfg.tls = { certFile: cert, keyFile: key };
+  }
   if (cfg.heartbeatIntervalMs >= cfg.leaseTtlMs) {
     throw new ConfigError(
       `LEASEHOLD_HEARTBEAT_INTERVAL (${cfg.heartbeatIntervalMs} ms) must be shorter than LEASEHOLD_LEASE_TTL (${cfg.leaseTtlMs} ms)`,

@@ -83,6 +83,8 @@ export interface ClaimSlotsParams {
 /** A job handed to an agent: the attempt is its fencing token. */
 export interface Claimed {
   job: Job;
+  /** Index into `slots` of the slot this job filled (0-based). */
+  slot: number;
   agentId: string;
   attemptId: string;
   attemptNo: number;
@@ -116,13 +118,13 @@ const claimSql = statement(
        updated_at = coalesce($6::timestamptz, now())
      FROM n JOIN s ON s.ord = n.rn
      WHERE j.id = n.id
-     RETURNING j.*
+     RETURNING j.*, s.ord AS slot
    ), a AS (
      INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
      SELECT u.current_attempt_id, u.id, u.attempt_no, u.agent_id, 'claimed', u.updated_at, u.lease_expires_at FROM u
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(c))
+     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at, job_event_delta(to_jsonb(u) - 'slot', to_jsonb(c))
      FROM u JOIN c ON c.id = u.id
    )
    SELECT * FROM u ORDER BY priority DESC, run_at, id`,
@@ -167,10 +169,11 @@ export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise
     JSON.stringify(p.labels ?? {}),
   ]);
   return ok(
-    rows.map((r) => {
+    rows.map(({ slot, ...r }) => {
       const job = toJob(r);
       return {
         job,
+        slot: Number(slot) - 1,
         agentId: job.agentId as string,
         attemptId: job.currentAttemptId as string,
         attemptNo: job.attemptNo,

@@ -1,0 +1,396 @@
+/**
+ * The agents connected to this coordinator: one session per stream, what each holds, and the
+ * rules of the agent stream (DESIGN.md "The agent stream").
+ *
+ * - `Hello` authenticates the agent, resumes the attempts it lists that are still its own and
+ *   current (the rest get `Revoke`), and is answered with `Welcome`.
+ * - Credit: `Hello.slots` is the first grant; `Credit{n}` grants n more; each assigned job uses
+ *   one. The dispatcher never assigns beyond min(credit, slots − held).
+ * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
+ *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
+ *   is revoked). An attempt no longer current gets `Revoke`.
+ * - `Started`, `Completed`, `Failed` go to the fenced store verbs; completions and failures are
+ *   answered with one `Ack` per message, an item per attempt (the stored result on duplicate).
+ * - Losing the stream marks the held attempts suspect; their leases run down untouched.
+ * - `Bye` stops new assignments.
+ *
+ * Messages here are domain values; the transport translates them from and to protobuf.
+ */
+import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import type { Logger } from '../log.js';
+import {
+  agentAuthenticate,
+  attemptComplete,
+  attemptFail,
+  attemptHeartbeat,
+  attemptStart,
+  attemptsMarkSuspect,
+  attemptsResume,
+  type Claimed,
+  type Job,
+  type Queryable,
+} from '../store/index.js';
+import { Channel } from './channel.js';
+import type { CurrentState, Failure, Outcome } from './outcomes.js';
+import { check, checkAll, limits, schemas } from './validation.js';
+import { z } from 'zod';
+
+export interface Hello {
+  agentId: string;
+  token: string;
+  queues: string[];
+  labels: Record<string, string>;
+  slots: number;
+  resume: string[];
+}
+
+/** What an agent sends after `Hello`. */
+export type AgentInput =
+  | { type: 'credit'; n: number }
+  | { type: 'started'; attemptIds: string[] }
+  | { type: 'heartbeat'; progress: Array<{ attemptId: string; progress: unknown }> }
+  | { type: 'completed'; results: Array<{ attemptId: string; result: unknown }> }
+  | { type: 'failed'; failures: Array<{ attemptId: string; error: { message: string; details?: unknown }; retryable: boolean }> }
+  | { type: 'bye'; drain: boolean }
+  | { type: 'hello' };
+
+export interface AckItem {
+  attemptId: string;
+  outcome: Outcome<unknown>['outcome'];
+  /** On `duplicate` of a completion: the result stored the first time. */
+  storedResult?: unknown;
+  current?: CurrentState;
+  message: string;
+}
+
+/** What the coordinator sends an agent. */
+export type AgentOutput =
+  | { type: 'welcome'; sessionId: string; leaseTtlMs: number; heartbeatIntervalMs: number }
+  | { type: 'assign'; jobs: Claimed[] }
+  | { type: 'ack'; items: AckItem[] }
+  | { type: 'revoke'; attemptIds: string[]; reason: string }
+  | { type: 'cancel'; attemptIds: string[] }
+  | { type: 'drain' };
+
+/** A protocol violation: ends that stream (INVALID_ARGUMENT), never another. */
+export class ProtocolError extends Error {
+  override readonly name = 'ProtocolError';
+}
+
+/** One agent stream. */
+export class Session {
+  readonly id = randomUUID();
+  readonly out = new Channel<AgentOutput>();
+  /** Attempts this stream holds: claimed (assigned, not started yet) or running. */
+  readonly held = new Map<string, { jobId: string; status: 'claimed' | 'running' }>();
+  credit: number;
+  draining = false;
+  closed = false;
+  heartbeatPending = false;
+  readonly progress = new Map<string, unknown>();
+  readonly connectedAt = new Date();
+
+  constructor(
+    readonly agentId: string,
+    readonly queues: string[],
+    readonly labels: Record<string, string>,
+    readonly slots: number,
+  ) {
+    this.credit = slots;
+  }
+
+  /** Free slots the dispatcher may fill now. */
+  get available(): number {
+    if (this.closed || this.draining) return 0;
+    return Math.max(0, Math.min(this.credit, this.slots - this.held.size));
+  }
+
+  send(msg: AgentOutput): void {
+    this.out.push(msg);
+  }
+}
+
+export interface HubConfig {
+  leaseTtlMs: number;
+  claimTtlMs: number;
+  heartbeatIntervalMs: number;
+  /** How often heartbeats are flushed to the database in one UPDATE; default 200 ms. */
+  tickMs?: number;
+}
+
+export interface HubEvents {
+  /** A session has free slots (new, more credit, a slot freed): the dispatcher should look. */
+  credit: [Session];
+  /** One coalesced heartbeat UPDATE ran. */
+  'lease:tick': [{ renewed: number; lost: number }];
+  'lease:revoked': [{ agentId: string; attemptIds: string[]; reason: string }];
+  'session:open': [Session];
+  'session:close': [Session, { lost: boolean }];
+}
+
+const helloSchema = z.object({
+  agentId: schemas.agentId,
+  token: z.string().min(1, 'is required'),
+  queues: z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim),
+  labels: schemas.labels,
+  slots: z.int().min(1, 'must be at least 1').max(limits.claimBatch, `must be at most ${limits.claimBatch}`),
+  resume: z.array(schemas.id).max(limits.heartbeatBatch),
+});
+
+/** The sessions of this coordinator and the rules of their streams. */
+export class AgentHub extends EventEmitter<HubEvents> {
+  readonly sessions = new Set<Session>();
+  private readonly tickMs: number;
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> | undefined;
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly log: Logger,
+    readonly config: HubConfig,
+  ) {
+    super();
+    this.tickMs = config.tickMs ?? 200;
+  }
+
+  /** Starts the heartbeat ticker. */
+  start(): void {
+    if (this.timer) return;
+    const loop = () => {
+      this.timer = setTimeout(() => {
+        this.ticking = this.tick()
+          .catch((err: unknown) => this.log.warn({ err }, 'heartbeat tick failed; retrying next tick'))
+          .finally(() => {
+            this.ticking = undefined;
+            if (this.timer) loop();
+          });
+      }, this.tickMs);
+    };
+    loop();
+  }
+
+  /** Stops the ticker and ends every stream (agents reconnect elsewhere and resume). */
+  async stop(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.ticking;
+    for (const s of this.sessions) s.out.close();
+  }
+
+  /** Authenticates a `Hello` and opens its session: `Welcome` first, then `Revoke` for what cannot resume. */
+  async open(h: Hello): Promise<Outcome<Session>> {
+    const bad = checkAll(check('hello', helloSchema, h));
+    if (bad) return bad;
+    const auth = await agentAuthenticate(this.db, { token: h.token, agentId: h.agentId });
+    if (auth.outcome !== 'ok') return auth as Failure;
+    const session = new Session(h.agentId, [...new Set(h.queues)], h.labels, h.slots);
+    session.send({
+      type: 'welcome',
+      sessionId: session.id,
+      leaseTtlMs: this.config.leaseTtlMs,
+      heartbeatIntervalMs: this.config.heartbeatIntervalMs,
+    });
+    if (h.resume.length) {
+      const r = await attemptsResume(this.db, { agentId: h.agentId, attemptIds: h.resume });
+      if (r.outcome !== 'ok') return r as Failure;
+      for (const a of r.value.resumed) {
+        this.unbind(a.attemptId);
+        session.held.set(a.attemptId, { jobId: a.jobId, status: a.status });
+      }
+      if (r.value.gone.length) session.send({ type: 'revoke', attemptIds: r.value.gone, reason: 'not current: superseded or ended while disconnected' });
+      this.log.info({ agentId: h.agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
+    }
+    session.heartbeatPending = session.held.size > 0;
+    this.sessions.add(session);
+    this.log.info({ agentId: h.agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
+    this.emit('session:open', session);
+    this.emit('credit', session);
+    return { outcome: 'ok', value: session };
+  }
+
+  /** Handles one message of an open session, in order. Throws `ProtocolError` for a violation. */
+  async handle(s: Session, m: AgentInput): Promise<void> {
+    switch (m.type) {
+      case 'hello':
+        throw new ProtocolError('Hello was already received on this stream');
+      case 'credit':
+        if (!Number.isInteger(m.n) || m.n < 1 || m.n > s.slots) throw new ProtocolError(`Credit.n must be 1..${s.slots} (the slots of Hello), got ${m.n}`);
+        s.credit = Math.min(s.credit + m.n, s.slots);
+        this.emit('credit', s);
+        return;
+      case 'heartbeat':
+        s.heartbeatPending = true;
+        for (const p of m.progress) if (s.held.has(p.attemptId)) s.progress.set(p.attemptId, p.progress);
+        return;
+      case 'started':
+        return this.started(s, m.attemptIds);
+      case 'completed':
+      case 'failed':
+        return this.report(s, m);
+      case 'bye':
+        s.draining = true;
+        this.log.info({ agentId: s.agentId, sessionId: s.id, drain: m.drain, held: s.held.size }, 'agent said bye');
+        return;
+    }
+  }
+
+  /** The stream ended: without `Bye`, or with attempts still held, those become suspect. */
+  async close(s: Session, why: { lost: boolean; error?: unknown }): Promise<void> {
+    if (s.closed) return;
+    s.closed = true;
+    s.out.close();
+    this.sessions.delete(s);
+    const held = [...s.held.keys()];
+    if (held.length) {
+      const r = await attemptsMarkSuspect(this.db, { attemptIds: held }).catch((err: unknown) => {
+        this.log.warn({ err, agentId: s.agentId }, 'could not mark attempts suspect');
+        return undefined;
+      });
+      this.log.warn({ agentId: s.agentId, sessionId: s.id, suspect: r?.outcome === 'ok' ? r.value : held, err: why.error }, 'agent stream lost: its attempts are suspect');
+    } else {
+      this.log.info({ agentId: s.agentId, sessionId: s.id, lost: why.lost }, 'agent disconnected');
+    }
+    this.emit('session:close', s, { lost: why.lost });
+  }
+
+  /** Gives claimed jobs to the sessions of their slots; returns those whose session is gone. */
+  assign(s: Session, jobs: Claimed[]): void {
+    for (const c of jobs) {
+      s.held.set(c.attemptId, { jobId: c.job.id, status: 'claimed' });
+      s.credit--;
+    }
+    s.send({ type: 'assign', jobs });
+  }
+
+  /** Tells the sessions holding these attempts to stop them (a cancel, or the reaper took them). */
+  revoke(attemptIds: string[], reason: string, kind: 'revoke' | 'cancel' = 'revoke'): void {
+    const bySession = new Map<Session, string[]>();
+    for (const id of attemptIds) {
+      for (const s of this.sessions) {
+        if (!s.held.has(id)) continue;
+        s.held.delete(id);
+        s.progress.delete(id);
+        bySession.set(s, [...(bySession.get(s) ?? []), id]);
+      }
+    }
+    for (const [s, ids] of bySession) {
+      s.send(kind === 'cancel' ? { type: 'cancel', attemptIds: ids } : { type: 'revoke', attemptIds: ids, reason });
+      this.log.info({ agentId: s.agentId, attemptIds: ids, reason }, kind === 'cancel' ? 'attempts canceled' : 'attempts revoked');
+      this.emit('lease:revoked', { agentId: s.agentId, attemptIds: ids, reason });
+      this.emit('credit', s);
+    }
+  }
+
+  /** One UPDATE renews what every heartbeating session holds; the lost attempts are revoked. */
+  async tick(): Promise<void> {
+    const items: Array<{ attemptId: string; agentId: string; progress?: unknown }> = [];
+    for (const s of this.sessions) {
+      if (!s.heartbeatPending) continue;
+      s.heartbeatPending = false;
+      for (const id of s.held.keys()) {
+        const progress = s.progress.get(id);
+        items.push(progress === undefined ? { attemptId: id, agentId: s.agentId } : { attemptId: id, agentId: s.agentId, progress });
+      }
+      s.progress.clear();
+    }
+    if (!items.length) return;
+    const o = await attemptHeartbeat(this.db, { items, leaseTtlMs: this.config.leaseTtlMs });
+    if (o.outcome !== 'ok') {
+      this.log.warn({ outcome: o }, 'heartbeat batch refused');
+      return;
+    }
+    const lost = new Map<string, string>();
+    for (const l of o.value.lost) lost.set(l.attemptId, l.reason);
+    for (const reason of new Set(lost.values())) {
+      this.revoke([...lost].filter(([, r]) => r === reason).map(([id]) => id), reasonText(reason));
+    }
+    this.emit('lease:tick', { renewed: o.value.renewed.length, lost: lost.size });
+  }
+
+  private async started(s: Session, attemptIds: string[]): Promise<void> {
+    const gone: string[] = [];
+    await Promise.all(
+      attemptIds.map(async (attemptId) => {
+        const o = await attemptStart(this.db, { attemptId, agentId: s.agentId, leaseTtlMs: this.config.leaseTtlMs });
+        if (o.outcome === 'ok' || o.outcome === 'duplicate') {
+          s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
+          this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
+        } else {
+          if (o.outcome === 'stale') this.log.warn({ attemptId, agentId: s.agentId, current: o.current }, 'late start rejected');
+          gone.push(attemptId);
+        }
+      }),
+    );
+    if (gone.length) {
+      for (const id of gone) s.held.delete(id);
+      s.send({ type: 'revoke', attemptIds: gone, reason: 'cannot start: not current, not found or not this agent' });
+      this.emit('credit', s);
+    }
+  }
+
+  private async report(s: Session, m: Extract<AgentInput, { type: 'completed' | 'failed' }>): Promise<void> {
+    const calls =
+      m.type === 'completed'
+        ? m.results.map((r) => ({
+            attemptId: r.attemptId,
+            run: () => attemptComplete(this.db, { attemptId: r.attemptId, agentId: s.agentId, result: r.result }),
+          }))
+        : m.failures.map((f) => ({
+            attemptId: f.attemptId,
+            run: () =>
+              attemptFail(this.db, {
+                attemptId: f.attemptId,
+                agentId: s.agentId,
+                error: f.error.details === undefined ? { message: f.error.message } : { message: f.error.message, details: f.error.details },
+                retryable: f.retryable,
+              }),
+          }));
+    const items = await Promise.all(
+      calls.map(async ({ attemptId, run }): Promise<AckItem> => {
+        const o: Outcome<Job> = await run();
+        if (o.outcome !== 'invalid' && o.outcome !== 'too_large') s.held.delete(attemptId);
+        return ackItem(attemptId, o, m.type, s.agentId, this.log);
+      }),
+    );
+    s.send({ type: 'ack', items });
+  }
+
+  /** Removes an attempt from any session that still holds it (it moved to another stream). */
+  private unbind(attemptId: string): void {
+    for (const s of this.sessions) s.held.delete(attemptId);
+  }
+}
+
+function ackItem(attemptId: string, o: Outcome<Job>, kind: 'completed' | 'failed', agentId: string, log: Logger): AckItem {
+  switch (o.outcome) {
+    case 'ok':
+      log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
+      return { attemptId, outcome: 'ok', message: `job ${o.value.id} is ${o.value.status}` };
+    case 'duplicate':
+      return { attemptId, outcome: 'duplicate', storedResult: o.value.result ?? undefined, message: 'already recorded: the stored outcome stands' };
+    case 'stale':
+      log.warn({ attemptId, agentId, current: o.current }, `late ${kind === 'completed' ? 'completion' : 'failure'} rejected: ${o.message}`);
+      return { attemptId, outcome: 'stale', current: o.current, message: o.message };
+    case 'conflict':
+      return { attemptId, outcome: 'conflict', ...(o.current ? { current: o.current } : {}), message: o.message };
+    case 'invalid':
+    case 'too_large':
+      return { attemptId, outcome: o.outcome, message: `${o.field} ${o.message}` };
+    default:
+      return { attemptId, outcome: o.outcome, message: o.message };
+  }
+}
+
+function reasonText(reason: string): string {
+  switch (reason) {
+    case 'timed_out':
+      return 'execution timeout passed';
+    case 'stale':
+      return 'lease lost: the attempt is no longer current';
+    case 'forbidden':
+      return 'the attempt belongs to another agent';
+    default:
+      return 'unknown attempt';
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * Dispatch: claims jobs on behalf of connected agents that have free slots and hands them out
+ * as `Assign`. Sessions serving the same queues with the same labels are claimed for together,
+ * in one statement, their slots interleaved so each gets a fair share. A round runs when woken
+ * (NOTIFY for a queue, a session with new credit, the reaper giving jobs back) and on a slow
+ * poll as the fallback (scheduled jobs coming due, a missed notification). Rounds never overlap:
+ * a wake during a round makes another round follow it.
+ */
+import { EventEmitter } from 'node:events';
+import type { Logger } from '../log.js';
+import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
+import type { AgentHub, Session } from './agent-hub.js';
+import { limits } from './validation.js';
+
+export interface DispatcherConfig {
+  claimTtlMs: number;
+  /** The fallback poll; default 1 s. */
+  pollMs?: number;
+}
+
+export interface DispatcherEvents {
+  'dispatch:round': [{ claimed: number; groups: number }];
+  'dispatch:error': [Error];
+}
+
+/** Claims for waiting sessions and assigns; `runOnce()` does one round now. */
+export class Dispatcher extends EventEmitter<DispatcherEvents> {
+  private running: Promise<void> | undefined;
+  private again = false;
+  private poll: NodeJS.Timeout | undefined;
+  private rotation = 0;
+  private stopped = true;
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly hub: AgentHub,
+    private readonly log: Logger,
+    private readonly config: DispatcherConfig,
+  ) {
+    super();
+  }
+
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    const pollMs = this.config.pollMs ?? 1000;
+    const loop = () => {
+      this.poll = setTimeout(() => {
+        if ([...this.hub.sessions].some((s) => s.available > 0)) this.wake();
+        loop();
+      }, pollMs);
+    };
+    loop();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.poll);
+    await this.running;
+  }
+
+  /** Asks for a round; with a queue, only if some waiting session serves it. */
+  wake(queue?: string): void {
+    if (this.stopped) return;
+    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
+    if (this.running) {
+      this.again = true;
+      return;
+    }
+    this.running = this.loop().finally(() => {
+      this.running = undefined;
+    });
+  }
+
+  /** One round now (tests); joins the round in progress if there is one. */
+  async runOnce(): Promise<void> {
+    if (this.running) return this.running;
+    await this.round();
+  }
+
+  private async loop(): Promise<void> {
+    do {
+      this.again = false;
+      try {
+        if (await this.round()) this.again = true; // a group was filled: there may be more
+      } catch (err) {
+        this.log.warn({ err }, 'dispatch round failed; the poll retries');
+        this.emit('dispatch:error', err as Error);
+        return;
+      }
+    } while (this.again && !this.stopped);
+  }
+
+  /** Claims for every group of waiting sessions; true if some group got every slot it asked for. */
+  private async round(): Promise<boolean> {
+    const groups = new Map<string, Session[]>();
+    for (const s of this.hub.sessions) {
+      if (s.available <= 0) continue;
+      const key = JSON.stringify([[...s.queues].sort(), Object.entries(s.labels).sort()]);
+      groups.set(key, [...(groups.get(key) ?? []), s]);
+    }
+    let full = false;
+    let claimed = 0;
+    for (const sessions of groups.values()) {
+      const slots = this.interleave(sessions);
+      if (!slots.length) continue;
+      const first = sessions[0]!;
+      const o = await jobClaimSlots(this.db, {
+        slots: slots.map((s) => s.agentId),
+        queues: first.queues,
+        labels: first.labels,
+        claimTtlMs: this.config.claimTtlMs,
+      });
+      if (o.outcome !== 'ok') throw new Error(`jobClaimSlots refused: ${JSON.stringify(o)}`);
+      const bySession = new Map<Session, Claimed[]>();
+      for (const c of o.value) {
+        const s = slots[c.slot]!;
+        bySession.set(s, [...(bySession.get(s) ?? []), c]);
+      }
+      for (const [s, jobs] of bySession) {
+        // A session that closed meanwhile never sees its jobs: they stay claimed until their
+        // claim deadline and go back to the queue without counting as attempts.
+        this.hub.assign(s, jobs);
+        for (const c of jobs) this.log.info({ jobId: c.job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, agentId: s.agentId }, 'job assigned');
+      }
+      claimed += o.value.length;
+      if (o.value.length === slots.length) full = true;
+    }
+    if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size });
+    return full;
+  }
+
+  /** Round-robin over the sessions' free slots, starting at a rotating offset, capped at one claim batch. */
+  private interleave(sessions: Session[]): Session[] {
+    const free = new Map(sessions.map((s) => [s, s.available]));
+    const order = sessions.map((_, i) => sessions[(i + this.rotation) % sessions.length]!);
+    this.rotation++;
+    const slots: Session[] = [];
+    while (slots.length < limits.claimBatch) {
+      let added = false;
+      for (const s of order) {
+        const n = free.get(s)!;
+        if (n <= 0 || slots.length >= limits.claimBatch) continue;
+        slots.push(s);
+        free.set(s, n - 1);
+        added = true;
+      }
+      if (!added) break;
+    }
+    return slots;
+  }
+}

@@ -1,0 +1,162 @@
+/**
+ * AgentService.Connect: one bidirectional stream per agent process. This adapter only
+ * translates protobuf to the hub's domain messages and back; the rules live in
+ * `core/agent-hub.ts`. A protocol violation ends this stream with INVALID_ARGUMENT; it never
+ * touches another stream.
+ */
+import { create, type JsonObject } from '@bufbuild/protobuf';
+import { durationFromMs } from '@bufbuild/protobuf/wkt';
+import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@connectrpc/connect';
+import {
+  AgentService,
+  ServerMessageSchema,
+  ServerMessage_AckSchema,
+  ServerMessage_Ack_ItemSchema,
+  type AgentMessage,
+  type ServerMessage,
+} from '../../gen/leasehold/v1/agent_service_pb.js';
+import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type Session } from '../core/agent-hub.js';
+import type { Failure } from '../core/outcomes.js';
+import type { Logger } from '../log.js';
+import { fromValue, toConnectError, toPbClaimed, toPbCurrent, toPbOutcome } from './codec.js';
+
+export interface AgentRoutesDeps {
+  hub: AgentHub;
+  log: Logger;
+}
+
+export function agentRoutes(deps: AgentRoutesDeps) {
+  return (router: ConnectRouter) =>
+    router.service(AgentService, {
+      connect: (requests: AsyncIterable<AgentMessage>, ctx: HandlerContext) => connect(deps, requests, ctx),
+    });
+}
+
+async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMessage>, ctx: HandlerContext): AsyncGenerator<ServerMessage> {
+  const { hub, log } = deps;
+  const it = requests[Symbol.asyncIterator]();
+  const first = await it.next();
+  if (first.done) return;
+  if (first.value.kind.case !== 'hello') {
+    throw new ConnectError(
+      `the first message on the stream must be Hello{agent_id, token, queues, slots}, got ${first.value.kind.case ?? 'an empty message'}`,
+      Code.InvalidArgument,
+    );
+  }
+  const h = first.value.kind.value;
+  const opened = await hub.open({
+    agentId: h.agentId,
+    token: h.token,
+    queues: h.queues,
+    labels: h.labels,
+    slots: h.slots,
+    resume: h.resume,
+  });
+  if (opened.outcome !== 'ok') {
+    if (opened.outcome === 'not_found' || opened.outcome === 'forbidden') {
+      log.warn({ agentId: h.agentId, why: opened.message }, 'agent refused');
+      throw new ConnectError(`Hello refused: ${opened.message}`, Code.Unauthenticated);
+    }
+    throw toConnectError(opened as Failure);
+  }
+  const session = opened.value;
+
+  // Read the agent's messages in order while this generator writes the session's output.
+  const reading = (async () => {
+    try {
+      for (;;) {
+        const r = await it.next();
+        if (r.done) break;
+        await hub.handle(session, toInput(r.value));
+      }
+      // The agent half-closed: after Bye this is a goodbye, otherwise the stream was lost.
+      session.out.close();
+    } catch (err) {
+      if (err instanceof ProtocolError) {
+        log.warn({ agentId: session.agentId, err: err.message }, 'agent stream ended: protocol violation');
+        session.out.fail(new ConnectError(err.message, Code.InvalidArgument));
+      } else {
+        session.out.fail(err);
+      }
+    }
+  })();
+
+  let lost = true;
+  try {
+    for await (const out of session.out) yield toServerMessage(out);
+    lost = !session.draining;
+  } finally {
+    await hub.close(session, { lost, error: ctx.signal.aborted ? ctx.signal.reason : undefined });
+    await reading;
+  }
+}
+
+function toInput(m: AgentMessage): AgentInput {
+  const k = m.kind;
+  switch (k.case) {
+    case 'hello':
+      return { type: 'hello' };
+    case 'credit':
+      return { type: 'credit', n: k.value.n };
+    case 'started':
+      return { type: 'started', attemptIds: k.value.attemptIds };
+    case 'heartbeat':
+      return { type: 'heartbeat', progress: k.value.progress.map((p) => ({ attemptId: p.attemptId, progress: fromValue(p.progress) })) };
+    case 'completed':
+      return { type: 'completed', results: k.value.results.map((r) => ({ attemptId: r.attemptId, result: r.result ?? {} })) };
+    case 'failed':
+      return {
+        type: 'failed',
+        failures: k.value.failures.map((f) => ({
+          attemptId: f.attemptId,
+          error: { message: f.error?.message ?? '', ...(f.error?.details ? { details: f.error.details } : {}) },
+          retryable: f.retryable,
+        })),
+      };
+    case 'bye':
+      return { type: 'bye', drain: k.value.drain };
+    default:
+      throw new ProtocolError('empty AgentMessage: set one of hello, credit, started, heartbeat, completed, failed, bye');
+  }
+}
+
+function toServerMessage(o: AgentOutput): ServerMessage {
+  switch (o.type) {
+    case 'welcome':
+      return create(ServerMessageSchema, {
+        kind: {
+          case: 'welcome',
+          value: { sessionId: o.sessionId, leaseTtl: durationFromMs(o.leaseTtlMs), heartbeatInterval: durationFromMs(o.heartbeatIntervalMs) },
+        },
+      });
+    case 'assign':
+      return create(ServerMessageSchema, { kind: { case: 'assign', value: { jobs: o.jobs.map(toPbClaimed) } } });
+    case 'ack':
+      return create(ServerMessageSchema, {
+        kind: {
+          case: 'ack',
+          value: create(ServerMessage_AckSchema, {
+            items: o.items.map((i) =>
+              create(ServerMessage_Ack_ItemSchema, {
+                attemptId: i.attemptId,
+                outcome: toPbOutcome(i.outcome),
+                storedResult: isObject(i.storedResult) ? i.storedResult : undefined,
+                current: i.current ? toPbCurrent(i.current) : undefined,
+                message: i.message,
+              }),
+            ),
+          }),
+        },
+      });
+    case 'revoke':
+      return create(ServerMessageSchema, { kind: { case: 'revoke', value: { attemptIds: o.attemptIds, reason: o.reason } } });
+    case 'cancel':
+      return create(ServerMessageSchema, { kind: { case: 'cancel', value: { attemptIds: o.attemptIds } } });
+    case 'drain':
+      return create(ServerMessageSchema, { kind: { case: 'drain', value: {} } });
+  }
+}
+
+const isObject = (v: unknown): v is JsonObject => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+export type { Session };

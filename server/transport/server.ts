@@ -1,0 +1,108 @@
+/**
+ * The gRPC listener: one Connect router for every service (gRPC, gRPC-Web and Connect on
+ * HTTP/2), cleartext h2c by default, TLS when a certificate and key are configured.
+ */
+import { readFileSync } from 'node:fs';
+import http2 from 'node:http2';
+import type { AddressInfo } from 'node:net';
+import type { ConnectRouter } from '@connectrpc/connect';
+import { connectNodeAdapter } from '@connectrpc/connect-node';
+import type { AgentHub } from '../core/agent-hub.js';
+import type { Logger } from '../log.js';
+import type { Queryable } from '../store/index.js';
+import { agentRoutes } from './agent-routes.js';
+import { attemptRoutes } from './attempt-routes.js';
+import { authInterceptor } from './auth.js';
+import { createHealth, healthRoutes, type HealthController } from './health.js';
+import { jobRoutes } from './job-routes.js';
+import { readDescriptorSet, reflectionRoutes } from './reflection.js';
+
+export interface ServerDeps {
+  db: Queryable;
+  hub: AgentHub;
+  log: Logger;
+  adminKey: string | undefined;
+  leaseTtlMs: number;
+  claimTtlMs: number;
+  heartbeatIntervalMs: number;
+}
+
+export interface TlsFiles {
+  certFile: string;
+  keyFile: string;
+}
+
+/** Largest message accepted (a Completed with many results); single documents are bounded lower. */
+export const READ_MAX_BYTES = 8 * 1024 * 1024;
+
+/** Every service on one router: JobService, AttemptService, AgentService, health, reflection. */
+export function routes(deps: ServerDeps, health: HealthController) {
+  return (router: ConnectRouter) => {
+    jobRoutes(deps)(router);
+    attemptRoutes(deps)(router);
+    agentRoutes(deps)(router);
+    healthRoutes({ health })(router);
+    reflectionRoutes({ sourceInfo: readDescriptorSet() })(router);
+  };
+}
+
+export interface GrpcServer {
+  /** The bound address (the port is real when 0 was asked for). */
+  address: AddressInfo;
+  health: HealthController;
+  /** Stops accepting, ends streams, waits for open sessions to close. Safe to call twice. */
+  close(): Promise<void>;
+}
+
+/** Listens on `addr` (`host:port`) with every service. */
+export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<GrpcServer> {
+  const health = createHealth({
+    services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService'],
+  });
+  const handler = connectNodeAdapter({
+    routes: routes(deps, health),
+    interceptors: [authInterceptor({ db: deps.db, adminKey: deps.adminKey })],
+    readMaxBytes: READ_MAX_BYTES,
+  });
+  const server = tls
+    ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true }, handler)
+    : http2.createServer(handler);
+  const sessions = new Set<http2.ServerHttp2Session>();
+  server.on('session', (s) => {
+    sessions.add(s);
+    s.on('close', () => sessions.delete(s));
+  });
+  const [host, port] = splitAddr(addr);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'gRPC listening');
+  let closing: Promise<void> | undefined;
+  return {
+    address,
+    health,
+    close: () =>
+      (closing ??= (async () => {
+        health.shutdown();
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        await deps.hub.stop();
+        // Streams end once their sessions' output closes; give HTTP/2 sessions a moment, then cut.
+        const deadline = setTimeout(() => sessions.forEach((s) => s.destroy()), 2000);
+        for (const s of sessions) s.close();
+        await closed;
+        clearTimeout(deadline);
+      })()),
+  };
+}
+
+/** `host:port` or `[v6]:port` → [host, port]. */
+export function splitAddr(addr: string): [string, number] {
+  const m = /^\[?([^\]]+?)\]?:(\d+)$/.exec(addr);
+  if (!m) throw new Error(`not host:port: ${addr}`);
+  return [m[1]!, Number(m[2])];
+}

@@ -1,0 +1,311 @@
+/**
+ * The agent stream end to end: a real coordinator (gRPC on a port, real PostgreSQL) and agents
+ * written with plain @grpc/grpc-js from the .proto files. Leases are 1.5 s, heartbeats 300 ms
+ * and the reaper runs every 100 ms, so recovery happens within a test.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { jobEnqueue } from '../server/store/index.js';
+import { useTestDb } from './helpers/db.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { checkInvariants } from './helpers/invariants.js';
+import { fromStruct, grpc, rawClient, RawAgent, toStruct, unary, type HelloInit } from './helpers/raw-agent.js';
+import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
+
+const t = useTestDb();
+const lh = useCoordinator(t);
+const open: RawAgent[] = [];
+const proxies: TcpProxy[] = [];
+
+function agent(hello: HelloInit | null, address = `127.0.0.1:${lh.port}`): RawAgent {
+  const a = RawAgent.open(address, hello);
+  open.push(a);
+  return a;
+}
+async function enqueue(queue: string, payload: Record<string, unknown> = {}) {
+  const o = await jobEnqueue(t.pool, { queue, payload });
+  if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+  return o.value;
+}
+async function row(jobId: string) {
+  return (await t.pool.query('SELECT status::text, attempt_no, result, current_attempt_id FROM jobs WHERE id = $1', [jobId])).rows[0];
+}
+const heartbeat = (a: RawAgent) => a.send({ heartbeat: { progress: [] } });
+
+afterEach(async () => {
+  for (const a of open.splice(0)) a.close();
+  for (const p of proxies.splice(0)) await p.close();
+});
+
+describe('AgentService.Connect', () => {
+  it('runs claim → start → heartbeat → complete with a plain grpc-js agent', async () => {
+    const token = await lh.agent('basic');
+    const a = agent({ agentId: 'basic', token, queues: ['basic'], slots: 2 });
+    const welcome = await a.next('welcome');
+    expect(welcome.welcome.sessionId).toMatch(/[0-9a-f-]{36}/);
+    expect(Number(welcome.welcome.leaseTtl.seconds) * 1000 + welcome.welcome.leaseTtl.nanos / 1e6).toBe(1500);
+
+    const job = await enqueue('basic', { n: 7 });
+    const assign = await a.next('assign');
+    const claimed = assign.assign.jobs[0];
+    expect(claimed.job.id).toBe(job.id);
+    expect(claimed.attemptNo).toBe(1);
+    expect(fromStruct(claimed.job.payload)).toEqual({ n: 7 });
+    expect(claimed.claimDeadline.seconds).toBeDefined();
+
+    a.send({ started: { attemptIds: [claimed.attemptId] } });
+    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    heartbeat(a);
+    const before = (await t.pool.query('SELECT lease_expires_at FROM jobs WHERE id = $1', [job.id])).rows[0].lease_expires_at;
+    await waitFor('lease renewed', async () => {
+      heartbeat(a);
+      const now = (await t.pool.query('SELECT lease_expires_at FROM jobs WHERE id = $1', [job.id])).rows[0].lease_expires_at;
+      return now > before;
+    });
+
+    a.send({ completed: { results: [{ attemptId: claimed.attemptId, result: toStruct({ ok: true }) }] } });
+    const ack = await a.next('ack');
+    expect(ack.ack.items).toMatchObject([{ attemptId: claimed.attemptId, outcome: 'OUTCOME_OK' }]);
+    expect(await row(job.id)).toMatchObject({ status: 'succeeded', result: { ok: true } });
+    await checkInvariants(t.pool);
+  });
+
+  it('revokes an attempt whose agent stopped heartbeating, reassigns it as attempt 2, and refuses the late completion', async () => {
+    const [ta, tb] = [await lh.agent('lazy'), await lh.agent('diligent')];
+    const a = agent({ agentId: 'lazy', token: ta, queues: ['lease'], slots: 1 });
+    await a.next('welcome');
+    const job = await enqueue('lease', { x: 1 });
+    const first = (await a.next('assign')).assign.jobs[0];
+    a.send({ started: { attemptIds: [first.attemptId] } });
+    // No heartbeats: the lease (1.5 s) passes, the reaper takes the job back and says so.
+    const revoke = await a.next('revoke', 10_000);
+    expect(revoke.revoke.attemptIds).toEqual([first.attemptId]);
+
+    const b = agent({ agentId: 'diligent', token: tb, queues: ['lease'], slots: 1 });
+    const second = (await b.next('assign')).assign.jobs[0];
+    expect(second.job.id).toBe(job.id);
+    expect(second.attemptNo).toBe(2);
+    b.send({ started: { attemptIds: [second.attemptId] } });
+
+    a.send({ completed: { results: [{ attemptId: first.attemptId, result: toStruct({ by: 'lazy' }) }] } });
+    const late = (await a.next('ack')).ack.items[0];
+    expect(late).toMatchObject({ attemptId: first.attemptId, outcome: 'OUTCOME_STALE', current: { jobId: job.id, attemptNo: 2 } });
+    const reports = (await t.pool.query('SELECT attempt_id, current_attempt_id, call FROM stale_reports WHERE job_id = $1', [job.id])).rows;
+    expect(reports).toEqual([{ attempt_id: first.attemptId, current_attempt_id: second.attemptId, call: 'complete' }]);
+
+    await waitFor('started', async () => (await row(job.id)).status === 'running');
+    b.send({ completed: { results: [{ attemptId: second.attemptId, result: toStruct({ by: 'diligent' }) }] } });
+    expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
+    expect(await row(job.id)).toMatchObject({ status: 'succeeded', attempt_no: 2, result: { by: 'diligent' } });
+    await checkInvariants(t.pool);
+  });
+
+  it('marks attempts suspect when the connection is cut, and resumes them on a reconnect within the lease', async () => {
+    const token = await lh.agent('flaky');
+    const proxy = await startProxy(lh.port);
+    proxies.push(proxy);
+    const via = `127.0.0.1:${proxy.port}`;
+    const a = agent({ agentId: 'flaky', token, queues: ['cut'], slots: 1 }, via);
+    await a.next('welcome');
+    const job = await enqueue('cut');
+    const c = (await a.next('assign')).assign.jobs[0];
+    a.send({ started: { attemptIds: [c.attemptId] } });
+    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    heartbeat(a);
+
+    const closed = new Promise((r) => lh.c.hub.once('session:close', (_s, why) => r(why)));
+    proxy.cutAll();
+    expect(await closed).toEqual({ lost: true });
+    const suspect = (await t.pool.query('SELECT suspect_since FROM attempts WHERE id = $1', [c.attemptId])).rows[0].suspect_since;
+    expect(suspect).toBeInstanceOf(Date);
+
+    const b = agent({ agentId: 'flaky', token, queues: ['cut'], slots: 1, resume: [c.attemptId] }, via);
+    await b.next('welcome');
+    heartbeat(b);
+    await waitFor('suspect cleared', async () => (await t.pool.query('SELECT suspect_since FROM attempts WHERE id = $1', [c.attemptId])).rows[0].suspect_since === null);
+    expect(b.all('revoke')).toEqual([]);
+    b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ resumed: true }) }] } });
+    expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
+    expect(await row(job.id)).toMatchObject({ status: 'succeeded', attempt_no: 1 });
+  });
+
+  it('revokes on reconnect an attempt whose lease passed while disconnected', async () => {
+    const token = await lh.agent('late');
+    const a = agent({ agentId: 'late', token, queues: ['gone'], slots: 1 });
+    await a.next('welcome');
+    const job = await enqueue('gone');
+    const c = (await a.next('assign')).assign.jobs[0];
+    a.send({ started: { attemptIds: [c.attemptId] } });
+    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    a.close();
+    // The reaper takes the job back once the lease has passed.
+    await waitFor('lease expired', async () => (await row(job.id)).current_attempt_id !== c.attemptId);
+    const b = agent({ agentId: 'late', token, queues: ['other'], slots: 1, resume: [c.attemptId] });
+    await b.next('welcome');
+    expect((await b.next('revoke')).revoke.attemptIds).toEqual([c.attemptId]);
+  });
+
+  it('answers a completion whose ack was lost with duplicate and the stored result on resend', async () => {
+    const token = await lh.agent('unlucky');
+    const proxy = await startProxy(lh.port);
+    proxies.push(proxy);
+    const via = `127.0.0.1:${proxy.port}`;
+    const a = agent({ agentId: 'unlucky', token, queues: ['ack'], slots: 1 }, via);
+    await a.next('welcome');
+    const job = await enqueue('ack');
+    const c = (await a.next('assign')).assign.jobs[0];
+    a.send({ started: { attemptIds: [c.attemptId] } });
+    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    // From here the agent hears nothing: the coordinator commits, and its ack is lost on the way.
+    proxy.muteDownstream();
+    a.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ answer: 42 }) }] } });
+    await waitFor('completion committed', async () => (await row(job.id)).status === 'succeeded');
+    proxy.cutAll();
+    await a.ended;
+    expect(a.all('ack')).toEqual([]);
+
+    const b = agent({ agentId: 'unlucky', token, queues: ['ack'], slots: 1, resume: [c.attemptId] }, via);
+    await b.next('welcome');
+    b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ answer: 42 }) }] } });
+    const item = (await b.next('ack')).ack.items[0];
+    expect(item).toMatchObject({ attemptId: c.attemptId, outcome: 'OUTCOME_DUPLICATE' });
+    expect(fromStruct(item.storedResult)).toEqual({ answer: 42 });
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM completions WHERE job_id = $1', [job.id])).rows[0].n).toBe(1);
+  });
+
+  it('pushes Cancel to the agent holding a job canceled through JobService', async () => {
+    const token = await lh.agent('cancelee');
+    const a = agent({ agentId: 'cancelee', token, queues: ['cancel'], slots: 1 });
+    await a.next('welcome');
+    const job = await enqueue('cancel');
+    const c = (await a.next('assign')).assign.jobs[0];
+    const jobs = rawClient('JobService', `127.0.0.1:${lh.port}`);
+    try {
+      const res = await unary(jobs, 'cancelJob', { jobId: job.id }, ADMIN_KEY);
+      expect(res.outcome).toBe('OUTCOME_OK');
+    } finally {
+      jobs.close();
+    }
+    expect((await a.next('cancel')).cancel.attemptIds).toEqual([c.attemptId]);
+  });
+
+  it('stops assigning after Bye{drain}', async () => {
+    const token = await lh.agent('leaver');
+    const a = agent({ agentId: 'leaver', token, queues: ['drain'], slots: 5 });
+    await a.next('welcome');
+    a.send({ bye: { drain: true } });
+    await waitFor('draining', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'leaver' && s.draining));
+    const job = await enqueue('drain');
+    await lh.c.dispatcher.runOnce();
+    expect(a.all('assign')).toEqual([]);
+    expect((await row(job.id)).status).toBe('queued');
+  });
+
+  it('recovers a claim never started by its deadline without counting it', async () => {
+    const token = await lh.agent('idle');
+    const a = agent({ agentId: 'idle', token, queues: ['nostart'], slots: 1 });
+    await a.next('welcome');
+    const job = await enqueue('nostart');
+    const c = (await a.next('assign')).assign.jobs[0];
+    heartbeat(a);
+    expect((await a.next('revoke', 10_000)).revoke.attemptIds).toEqual([c.attemptId]);
+    const r = (await t.pool.query('SELECT attempts_started, status::text FROM jobs WHERE id = $1', [job.id])).rows[0];
+    expect(r.attempts_started).toBe(0);
+    const a1 = (await t.pool.query('SELECT status::text FROM attempts WHERE id = $1', [c.attemptId])).rows[0];
+    expect(a1.status).toBe('claim_expired');
+  });
+});
+
+describe('bad input on the stream', () => {
+  it('ends a stream whose first message is not Hello with INVALID_ARGUMENT', async () => {
+    const a = agent(null);
+    a.send({ credit: { n: 1 } });
+    const end = await a.ended;
+    expect(end.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(end.details).toMatch(/first message on the stream must be Hello/);
+  });
+
+  it('refuses an unknown token with UNAUTHENTICATED and a malformed Hello with INVALID_ARGUMENT', async () => {
+    const bad = agent({ agentId: 'nobody', token: 'lh_agent_wrong', queues: ['q'], slots: 1 });
+    expect((await bad.ended).code).toBe(grpc.status.UNAUTHENTICATED);
+    const token = await lh.agent('sloppy');
+    const sloppy = agent({ agentId: 'sloppy', token, queues: [], slots: 0 });
+    const end = await sloppy.ended;
+    expect(end.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(end.details).toMatch(/hello\.(queues|slots)/);
+  });
+
+  it('answers malformed and oversized reports per item, and a second Hello ends only that stream', async () => {
+    const [t1, t2] = [await lh.agent('messy'), await lh.agent('bystander')];
+    const a = agent({ agentId: 'messy', token: t1, queues: ['messy'], slots: 1 });
+    const bystander = agent({ agentId: 'bystander', token: t2, queues: ['bystander'], slots: 1 });
+    await a.next('welcome');
+    await bystander.next('welcome');
+    const job = await enqueue('messy');
+    const c = (await a.next('assign')).assign.jobs[0];
+    a.send({
+      completed: {
+        results: [
+          { attemptId: 'not-an-id', result: toStruct({}) },
+          { attemptId: c.attemptId, result: toStruct({ blob: 'x'.repeat(300 * 1024) }) },
+          { attemptId: '00000000-0000-4000-8000-000000000000', result: toStruct({}) },
+        ],
+      },
+    });
+    const items = (await a.next('ack')).ack.items;
+    expect(items.map((i: { outcome: string }) => i.outcome)).toEqual(['OUTCOME_INVALID', 'OUTCOME_INVALID', 'OUTCOME_NOT_FOUND']);
+    expect(items[0].message).toMatch(/attemptId/);
+    expect(items[1].message).toMatch(/result is \d+ bytes/);
+    expect((await row(job.id)).status).toBe('claimed');
+
+    a.send({ hello: { agentId: 'messy', token: t1, queues: ['messy'], slots: 1 } });
+    const end = await a.ended;
+    expect(end.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(end.details).toMatch(/Hello was already received/);
+
+    // The other stream is untouched.
+    const other = await enqueue('bystander');
+    const oc = (await bystander.next('assign')).assign.jobs[0];
+    expect(oc.job.id).toBe(other.id);
+  });
+
+  it('is forbidden to complete another agent\'s attempt', async () => {
+    const [to, tt] = [await lh.agent('owner'), await lh.agent('thief')];
+    const owner = agent({ agentId: 'owner', token: to, queues: ['owned'], slots: 1 });
+    const thief = agent({ agentId: 'thief', token: tt, queues: ['nothing'], slots: 1 });
+    await owner.next('welcome');
+    await thief.next('welcome');
+    const job = await enqueue('owned');
+    const c = (await owner.next('assign')).assign.jobs[0];
+    thief.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ stolen: true }) }] } });
+    expect((await thief.next('ack')).ack.items[0].outcome).toBe('OUTCOME_FORBIDDEN');
+    expect((await row(job.id)).status).toBe('claimed');
+  });
+});
+
+describe('AttemptService (stream-less agents)', () => {
+  it('claims, starts, heartbeats and completes over unary calls; a late call is ABORTED', async () => {
+    const token = await lh.agent('script');
+    const job = await enqueue('script', { s: 1 });
+    const client = rawClient('AttemptService', `127.0.0.1:${lh.port}`);
+    try {
+      const claimed = await unary(client, 'claimJobs', { queues: ['script'], maxJobs: 1 }, token);
+      const c = claimed.jobs[0];
+      expect(c.job.id).toBe(job.id);
+      const started = await unary(client, 'startAttempt', { jobId: job.id, attemptId: c.attemptId }, token);
+      expect(started.outcome).toBe('OUTCOME_OK');
+      const hb = await unary(client, 'heartbeat', { jobId: job.id, attemptId: c.attemptId }, token);
+      expect(hb.outcome).toBe('OUTCOME_OK');
+      const done = await unary(client, 'completeAttempt', { jobId: job.id, attemptId: c.attemptId, result: toStruct({ r: 1 }) }, token);
+      expect(done.outcome).toBe('OUTCOME_OK');
+      const again = await unary(client, 'completeAttempt', { jobId: job.id, attemptId: c.attemptId, result: toStruct({ r: 1 }) }, token);
+      expect(again.outcome).toBe('OUTCOME_DUPLICATE');
+      expect(fromStruct(again.job.result)).toEqual({ r: 1 });
+      const err = await unary(client, 'heartbeat', { jobId: job.id, attemptId: c.attemptId }, token).catch((e: grpc.ServiceError) => e);
+      expect((err as grpc.ServiceError).code).toBe(grpc.status.ABORTED);
+      const admin = await unary(client, 'claimJobs', { queues: ['script'] }, ADMIN_KEY).catch((e: grpc.ServiceError) => e);
+      expect((admin as grpc.ServiceError).code).toBe(grpc.status.PERMISSION_DENIED);
+    } finally {
+      client.close();
+    }
+  });
+});

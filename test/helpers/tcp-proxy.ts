@@ -1,0 +1,58 @@
+/**
+ * A TCP proxy in front of the coordinator, so a test can cut an agent's connection the way a
+ * network does (both sockets destroyed, no goodbye).
+ */
+import net from 'node:net';
+
+export interface TcpProxy {
+  port: number;
+  /** From now on, bytes from the server to the client are dropped (the client hears nothing). */
+  muteDownstream(): void;
+  /** Destroys every open connection (new ones are still accepted). */
+  cutAll(): void;
+  close(): Promise<void>;
+}
+
+export async function startProxy(targetPort: number): Promise<TcpProxy> {
+  const pairs = new Set<[net.Socket, net.Socket]>();
+  let mute = false;
+  const server = net.createServer((client) => {
+    const upstream = net.connect(targetPort, '127.0.0.1');
+    const pair: [net.Socket, net.Socket] = [client, upstream];
+    pairs.add(pair);
+    const drop = () => {
+      client.destroy();
+      upstream.destroy();
+      pairs.delete(pair);
+    };
+    client.on('error', drop).on('close', drop);
+    upstream.on('error', drop).on('close', drop);
+    client.pipe(upstream);
+    upstream.on('data', (chunk: Buffer) => {
+      if (!mute) client.write(chunk);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    muteDownstream: () => {
+      mute = true;
+    },
+    cutAll: () => {
+      mute = false;
+      for (const [a, b] of pairs) {
+        a.destroy();
+        b.destroy();
+      }
+      pairs.clear();
+    },
+    close: () =>
+      new Promise((r) => {
+        for (const [a, b] of pairs) {
+          a.destroy();
+          b.destroy();
+        }
+        server.close(() => r());
+      }),
+  };
+}
