@@ -4,16 +4,18 @@
  * stopped, exit 0), recovers a database left running by a SIGKILLed coordinator, and refuses a
  * bad setting with exit code 2.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 const root = path.resolve(import.meta.dirname, '..');
+const run = promisify(execFile);
 let dataDir: string;
 const children = new Set<ChildProcess>();
 
@@ -25,7 +27,7 @@ interface Proc {
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
-function serve(args: string[] = ['serve'], env: Record<string, string> = {}): Proc {
+function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0'], env: Record<string, string> = {}): Proc {
   // As `npm start` runs it: one node process with the tsx loader, so signals reach the coordinator.
   const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
     cwd: root,
@@ -105,6 +107,14 @@ describe('leasehold serve', () => {
     expect(p.lines.some((l) => /initialising a new embedded PostgreSQL cluster/.test(String(l.msg)))).toBe(true);
     const journal = JSON.parse(readFileSync(path.join(root, 'server/store/migrations/meta/_journal.json'), 'utf8'));
     expect(p.lines.find((l) => /migrations applied/.test(String(l.msg)))).toMatchObject({ applied: journal.entries.length });
+
+    // gRPC with health and reflection, as an outside client sees it.
+    const grpcAddr = String((await p.waitFor(/gRPC listening/)).addr);
+    const buf = path.join(root, 'node_modules', '.bin', 'buf');
+    const health = await run(buf, ['curl', '--protocol', 'grpc', '--http2-prior-knowledge', `http://${grpcAddr}/grpc.health.v1.Health/Check`]);
+    expect(JSON.parse(health.stdout)).toEqual({ status: 'SERVING' });
+    const methods = await run(buf, ['curl', '--protocol', 'grpc', '--http2-prior-knowledge', '--list-methods', `http://${grpcAddr}`]);
+    expect(methods.stdout).toMatch(/leasehold\.v1\.AgentService\/Connect/);
 
     const creds = JSON.parse(readFileSync(path.join(dataDir, 'credentials.json'), 'utf8'));
     const c = new pg.Client({ host: '127.0.0.1', port: Number(started.port), user: creds.user, password: creds.password, database: 'postgres' });

@@ -164,9 +164,13 @@ export class RawAgent {
 }
 
 /** A client of another service (JobService, AttemptService) over plain grpc-js. */
-export function rawClient(service: 'JobService' | 'AttemptService', address: string): grpc.Client & Record<string, any> {
+export function rawClient(
+  service: 'JobService' | 'AttemptService',
+  address: string,
+  creds: grpc.ChannelCredentials = grpc.credentials.createInsecure(),
+): grpc.Client & Record<string, any> {
   const Ctor = pkg.leasehold.v1[service]!;
-  return new Ctor(address, grpc.credentials.createInsecure()) as grpc.Client & Record<string, any>;
+  return new Ctor(address, creds) as grpc.Client & Record<string, any>;
 }
 
 /** Calls a unary method with a bearer token; resolves with the response or rejects with the ServiceError. */
