@@ -8,7 +8,8 @@
  *   one. The dispatcher never assigns beyond min(credit, slots − held).
  * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
  *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
- *   is revoked). An attempt no longer current gets `Revoke`.
+ *   is revoked). Renewed leases are confirmed with `Renewed` (and a start with one too), which
+ *   agents follow for their local deadlines; an attempt no longer current gets `Revoke`.
  * - `Started`, `Completed`, `Failed` go to the fenced store verbs; completions and failures are
  *   answered with one `Ack` per message, an item per attempt (the stored result on duplicate).
  * - Losing the stream marks the held attempts suspect; their leases run down untouched.
@@ -37,6 +38,7 @@ import { check, checkAll, limits, schemas } from './validation.js';
 import { z } from 'zod';
 
 export interface Hello {
+  /** Empty: the agent the token belongs to. Set: must be that agent. */
   agentId: string;
   token: string;
   queues: string[];
@@ -71,6 +73,7 @@ export type AgentOutput =
   | { type: 'ack'; items: AckItem[] }
   | { type: 'revoke'; attemptIds: string[]; reason: string }
   | { type: 'cancel'; attemptIds: string[] }
+  | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number }
   | { type: 'drain' };
 
 /** A protocol violation: ends that stream (INVALID_ARGUMENT), never another. */
@@ -130,7 +133,7 @@ export interface HubEvents {
 }
 
 const helloSchema = z.object({
-  agentId: schemas.agentId,
+  agentId: z.union([z.literal(''), schemas.agentId]),
   token: z.string().min(1, 'is required'),
   queues: z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim),
   labels: schemas.labels,
@@ -182,9 +185,10 @@ export class AgentHub extends EventEmitter<HubEvents> {
   async open(h: Hello): Promise<Outcome<Session>> {
     const bad = checkAll(check('hello', helloSchema, h));
     if (bad) return bad;
-    const auth = await agentAuthenticate(this.db, { token: h.token, agentId: h.agentId });
+    const auth = await agentAuthenticate(this.db, { token: h.token, ...(h.agentId ? { agentId: h.agentId } : {}) });
     if (auth.outcome !== 'ok') return auth as Failure;
-    const session = new Session(h.agentId, [...new Set(h.queues)], h.labels, h.slots);
+    const agentId = auth.value.agentId;
+    const session = new Session(agentId, [...new Set(h.queues)], h.labels, h.slots);
     session.send({
       type: 'welcome',
       sessionId: session.id,
@@ -192,18 +196,18 @@ export class AgentHub extends EventEmitter<HubEvents> {
       heartbeatIntervalMs: this.config.heartbeatIntervalMs,
     });
     if (h.resume.length) {
-      const r = await attemptsResume(this.db, { agentId: h.agentId, attemptIds: h.resume });
+      const r = await attemptsResume(this.db, { agentId, attemptIds: h.resume });
       if (r.outcome !== 'ok') return r as Failure;
       for (const a of r.value.resumed) {
         this.unbind(a.attemptId);
         session.held.set(a.attemptId, { jobId: a.jobId, status: a.status });
       }
       if (r.value.gone.length) session.send({ type: 'revoke', attemptIds: r.value.gone, reason: 'not current: superseded or ended while disconnected' });
-      this.log.info({ agentId: h.agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
+      this.log.info({ agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
     }
     session.heartbeatPending = session.held.size > 0;
     this.sessions.add(session);
-    this.log.info({ agentId: h.agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
+    this.log.info({ agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
     this.emit('session:open', session);
     this.emit('credit', session);
     return { outcome: 'ok', value: session };
@@ -300,6 +304,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
       this.log.warn({ outcome: o }, 'heartbeat batch refused');
       return;
     }
+    // Tell each session which of its leases now run: the agents' local deadlines follow these.
+    const renewed = new Set(o.value.renewed.map((r) => r.attemptId));
+    for (const s of this.sessions) {
+      const ids = [...s.held.keys()].filter((id) => renewed.has(id));
+      if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs });
+    }
     const lost = new Map<string, string>();
     for (const l of o.value.lost) lost.set(l.attemptId, l.reason);
     for (const reason of new Set(lost.values())) {
@@ -310,11 +320,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
 
   private async started(s: Session, attemptIds: string[]): Promise<void> {
     const gone: string[] = [];
+    const running: string[] = [];
     await Promise.all(
       attemptIds.map(async (attemptId) => {
         const o = await attemptStart(this.db, { attemptId, agentId: s.agentId, leaseTtlMs: this.config.leaseTtlMs });
         if (o.outcome === 'ok' || o.outcome === 'duplicate') {
           s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
+          running.push(attemptId);
           this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
         } else {
           if (o.outcome === 'stale') this.log.warn({ attemptId, agentId: s.agentId, current: o.current }, 'late start rejected');
@@ -322,6 +334,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
         }
       }),
     );
+    if (running.length) s.send({ type: 'renewed', attemptIds: running, leaseTtlMs: this.config.leaseTtlMs });
     if (gone.length) {
       for (const id of gone) s.held.delete(id);
       s.send({ type: 'revoke', attemptIds: gone, reason: 'cannot start: not current, not found or not this agent' });

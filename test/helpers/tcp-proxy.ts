@@ -8,6 +8,8 @@ export interface TcpProxy {
   port: number;
   /** From now on, bytes from the server to the client are dropped (the client hears nothing). */
   muteDownstream(): void;
+  /** From now on, bytes are dropped both ways while the connections stay open (a silent network). */
+  blackhole(): void;
   /** Destroys every open connection (new ones are still accepted). */
   cutAll(): void;
   close(): Promise<void>;
@@ -16,6 +18,7 @@ export interface TcpProxy {
 export async function startProxy(targetPort: number): Promise<TcpProxy> {
   const pairs = new Set<[net.Socket, net.Socket]>();
   let mute = false;
+  let hole = false;
   const server = net.createServer((client) => {
     const upstream = net.connect(targetPort, '127.0.0.1');
     const pair: [net.Socket, net.Socket] = [client, upstream];
@@ -27,9 +30,11 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
     };
     client.on('error', drop).on('close', drop);
     upstream.on('error', drop).on('close', drop);
-    client.pipe(upstream);
+    client.on('data', (chunk: Buffer) => {
+      if (!hole) upstream.write(chunk);
+    });
     upstream.on('data', (chunk: Buffer) => {
-      if (!mute) client.write(chunk);
+      if (!mute && !hole) client.write(chunk);
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
@@ -38,8 +43,12 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
     muteDownstream: () => {
       mute = true;
     },
+    blackhole: () => {
+      hole = true;
+    },
     cutAll: () => {
       mute = false;
+      hole = false;
       for (const [a, b] of pairs) {
         a.destroy();
         b.destroy();

@@ -1,0 +1,564 @@
+/**
+ * The agent: one stream to the coordinator, kept open across failures, running the handlers of
+ * the jobs it is assigned.
+ *
+ * - Connects with `Hello` (its queues, labels, slots, and the attempts still running locally to
+ *   resume), reconnecting with exponential backoff and jitter after any failure.
+ * - Sends `Started` before running a handler, `Heartbeat` every `heartbeat_interval` while
+ *   connected, and `Credit{1}` each time a handler finishes and frees its slot.
+ * - Keeps a local lease deadline per attempt: received_at + lease TTL − one heartbeat interval,
+ *   from the assignment and then from each `Renewed` the coordinator sends when a heartbeat
+ *   renewed the lease; when it passes, or on `Revoke` or `Cancel`, the attempt's signal aborts.
+ *   A handler still running one interval after that is reported as a zombie.
+ * - Writes each result or failure to the durable outbox before sending it, resends what is not
+ *   acknowledged at every connection, and deletes (ok, duplicate) or sets aside (stale) on `Ack`.
+ */
+import { EventEmitter } from 'node:events';
+import { create, fromJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
+import { durationMs, ValueSchema } from '@bufbuild/protobuf/wkt';
+import pino, { type Logger } from 'pino';
+import {
+  AgentMessageSchema,
+  type AgentMessage,
+  type ServerMessage,
+  type ServerMessage_Ack_Item,
+} from '../../gen/leasehold/v1/agent_service_pb.js';
+import { Outcome, type ClaimedJob } from '../../gen/leasehold/v1/job_pb.js';
+import { CoordinatorChannel, grpc, type TlsOption } from './channel.js';
+import { createContext, JobError, type JobContext, type JobInfo } from './context.js';
+import { Outbox, type OutboxEntry } from './outbox.js';
+
+export type Handler = (job: JobInfo, ctx: JobContext) => unknown;
+
+export interface AgentOptions {
+  /** The coordinator's gRPC address: `http://127.0.0.1:50051`, `https://…`, or `host:port`. */
+  url: string;
+  /** The agent's token (`leasehold agents add NAME`). */
+  token: string;
+  /** The agent's name; default: the one the token belongs to. */
+  agentId?: string;
+  /** Queues to serve; default: those given to `handle()`. */
+  queues?: string[];
+  /** What this agent offers (e.g. `{ os: 'windows' }`); jobs may require labels. */
+  labels?: Record<string, string>;
+  /** Jobs run at once; default 1. */
+  slots?: number;
+  /** Where results wait for their acknowledgement; must survive restarts. */
+  outboxDir: string;
+  /** TLS: `true` (system roots) or PEM paths; default from the URL scheme. */
+  tls?: TlsOption;
+  /** A pino logger; default JSON to stdout at `LEASEHOLD_LOG_LEVEL` (info). */
+  log?: Logger;
+  /** How long running handlers may take to finish on drain or shutdown; default 30 s. */
+  graceMs?: number;
+  /** Drain on SIGINT/SIGTERM and exit; default true. */
+  handleSignals?: boolean;
+  /** Reconnect backoff: base and cap; default 250 ms and 30 s. */
+  reconnect?: { baseMs?: number; maxMs?: number };
+}
+
+export interface AgentEvents {
+  connected: [{ sessionId: string }];
+  disconnected: [{ error?: Error }];
+  assigned: [{ attemptId: string; jobId: string; attemptNo: number }];
+  /** A handler returned or threw (its report is on disk and being sent). */
+  finished: [{ attemptId: string; kind: 'completed' | 'failed' }];
+  acked: [{ attemptId: string; outcome: string }];
+  aborted: [{ attemptId: string; reason: string }];
+  zombie: [{ attemptId: string }];
+}
+
+interface Running {
+  job: JobInfo;
+  attemptId: string;
+  abort: AbortController;
+  /** Local lease deadline (ms since epoch); Infinity before the first start is sent. */
+  deadline: number;
+  abortedAt?: number;
+  zombieReported?: boolean;
+  progress?: unknown;
+  progressDirty?: boolean;
+  done: Promise<void>;
+}
+
+/** Permanent refusals: retrying cannot help until someone changes the config or the token. */
+const PERMANENT = new Set([grpc.status.UNAUTHENTICATED, grpc.status.INVALID_ARGUMENT, grpc.status.PERMISSION_DENIED]);
+
+export class Agent extends EventEmitter<AgentEvents> {
+  readonly log: Logger;
+  private readonly handlers = new Map<string, Handler>();
+  private readonly running = new Map<string, Running>();
+  private readonly outbox: Outbox;
+  private channel: CoordinatorChannel | undefined;
+  private call: ReturnType<CoordinatorChannel['connect']> | undefined;
+  private connected = false;
+  private leaseTtlMs = 30_000;
+  private heartbeatMs = 10_000;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private watchdog: NodeJS.Timeout | undefined;
+  private stopping = false;
+  private draining = false;
+  private loop: Promise<void> | undefined;
+  private pendingSend: OutboxEntry[] = [];
+  private sendScheduled = false;
+  private ackWaiters: Array<() => void> = [];
+  private signalHandlers: Array<[NodeJS.Signals, () => void]> = [];
+  /** Cuts the reconnect wait short (on stop). */
+  private wakeLoop: (() => void) | undefined;
+
+  constructor(readonly options: AgentOptions) {
+    super();
+    this.log = options.log ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? 'info', base: { pid: process.pid } });
+    this.outbox = new Outbox(options.outboxDir, this.log);
+  }
+
+  /** Registers the handler of a queue; its return value is the job's result (a JSON object). */
+  handle(queue: string, handler: Handler): this {
+    this.handlers.set(queue, handler);
+    return this;
+  }
+
+  /**
+   * Opens the outbox and connects; resolves at the first `Welcome`. Rejects if the coordinator
+   * refuses the agent for good (bad token, bad Hello); otherwise keeps retrying until it answers.
+   */
+  async start(): Promise<void> {
+    if (this.loop) throw new Error('agent already started');
+    const queues = this.options.queues ?? [...this.handlers.keys()];
+    if (!queues.length) throw new Error('no queues: call agent.handle(queue, fn) or pass queues');
+    const replay = await this.outbox.open();
+    if (replay.length) this.log.info({ entries: replay.length, dir: this.outbox.dir }, 'outbox holds reports from an earlier run: resending');
+    this.channel = new CoordinatorChannel(this.options.url, this.options.token, this.options.tls);
+    this.watchdog = setInterval(() => this.checkDeadlines(), 100);
+    if (this.options.handleSignals !== false) this.installSignals();
+    let first: { resolve: () => void; reject: (e: Error) => void } | undefined;
+    const ready = new Promise<void>((resolve, reject) => (first = { resolve, reject }));
+    this.loop = this.connectLoop(queues, first!);
+    return ready;
+  }
+
+  /**
+   * Stops taking work (`Bye{drain}`), lets running handlers finish within the grace period
+   * (then aborts them), waits for the outbox to be acknowledged, and disconnects.
+   */
+  async drain(graceMs = this.options.graceMs ?? 30_000): Promise<void> {
+    if (this.stopping) return this.loop;
+    this.draining = true;
+    const until = Date.now() + graceMs;
+    if (this.connected) this.send({ kind: { case: 'bye', value: { drain: true } } });
+    this.log.info({ running: this.running.size, graceMs }, 'draining: no new jobs, waiting for running handlers');
+    await race([...this.running.values()].map((r) => r.done), until - Date.now());
+    for (const r of this.running.values()) this.abortAttempt(r, 'agent shutting down');
+    await race([...this.running.values()].map((r) => r.done), 2000);
+    await this.flushOutbox(Math.max(until - Date.now(), 5000));
+    await this.stop();
+  }
+
+  /** Disconnects at once; running handlers are aborted. Reports on disk are kept for next time. */
+  async stop(): Promise<void> {
+    this.shutdown();
+    await this.loop?.catch(() => undefined);
+  }
+
+  private shutdown(): void {
+    this.stopping = true;
+    for (const r of this.running.values()) this.abortAttempt(r, 'agent stopped');
+    clearInterval(this.heartbeatTimer);
+    clearInterval(this.watchdog);
+    for (const [sig, h] of this.signalHandlers) process.off(sig, h);
+    this.signalHandlers = [];
+    this.call?.end();
+    this.call?.cancel();
+    this.channel?.close();
+    this.wakeLoop?.();
+  }
+
+  /** Attempts whose handlers are running now. */
+  get runningAttempts(): string[] {
+    return [...this.running.keys()];
+  }
+
+  // ───────────────────────────── connection ─────────────────────────────
+
+  private async connectLoop(queues: string[], first: { resolve: () => void; reject: (e: Error) => void }): Promise<void> {
+    let failures = 0;
+    let everConnected = false;
+    const base = this.options.reconnect?.baseMs ?? 250;
+    const max = this.options.reconnect?.maxMs ?? 30_000;
+    const onWelcome = () => {
+      if (everConnected) return;
+      everConnected = true;
+      first.resolve();
+    };
+    while (!this.stopping) {
+      const r = await this.session(queues, onWelcome);
+      if (this.stopping) break;
+      if (r.error && PERMANENT.has(r.error.code) && !everConnected) {
+        first.reject(new Error(`the coordinator refused this agent: ${r.error.details}`));
+        this.shutdown();
+        return;
+      }
+      failures = r.welcomed ? 1 : failures + 1;
+      const delay = Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
+      this.log.warn({ delayMs: Math.round(delay), err: r.error?.details }, 'disconnected from the coordinator; reconnecting');
+      await new Promise<void>((res) => {
+        const t = setTimeout(res, delay);
+        this.wakeLoop = () => {
+          clearTimeout(t);
+          res();
+        };
+      });
+      this.wakeLoop = undefined;
+    }
+  }
+
+  /** One stream, from Hello to its end. */
+  private session(queues: string[], onWelcome: () => void): Promise<{ welcomed: boolean; error?: grpc.ServiceError }> {
+    return new Promise((resolve) => {
+      let welcomed = false;
+      const call = this.channel!.connect();
+      this.call = call;
+      const resume = [...this.running.values()].filter((r) => !r.abort.signal.aborted).map((r) => r.attemptId);
+      call.write(
+        create(AgentMessageSchema, {
+          kind: {
+            case: 'hello',
+            value: {
+              agentId: this.options.agentId ?? '',
+              token: this.options.token,
+              queues,
+              labels: this.options.labels ?? {},
+              slots: this.options.slots ?? 1,
+              resume,
+            },
+          },
+        }),
+      );
+      call.on('data', (m: ServerMessage) => {
+        try {
+          this.onMessage(m);
+          if (m.kind.case === 'welcome') {
+            welcomed = true;
+            onWelcome();
+          }
+        } catch (err) {
+          this.log.error({ err }, 'failed to handle a message from the coordinator');
+        }
+      });
+      let settled = false;
+      const done = (error?: grpc.ServiceError) => {
+        if (settled) return;
+        settled = true;
+        this.connected = false;
+        clearInterval(this.heartbeatTimer);
+        if (this.call === call) this.call = undefined;
+        this.emit('disconnected', error ? { error } : {});
+        resolve(error ? { welcomed, error } : { welcomed });
+      };
+      call.on('error', (err: grpc.ServiceError) => done(err));
+      call.on('end', () => done());
+    });
+  }
+
+  private send(m: Parameters<typeof create<typeof AgentMessageSchema>>[1]): boolean {
+    if (!this.call || !this.connected) return false;
+    return this.call.write(create(AgentMessageSchema, m) as AgentMessage);
+  }
+
+  private onMessage(m: ServerMessage): void {
+    const k = m.kind;
+    switch (k.case) {
+      case 'welcome': {
+        this.leaseTtlMs = k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs;
+        this.heartbeatMs = k.value.heartbeatInterval ? durationMs(k.value.heartbeatInterval) : this.heartbeatMs;
+        this.connected = true;
+        this.log.info({ sessionId: k.value.sessionId, leaseTtlMs: this.leaseTtlMs, heartbeatMs: this.heartbeatMs }, 'connected to the coordinator');
+        this.heartbeatTimer = setInterval(() => this.heartbeat(), this.heartbeatMs);
+        this.heartbeat();
+        if (this.draining) this.send({ kind: { case: 'bye', value: { drain: true } } });
+        this.resendOutbox();
+        this.emit('connected', { sessionId: k.value.sessionId });
+        return;
+      }
+      case 'assign':
+        for (const c of k.value.jobs) this.onAssign(c);
+        this.send({ kind: { case: 'started', value: { attemptIds: k.value.jobs.map((j) => j.attemptId) } } });
+        return;
+      case 'ack':
+        for (const item of k.value.items) void this.onAck(item);
+        return;
+      case 'revoke':
+        for (const id of k.value.attemptIds) this.abortById(id, `revoked by the coordinator: ${k.value.reason}`);
+        return;
+      case 'cancel':
+        for (const id of k.value.attemptIds) this.abortById(id, 'the job was canceled');
+        return;
+      case 'renewed': {
+        const deadline = Date.now() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
+        for (const id of k.value.attemptIds) {
+          const r = this.running.get(id);
+          if (r && !r.abort.signal.aborted) r.deadline = deadline;
+        }
+        return;
+      }
+      case 'drain':
+        this.log.info('the coordinator asked this agent to drain');
+        void this.drain();
+        return;
+    }
+  }
+
+  // ─────────────────────────────── jobs ───────────────────────────────
+
+  private onAssign(c: ClaimedJob): void {
+    const j = c.job!;
+    const job: JobInfo = {
+      id: j.id,
+      queue: j.queue,
+      payload: (j.payload ?? {}) as Record<string, unknown>,
+      priority: j.priority,
+      attemptNo: c.attemptNo,
+      labels: j.labels,
+    };
+    const abort = new AbortController();
+    const r: Running = {
+      job,
+      attemptId: c.attemptId,
+      abort,
+      deadline: Date.now() + this.leaseTtlMs - this.heartbeatMs,
+      done: Promise.resolve(),
+    };
+    this.running.set(c.attemptId, r);
+    this.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
+    this.emit('assigned', { attemptId: c.attemptId, jobId: job.id, attemptNo: c.attemptNo });
+    r.done = this.run(r);
+  }
+
+  private async run(r: Running): Promise<void> {
+    const handler = this.handlers.get(r.job.queue);
+    const ctx = createContext({
+      job: r.job,
+      attemptId: r.attemptId,
+      signal: r.abort.signal,
+      channel: this.channel!,
+      onProgress: (v) => {
+        r.progress = v;
+        r.progressDirty = true;
+      },
+      onLeaseLost: (why) => this.abortAttempt(r, `lease lost: ${why}`),
+    });
+    let entry: OutboxEntry;
+    const base = { attemptId: r.attemptId, jobId: r.job.id, queue: r.job.queue, attemptNo: r.job.attemptNo, writtenAt: '' };
+    try {
+      if (!handler) throw new JobError(`this agent has no handler for queue ${r.job.queue}`, { retryable: false });
+      const result = await handler(r.job, ctx);
+      entry = { ...base, kind: 'completed', result: asResult(result) };
+    } catch (err) {
+      const e = err as Error;
+      const retryable = err instanceof JobError ? err.retryable : true;
+      const details = err instanceof JobError && err.options.details ? (JSON.parse(JSON.stringify(err.options.details)) as JsonObject) : undefined;
+      entry = { ...base, kind: 'failed', error: { message: e?.message || String(err), ...(details ? { details } : {}) } as OutboxEntry['error'], retryable };
+    }
+    entry.writtenAt = new Date().toISOString();
+    try {
+      await this.outbox.put(entry);
+    } catch (err) {
+      this.log.error({ err, attemptId: r.attemptId }, 'could not write the outbox: the report is lost and the job will be redone');
+    }
+    this.running.delete(r.attemptId);
+    this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.signal.aborted }, 'handler finished');
+    this.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
+    if (this.outbox.has(r.attemptId)) this.queueReport(entry);
+    if (!this.draining) this.send({ kind: { case: 'credit', value: { n: 1 } } });
+  }
+
+  private heartbeat(): void {
+    if (!this.connected) return;
+    const progress = [...this.running.values()]
+      .filter((r) => r.progressDirty)
+      .map((r) => {
+        r.progressDirty = false;
+        return { attemptId: r.attemptId, progress: toValueMsg(r.progress) };
+      });
+    // Deadlines move only when the coordinator confirms a renewal (`Renewed`): a heartbeat
+    // written into a dead connection renews nothing.
+    this.send({ kind: { case: 'heartbeat', value: { progress } } });
+  }
+
+  private checkDeadlines(): void {
+    const now = Date.now();
+    for (const r of this.running.values()) {
+      if (!r.abort.signal.aborted && now > r.deadline) {
+        this.abortAttempt(r, 'local lease deadline passed without a renewal');
+      } else if (r.abortedAt && !r.zombieReported && now > r.abortedAt + this.heartbeatMs) {
+        r.zombieReported = true;
+        this.log.warn(
+          { jobId: r.job.id, attemptId: r.attemptId, abortedMsAgo: now - r.abortedAt, reason: String(r.abort.signal.reason) },
+          'zombie handler: still running after its signal aborted (its lease is gone); make it honour ctx.signal',
+        );
+        this.emit('zombie', { attemptId: r.attemptId });
+      }
+    }
+  }
+
+  private abortById(attemptId: string, reason: string): void {
+    const r = this.running.get(attemptId);
+    if (r) this.abortAttempt(r, reason);
+  }
+
+  private abortAttempt(r: Running, reason: string): void {
+    if (r.abort.signal.aborted) return;
+    r.abortedAt = Date.now();
+    r.abort.abort(new Error(reason));
+    this.log.warn({ jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
+    this.emit('aborted', { attemptId: r.attemptId, reason });
+  }
+
+  // ─────────────────────────────── outbox ───────────────────────────────
+
+  private queueReport(e: OutboxEntry): void {
+    this.pendingSend.push(e);
+    if (this.sendScheduled) return;
+    this.sendScheduled = true;
+    setImmediate(() => {
+      this.sendScheduled = false;
+      const batch = this.pendingSend.splice(0);
+      this.sendReports(batch);
+    });
+  }
+
+  private sendReports(entries: OutboxEntry[]): void {
+    if (!this.connected) return; // sent again at the next Welcome
+    const completed = entries.filter((e) => e.kind === 'completed');
+    const failed = entries.filter((e) => e.kind === 'failed');
+    if (completed.length) {
+      this.send({ kind: { case: 'completed', value: { results: completed.map((e) => ({ attemptId: e.attemptId, result: e.result as JsonObject })) } } });
+    }
+    if (failed.length) {
+      this.send({
+        kind: {
+          case: 'failed',
+          value: {
+            failures: failed.map((e) => ({
+              attemptId: e.attemptId,
+              error: { message: e.error!.message, ...(e.error!.details ? { details: e.error!.details as JsonObject } : {}) },
+              retryable: e.retryable ?? true,
+            })),
+          },
+        },
+      });
+    }
+  }
+
+  private resendOutbox(): void {
+    const pending = this.outbox.pending();
+    if (pending.length) this.sendReports(pending);
+  }
+
+  private async onAck(item: ServerMessage_Ack_Item): Promise<void> {
+    const id = item.attemptId;
+    const outcome = Outcome[item.outcome] ?? String(item.outcome);
+    try {
+      switch (item.outcome) {
+        case Outcome.OK:
+        case Outcome.DUPLICATE:
+          await this.outbox.remove(id);
+          this.log.info({ attemptId: id, outcome }, 'report acknowledged');
+          break;
+        case Outcome.STALE:
+          await this.outbox.supersede(id);
+          this.log.warn(
+            { attemptId: id, current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId }, message: item.message },
+            'report refused as stale: the attempt was superseded; kept aside as superseded',
+          );
+          break;
+        case Outcome.INVALID: {
+          const e = this.outbox.pending().find((x) => x.attemptId === id);
+          if (e?.kind === 'completed') {
+            // The result itself was refused (too large, not JSON): report a final failure instead.
+            const failed: OutboxEntry = { ...e, kind: 'failed', result: undefined, error: { message: `result refused: ${item.message}` }, retryable: false, writtenAt: new Date().toISOString() };
+            delete failed.result;
+            await this.outbox.put(failed);
+            this.log.error({ attemptId: id, message: item.message }, 'result refused by the coordinator; reporting a failure instead');
+            this.queueReport(failed);
+            return;
+          }
+          await this.outbox.supersede(id);
+          this.log.error({ attemptId: id, message: item.message }, 'report refused as invalid; kept aside');
+          break;
+        }
+        default:
+          await this.outbox.supersede(id);
+          this.log.error({ attemptId: id, outcome, message: item.message }, 'report refused; kept aside');
+      }
+    } catch (err) {
+      this.log.error({ err, attemptId: id }, 'outbox update after an ack failed');
+    }
+    this.emit('acked', { attemptId: id, outcome });
+    const w = this.ackWaiters;
+    this.ackWaiters = [];
+    for (const f of w) f();
+  }
+
+  /** Waits until the outbox is empty (every report acknowledged) or `ms` passes. */
+  private async flushOutbox(ms: number): Promise<void> {
+    const until = Date.now() + ms;
+    while (this.outbox.pending().length && Date.now() < until) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, Math.min(until - Date.now(), 1000));
+        this.ackWaiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    const left = this.outbox.pending().length;
+    if (left) this.log.warn({ entries: left, dir: this.outbox.dir }, 'stopping with unacknowledged reports: they are sent at the next start');
+  }
+
+  private installSignals(): void {
+    let count = 0;
+    const onSignal = (sig: NodeJS.Signals) => () => {
+      if (++count > 1) {
+        this.log.warn({ signal: sig }, 'second signal: exiting now');
+        process.exit(1);
+      }
+      this.log.info({ signal: sig }, 'shutting down: draining');
+      this.drain().then(
+        () => process.exit(0),
+        (err: unknown) => {
+          this.log.error({ err }, 'drain failed');
+          process.exit(1);
+        },
+      );
+    };
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+      const h = onSignal(sig);
+      process.on(sig, h);
+      this.signalHandlers.push([sig, h]);
+    }
+  }
+}
+
+/** A handler's return value as a job result: objects as they are, anything else under `value`. */
+function asResult(v: unknown): NonNullable<OutboxEntry['result']> {
+  if (v === undefined || v === null) return {};
+  const json = JSON.parse(JSON.stringify(v)) as unknown;
+  if (json && typeof json === 'object' && !Array.isArray(json)) return json as NonNullable<OutboxEntry['result']>;
+  return { value: json as never };
+}
+
+const toValueMsg = (v: unknown) => fromJson(ValueSchema, (v === undefined ? null : JSON.parse(JSON.stringify(v))) as JsonValue);
+
+/** Resolves when all promises settle or after `ms`, whichever comes first. */
+async function race(ps: Array<Promise<unknown>>, ms: number): Promise<void> {
+  if (!ps.length || ms <= 0) return;
+  let t: NodeJS.Timeout | undefined;
+  await Promise.race([Promise.allSettled(ps), new Promise((r) => (t = setTimeout(r, ms)))]);
+  clearTimeout(t);
+}
+
+/** Creates an agent: `createAgent(opts).handle(queue, fn).start()`. */
+export function createAgent(options: AgentOptions): Agent {
+  return new Agent(options);
+}

@@ -1,0 +1,142 @@
+/**
+ * What a handler gets besides the job: its attempt, an abort signal, progress, stable
+ * idempotency keys and the step ledger.
+ */
+import { fromJson, toJson, type JsonValue } from '@bufbuild/protobuf';
+import { ValueSchema } from '@bufbuild/protobuf/wkt';
+import type { CoordinatorChannel } from './channel.js';
+import { grpc } from './channel.js';
+
+/** A job as a handler sees it. */
+export interface JobInfo {
+  id: string;
+  queue: string;
+  /** The job's input (a JSON object). */
+  payload: Record<string, unknown>;
+  priority: number;
+  /** The number of this attempt (1 for the first). */
+  attemptNo: number;
+  labels: Record<string, string>;
+}
+
+/** What `onUnknown` answers after asking the downstream system with the idempotency key. */
+export type Reconciled<T> = { done: true; output: T } | { done: false };
+
+export interface StepOptions<T> {
+  /**
+   * Called when an earlier attempt reserved this step and never recorded its outcome: the
+   * effect may or may not have happened. Ask the downstream system with `idempotencyKey`:
+   * `{ done: true, output }` records that output and skips `fn`; `{ done: false }` runs `fn`.
+   * Without it, such a step throws `StepOutcomeUnknownError` (the attempt fails for good) rather
+   * than risk doing the effect twice.
+   */
+  onUnknown?: (info: { step: string; idempotencyKey: string; previousAttemptId: string; signal: AbortSignal }) => Promise<Reconciled<T>>;
+}
+
+export interface JobContext {
+  job: JobInfo;
+  attempt: { id: string; number: number };
+  /**
+   * Aborted when the coordinator revokes the attempt (lease lost, claim expired, execution
+   * timeout), cancels the job, or when the local lease deadline passes without a heartbeat
+   * getting through; `signal.reason` says which. Pass it to fetch, child processes, timers.
+   */
+  signal: AbortSignal;
+  /** Reports progress (any JSON value); sent with the next heartbeat, shown to operators. */
+  progress(value: unknown): void;
+  /** `job_id:step`: the same in every attempt of this job, for downstream idempotency. */
+  idempotencyKey(step: string): string;
+  /**
+   * Runs `fn` at most once per job for this step name, across attempts: the outcome is recorded
+   * on the coordinator, fenced by this attempt. A later attempt gets the recorded output without
+   * running `fn`; a step whose outcome is unknown goes through `opts.onUnknown`.
+   */
+  step<T>(name: string, fn: (s: { idempotencyKey: string; signal: AbortSignal }) => Promise<T> | T, opts?: StepOptions<T>): Promise<T>;
+}
+
+/** A failure the handler throws on purpose; `retryable: false` fails the job for good. */
+export class JobError extends Error {
+  override readonly name = 'JobError';
+  constructor(
+    message: string,
+    readonly options: { retryable?: boolean; details?: Record<string, unknown>; cause?: unknown } = {},
+  ) {
+    super(message, { cause: options.cause });
+  }
+  get retryable(): boolean {
+    return this.options.retryable ?? true;
+  }
+}
+
+/** A step's outcome is unknown and the handler gave no `onUnknown`: not retried, to be safe. */
+export class StepOutcomeUnknownError extends JobError {
+  constructor(step: string, key: string, previousAttemptId: string) {
+    super(
+      `step ${JSON.stringify(step)} was started by attempt ${previousAttemptId} and its outcome is unknown; ` +
+        `reconcile with the downstream system using the key ${key} (pass onUnknown to ctx.step)`,
+      { retryable: false, details: { step, idempotencyKey: key, previousAttemptId } },
+    );
+  }
+}
+
+/** The attempt is no longer this agent's to work on (the coordinator said stale). */
+export class LeaseLostError extends Error {
+  override readonly name = 'LeaseLostError';
+}
+
+const toValue = (v: unknown) => fromJson(ValueSchema, (v === undefined ? null : v) as JsonValue);
+
+/** Builds the context of one attempt. */
+export function createContext(opts: {
+  job: JobInfo;
+  attemptId: string;
+  signal: AbortSignal;
+  channel: CoordinatorChannel;
+  onProgress: (v: unknown) => void;
+  onLeaseLost: (why: string) => void;
+}): JobContext {
+  const { job, attemptId, signal, channel } = opts;
+  const key = (step: string) => `${job.id}:${step}`;
+  const ref = { jobId: job.id, attemptId };
+  const call = async <R>(f: () => Promise<R>): Promise<R> => {
+    try {
+      return await f();
+    } catch (err) {
+      const e = err as grpc.ServiceError;
+      if (e.code === grpc.status.ABORTED) {
+        opts.onLeaseLost(e.details);
+        throw new LeaseLostError(`attempt ${attemptId} is no longer current: ${e.details}`, { cause: err });
+      }
+      throw err;
+    }
+  };
+  const record = async (name: string, output: unknown) => {
+    await call(() => channel.recordStep({ ...ref, step: name, output: toValue(output) }, signal));
+  };
+
+  return {
+    job,
+    attempt: { id: attemptId, number: job.attemptNo },
+    signal,
+    progress: (v) => opts.onProgress(v),
+    idempotencyKey: key,
+    async step(name, fn, stepOpts) {
+      const idempotencyKey = key(name);
+      const r = await call(() => channel.reserveStep({ ...ref, step: name }, signal));
+      const state = r.state;
+      if (state.case === 'done') return (state.value.output ? toJson(ValueSchema, state.value.output) : null) as never;
+      if (state.case === 'unknown') {
+        const previousAttemptId = state.value.previousAttemptId;
+        if (!stepOpts?.onUnknown) throw new StepOutcomeUnknownError(name, idempotencyKey, previousAttemptId);
+        const rec = await stepOpts.onUnknown({ step: name, idempotencyKey, previousAttemptId, signal });
+        if (rec.done) {
+          await record(name, rec.output);
+          return rec.output;
+        }
+      }
+      const output = await fn({ idempotencyKey, signal });
+      await record(name, output);
+      return output;
+    },
+  };
+}

@@ -1,0 +1,247 @@
+/**
+ * The agent SDK in-process against a real coordinator: results, the outbox, abort signals,
+ * the step ledger. (Crash tests with real agent processes are in sdk-crash.test.ts.)
+ */
+import { existsSync } from 'node:fs';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { once } from 'node:events';
+import pino from 'pino';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { createAgent, JobError, Outbox, type Agent, type AgentOptions } from '@leasehold/agent-client';
+import { attemptStart, jobClaim, jobEnqueue } from '../server/store/index.js';
+import { useTestDb } from './helpers/db.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { checkInvariants } from './helpers/invariants.js';
+import { rawClient, unary } from './helpers/raw-agent.js';
+import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
+
+const t = useTestDb();
+const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '1500ms', LEASEHOLD_HEARTBEAT_INTERVAL: '300ms' });
+const HEARTBEAT_MS = 300;
+const dirs: string[] = [];
+const agents: Agent[] = [];
+const proxies: TcpProxy[] = [];
+
+async function newAgent(name: string, queues: string[], extra: Partial<AgentOptions> = {}): Promise<{ agent: Agent; outboxDir: string }> {
+  const token = await lh.agent(name);
+  const outboxDir = extra.outboxDir ?? (await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-')));
+  dirs.push(outboxDir);
+  const agent = createAgent({
+    url: `http://127.0.0.1:${lh.port}`,
+    token,
+    queues,
+    outboxDir,
+    handleSignals: false,
+    log: pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' }),
+    ...extra,
+  });
+  agents.push(agent);
+  return { agent, outboxDir };
+}
+async function enqueue(queue: string, payload: Record<string, unknown> = {}, extra: Record<string, unknown> = {}) {
+  const o = await jobEnqueue(t.pool, { queue, payload, ...extra });
+  if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+  return o.value;
+}
+const job = async (id: string) => (await t.pool.query('SELECT status::text, result, error, attempt_no FROM jobs WHERE id = $1', [id])).rows[0];
+
+afterEach(async () => {
+  for (const a of agents.splice(0)) await a.stop();
+  for (const p of proxies.splice(0)) await p.close();
+});
+afterAll(async () => {
+  for (const d of dirs) await rm(d, { recursive: true, force: true });
+});
+
+describe('createAgent', () => {
+  it('runs a handler, stores its result, and empties the outbox on the ack', async () => {
+    const { agent, outboxDir } = await newAgent('sdk-basic', ['sdk-basic']);
+    agent.handle('sdk-basic', async (j, ctx) => ({ doubled: (j.payload.n as number) * 2, attempt: ctx.attempt.number, key: ctx.idempotencyKey('mail') }));
+    await agent.start();
+    const j = await enqueue('sdk-basic', { n: 21 });
+    await once(agent, 'acked');
+    expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { doubled: 42, attempt: 1, key: `${j.id}:mail` } });
+    expect(await readdir(outboxDir)).toEqual([]);
+  });
+
+  it('reports a thrown error as a retryable failure, and JobError{retryable:false} as final', async () => {
+    const { agent } = await newAgent('sdk-fail', ['sdk-fail']);
+    agent.handle('sdk-fail', async (j) => {
+      if (j.payload.final) throw new JobError('bad input', { retryable: false, details: { field: 'x' } });
+      throw new Error('flaky');
+    });
+    await agent.start();
+    const a = await enqueue('sdk-fail', { final: false }, { maxAttempts: 1 });
+    const b = await enqueue('sdk-fail', { final: true });
+    await waitFor('both ended', async () => (await job(a.id)).status === 'dead' && (await job(b.id)).status === 'failed');
+    expect((await job(a.id)).error).toEqual({ message: 'flaky' });
+    expect((await job(b.id)).error).toEqual({ message: 'bad input', details: { field: 'x' } });
+  });
+
+  it('refuses to start with a bad token', async () => {
+    const outboxDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-'));
+    dirs.push(outboxDir);
+    const agent = createAgent({ url: `127.0.0.1:${lh.port}`, token: 'lh_agent_nope', queues: ['x'], outboxDir, handleSignals: false, log: pino({ level: 'silent' }) });
+    agents.push(agent);
+    await expect(agent.start()).rejects.toThrow(/refused this agent/);
+  });
+});
+
+describe('ctx.signal', () => {
+  it('aborts within one heartbeat interval of a cancel', async () => {
+    const { agent } = await newAgent('sdk-cancel', ['sdk-cancel']);
+    let abortedAt = 0;
+    let reason = '';
+    agent.handle('sdk-cancel', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+      abortedAt = Date.now();
+      reason = String((ctx.signal.reason as Error).message);
+      resolve({ stopped: true });
+    })));
+    await agent.start();
+    const j = await enqueue('sdk-cancel');
+    await once(agent, 'assigned');
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    const client = rawClient('JobService', `127.0.0.1:${lh.port}`);
+    const t0 = Date.now();
+    await unary(client, 'cancelJob', { jobId: j.id }, ADMIN_KEY).finally(() => client.close());
+    await waitFor('aborted', () => abortedAt > 0, 5000);
+    expect(abortedAt - t0).toBeLessThanOrEqual(HEARTBEAT_MS);
+    expect(reason).toMatch(/canceled/);
+    // Its late result is refused as stale and set aside.
+    const ack = (await once(agent, 'acked'))[0] as { outcome: string };
+    expect(ack.outcome).toBe('STALE');
+  });
+
+  it('aborts within one heartbeat interval when the lease is taken back', async () => {
+    const { agent } = await newAgent('sdk-revoke', ['sdk-revoke']);
+    let abortedAt = 0;
+    agent.handle('sdk-revoke', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+      abortedAt = Date.now();
+      resolve({});
+    })));
+    await agent.start();
+    const j = await enqueue('sdk-revoke');
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    const t0 = Date.now();
+    // The reaper finds the lease expired (as if an hour passed) and revokes what it took back.
+    const run = await lh.c.reaper.runOnce(new Date(Date.now() + 3_600_000));
+    expect(run.rescued.map((r) => r.jobId)).toContain(j.id);
+    await waitFor('aborted', () => abortedAt > 0, 5000);
+    expect(abortedAt - t0).toBeLessThanOrEqual(HEARTBEAT_MS);
+  });
+
+  it('aborts on its own when renewals stop arriving (a silent network), before the lease passes', async () => {
+    const proxy = await startProxy(lh.port);
+    proxies.push(proxy);
+    const { agent } = await newAgent('sdk-local', ['sdk-local'], { url: `http://127.0.0.1:${proxy.port}` });
+    let reason = '';
+    let abortedAt = 0;
+    agent.handle('sdk-local', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+      reason = String((ctx.signal.reason as Error).message);
+      abortedAt = Date.now();
+      resolve({});
+    })));
+    await agent.start();
+    const j = await enqueue('sdk-local');
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    // The connection stays up but carries nothing: heartbeats vanish, no renewal comes back.
+    proxy.blackhole();
+    const silentAt = Date.now();
+    await waitFor('aborted locally', () => reason !== '', 5000);
+    expect(reason).toMatch(/local lease deadline passed/);
+    // Before the coordinator's lease (1.5 s from the last renewal) could have passed.
+    expect(abortedAt - silentAt).toBeLessThan(1500);
+  });
+});
+
+describe('ctx.step', () => {
+  it('runs a step once: a later attempt gets the recorded output', async () => {
+    const { agent } = await newAgent('sdk-step', ['sdk-step']);
+    let effects = 0;
+    let attempts = 0;
+    agent.handle('sdk-step', async (_j, ctx) => {
+      attempts++;
+      const out = await ctx.step('charge', async ({ idempotencyKey }) => {
+        effects++;
+        return { charged: true, idempotencyKey };
+      });
+      if (attempts === 1) throw new Error('crash after the effect'); // retried as attempt 2
+      return { out };
+    });
+    await agent.start();
+    const j = await enqueue('sdk-step', {}, { maxAttempts: 3 });
+    await waitFor('succeeded', async () => (await job(j.id)).status === 'succeeded', 15_000);
+    expect(effects).toBe(1);
+    expect((await job(j.id)).result).toEqual({ out: { charged: true, idempotencyKey: `${j.id}:charge` } });
+  });
+
+  it('asks onUnknown when an earlier attempt reserved a step and never recorded it', async () => {
+    const { agent } = await newAgent('sdk-unknown', ['sdk-unknown']);
+    const seen: unknown[] = [];
+    let firstAttemptId = '';
+    agent.handle('sdk-unknown', async (_j, ctx) => {
+      if (ctx.attempt.number === 1) {
+        firstAttemptId = ctx.attempt.id;
+        // Reserve, then die before recording: the step's outcome is unknown.
+        await ctx.step('send', () => {
+          throw new Error('connection reset after the request went out');
+        });
+      }
+      const out = await ctx.step('send', () => ({ sent: 'again' }), {
+        onUnknown: async (info) => {
+          seen.push(info);
+          return { done: true, output: { sent: 'before', confirmedBy: info.idempotencyKey } };
+        },
+      });
+      return { out };
+    });
+    await agent.start();
+    const j = await enqueue('sdk-unknown', {}, { maxAttempts: 3 });
+    await waitFor('succeeded', async () => (await job(j.id)).status === 'succeeded', 15_000);
+    expect(seen).toMatchObject([{ step: 'send', idempotencyKey: `${j.id}:send`, previousAttemptId: firstAttemptId }]);
+    expect((await job(j.id)).result).toEqual({ out: { sent: 'before', confirmedBy: `${j.id}:send` } });
+    await checkInvariants(t.pool);
+  });
+});
+
+describe('outbox', () => {
+  it('survives a torn write: the truncated temporary file is removed, the complete entry is sent once', async () => {
+    // An earlier run of agent sdk-torn finished attempt 1 and wrote its report, then died before
+    // sending it, while writing another report (a torn temporary file).
+    const token = await lh.agent('sdk-torn');
+    const j = await enqueue('sdk-torn');
+    const claimed = await jobClaim(t.pool, { agentId: 'sdk-torn', queues: ['sdk-torn'], limit: 1, claimTtlMs: 60_000 });
+    if (claimed.outcome !== 'ok') throw new Error('claim');
+    const attemptId = claimed.value[0]!.attemptId;
+    await attemptStart(t.pool, { attemptId, agentId: 'sdk-torn', leaseTtlMs: 60_000 });
+    const outboxDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-'));
+    dirs.push(outboxDir);
+    const earlier = new Outbox(outboxDir, pino({ level: 'silent' }));
+    await earlier.open();
+    await earlier.put({ attemptId, jobId: j.id, queue: 'sdk-torn', attemptNo: 1, kind: 'completed', result: { from: 'first run' }, writtenAt: new Date().toISOString() });
+    const torn = path.join(outboxDir, '11111111-2222-3333-4444-555555555555.json.tmp-1-abcd');
+    await writeFile(torn, '{"attemptId":"11111111-2222-3333-4444-5555');
+
+    const again = createAgent({ url: `http://127.0.0.1:${lh.port}`, token, queues: ['sdk-torn'], outboxDir, handleSignals: false, log: pino({ level: 'silent' }) });
+    agents.push(again);
+    again.handle('sdk-torn', () => ({ from: 'second run' }));
+    const acked = once(again, 'acked');
+    await again.start();
+    expect((await acked)[0]).toEqual({ attemptId, outcome: 'OK' });
+    expect(existsSync(torn)).toBe(false);
+    expect(await readdir(outboxDir)).toEqual([]);
+    expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { from: 'first run' }, attempt_no: 1 });
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM completions WHERE job_id = $1', [j.id])).rows[0].n).toBe(1);
+  });
+
+  it('turns a result the coordinator refuses (too large) into a final failure', async () => {
+    const { agent } = await newAgent('sdk-big', ['sdk-big']);
+    agent.handle('sdk-big', () => ({ blob: 'x'.repeat(300 * 1024) }));
+    await agent.start();
+    const j = await enqueue('sdk-big');
+    await waitFor('failed', async () => (await job(j.id)).status === 'failed');
+    expect((await job(j.id)).error.message).toMatch(/result refused: result is \d+ bytes/);
+  });
+});
