@@ -360,6 +360,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       entry = { ...base, kind: 'failed', error: { message: e?.message || String(err), ...(details ? { details } : {}) } as OutboxEntry['error'], retryable };
     }
     entry.writtenAt = new Date().toISOString();
+    this.log.debug({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind }, 'handler returned; writing the outbox');
     try {
       await this.outbox.put(entry);
     } catch (err) {

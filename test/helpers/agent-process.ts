@@ -1,0 +1,69 @@
+/**
+ * Real agent processes for crash tests: the SDK fixture (test/fixtures/sdk-agent.ts) spawned as
+ * `node --import tsx`, its JSON log lines collected, killable at any moment.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+
+const root = path.resolve(import.meta.dirname, '../..');
+
+export interface AgentProcess {
+  child: ChildProcess;
+  lines: Array<Record<string, unknown>>;
+  /** Resolves with the first line (from now or earlier) for which `match` is true. */
+  waitFor(match: (l: Record<string, unknown>) => boolean, ms?: number): Promise<Record<string, unknown>>;
+  /** Calls `fn` on every line from now on. */
+  onLine(fn: (l: Record<string, unknown>) => void): void;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  kill(): Promise<void>;
+}
+
+export function spawnAgent(env: Record<string, string>): AgentProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/sdk-agent.ts'], {
+    cwd: root,
+    env: { ...process.env, LEASEHOLD_LOG_LEVEL: 'debug', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const lines: Array<Record<string, unknown>> = [];
+  const listeners: Array<(l: Record<string, unknown>) => void> = [];
+  const onLine = (text: string) => {
+    let l: Record<string, unknown>;
+    try {
+      l = JSON.parse(text) as Record<string, unknown>;
+    } catch {
+      l = { msg: text };
+    }
+    lines.push(l);
+    for (const f of [...listeners]) f(l);
+  };
+  createInterface({ input: child.stdout! }).on('line', onLine);
+  createInterface({ input: child.stderr! }).on('line', onLine);
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  return {
+    child,
+    lines,
+    exited,
+    onLine: (fn) => listeners.push(fn),
+    waitFor: (match, ms = 20_000) =>
+      new Promise((resolve, reject) => {
+        const hit = lines.find(match);
+        if (hit) return resolve(hit);
+        const t = setTimeout(() => reject(new Error(`agent process: no matching line within ${ms} ms; last: ${JSON.stringify(lines.slice(-5))}`)), ms);
+        listeners.push((l) => {
+          if (match(l)) {
+            clearTimeout(t);
+            resolve(l);
+          }
+        });
+        exited.then(({ code, signal }) => {
+          clearTimeout(t);
+          reject(new Error(`agent process exited (${code ?? signal}) before the line; last: ${JSON.stringify(lines.slice(-5))}`));
+        });
+      }),
+    kill: async () => {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
