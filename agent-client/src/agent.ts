@@ -194,13 +194,13 @@ export class Agent extends EventEmitter<AgentEvents> {
       const r = await this.session(queues, onWelcome);
       if (this.stopping) break;
       if (r.error && PERMANENT.has(r.error.code) && !everConnected) {
-        first.reject(new Error(`the coordinator refused this agent: ${r.error.details}`));
+        first.reject(new Error(`the coordinator refused this agent: ${details(r.error)}`));
         this.shutdown();
         return;
       }
       failures = r.welcomed ? 1 : failures + 1;
       const delay = Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
-      this.log.warn({ delayMs: Math.round(delay), err: r.error?.details }, 'disconnected from the coordinator; reconnecting');
+      this.log.warn({ delayMs: Math.round(delay), err: r.error && details(r.error) }, 'disconnected from the coordinator; reconnecting');
       await new Promise<void>((res) => {
         const t = setTimeout(res, delay);
         this.wakeLoop = () => {
@@ -538,6 +538,15 @@ export class Agent extends EventEmitter<AgentEvents> {
       process.on(sig, h);
       this.signalHandlers.push([sig, h]);
     }
+  }
+}
+
+/** A status message as sent: gRPC percent-encodes it on the wire. */
+function details(e: grpc.ServiceError): string {
+  try {
+    return decodeURIComponent(e.details);
+  } catch {
+    return e.details;
   }
 }
 

@@ -1,0 +1,93 @@
+/**
+ * `leasehold-agent --config agent.json`: an agent that runs a local command per queue.
+ * `--check` validates the configuration, reaches the coordinator, authenticates, prints what it
+ * would serve and exits. Exit codes: 0 fine, 1 runtime failure, 2 bad configuration.
+ */
+import { readdir, readFile, rm } from 'node:fs/promises';
+import path from 'node:path';
+import { Command } from 'commander';
+import pino from 'pino';
+import { createAgent } from '../agent.js';
+import { ConfigError, loadConfig, type AgentConfig } from './config.js';
+import { killLeftover, type PidRecord } from './process-tree.js';
+import { runCommand } from './run-command.js';
+
+const log = pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? 'info', base: { pid: process.pid } });
+
+const program = new Command()
+  .name('leasehold-agent')
+  .description('Runs a local command for each job of the configured queues (see docs/agent.md).')
+  .requiredOption('-c, --config <file>', 'the configuration file (JSON)')
+  .option('--check', 'validate the configuration, reach and authenticate with the coordinator, print what would be served, exit')
+  .showHelpAfterError()
+  .action(async (flags: { config: string; check?: boolean }) => {
+    const config = await loadConfig(flags.config);
+    if (flags.check) return check(config);
+    return serve(config);
+  });
+
+function agentFor(config: AgentConfig, handleSignals: boolean) {
+  return createAgent({
+    url: config.url,
+    token: config.token,
+    slots: config.slots,
+    labels: config.labels,
+    outboxDir: config.outboxDir,
+    graceMs: config.grace,
+    handleSignals,
+    log,
+    ...(config.tls === undefined ? {} : { tls: config.tls }),
+  });
+}
+
+async function serve(config: AgentConfig): Promise<void> {
+  const pidDir = path.join(config.outboxDir, 'running');
+  await killLeftovers(pidDir);
+  const agent = agentFor(config, true);
+  for (const [queue, cmd] of Object.entries(config.queues)) {
+    agent.handle(queue, (job, ctx) => runCommand(cmd, job, ctx, { log, pidDir }));
+  }
+  await agent.start();
+  log.info({ queues: Object.keys(config.queues), slots: config.slots, outboxDir: config.outboxDir }, 'leasehold-agent serving');
+}
+
+async function check(config: AgentConfig): Promise<void> {
+  const out = (s: string) => process.stdout.write(`${s}\n`);
+  out(`config ok: ${Object.keys(config.queues).length} queue(s), ${config.slots} slot(s), outbox ${config.outboxDir}`);
+  for (const [q, c] of Object.entries(config.queues)) {
+    out(`  ${q}: ${c.shell ? c.command[0] : JSON.stringify(c.command)}${c.cwd ? ` in ${c.cwd}` : ''}${c.timeout ? `, timeout ${c.timeout} ms` : ''}${c.retryableExitCodes.length ? `, retry on exit ${c.retryableExitCodes.join(',')}` : ''}`);
+  }
+  const agent = agentFor(config, false);
+  // A queue nobody enqueues to, so the check never takes real work.
+  agent.handle('leasehold-check', () => ({}));
+  const started = agent.start();
+  const timeout = new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`cannot reach the coordinator at ${config.url} within 10 s`)), 10_000).unref());
+  try {
+    await Promise.race([started, timeout]);
+    out(`coordinator ok: ${config.url} accepted this agent's token`);
+  } finally {
+    await agent.stop();
+  }
+}
+
+/** Stops command trees that a previous run of this agent left behind (it was killed outright). */
+async function killLeftovers(pidDir: string): Promise<void> {
+  const names = await readdir(pidDir).catch(() => [] as string[]);
+  for (const name of names) {
+    const file = path.join(pidDir, name);
+    const rec = await readFile(file, 'utf8')
+      .then((t) => JSON.parse(t) as PidRecord)
+      .catch(() => undefined);
+    if (rec && (await killLeftover(rec))) log.warn({ pid: rec.pid, file }, 'stopped a command left running by an earlier agent process');
+    await rm(file, { force: true });
+  }
+}
+
+program.parseAsync().catch((err: unknown) => {
+  if (err instanceof ConfigError) {
+    process.stderr.write(`leasehold-agent: invalid configuration: ${err.message}\n`);
+    process.exit(2);
+  }
+  process.stderr.write(`leasehold-agent: ${(err as Error).message}\n`);
+  process.exit(1);
+});

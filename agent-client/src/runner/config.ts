@@ -1,0 +1,115 @@
+/**
+ * The `leasehold-agent` configuration file: validated with zod, every error naming the field
+ * (`queues.resize.timeout: …`). Durations are milliseconds or strings like `90s`, `10m`.
+ */
+import { readFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { z } from 'zod';
+
+/** A bad configuration: the message names the field. The CLI exits with code 2. */
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+}
+
+const units: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+const duration = z.union([z.number(), z.string()], 'must be milliseconds or a duration like 90s').transform((v, ctx) => {
+  if (typeof v === 'number') {
+    if (Number.isInteger(v) && v > 0) return v;
+    ctx.addIssue({ code: 'custom', message: `${v} is not a positive whole number of milliseconds` });
+    return z.NEVER;
+  }
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$/.exec(v);
+  if (!m || Number(m[1]) <= 0) {
+    ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)} is not a duration: use e.g. 500ms, 90s, 10m, 1h` });
+    return z.NEVER;
+  }
+  return Math.round(Number(m[1]) * units[m[2]!]!);
+});
+
+const queueName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/, 'queue names are letters, digits and _ . : - (starting with a letter or digit)');
+
+const command = z
+  .object({
+    /** The executable and its arguments: `["C:\\Tools\\resize.exe", "--fast"]`. Spaces inside an element are kept. */
+    command: z.array(z.string().min(1, 'must not be empty')).min(1, 'must name the executable'),
+    /** Run through the shell (cmd.exe on Windows, /bin/sh elsewhere); the command is then one string. */
+    shell: z.boolean().default(false),
+    cwd: z.string().min(1).optional(),
+    /** Extra environment variables for the command. */
+    env: z.record(z.string(), z.string()).default({}),
+    /** Killed (with its children) when it runs longer. Default: no limit. */
+    timeout: duration.optional(),
+    /** Exit codes that mean "try again later"; any other non-zero code fails the job for good. */
+    retryableExitCodes: z.array(z.int().min(1).max(255)).default([]),
+    /** Time between the polite stop (SIGTERM / taskkill) and the forced one. Default 5 s. */
+    killGrace: duration.default(5000),
+  })
+  .strict();
+
+export const configSchema = z
+  .object({
+    /** The coordinator's gRPC address. */
+    url: z.string().min(1, 'is required: the coordinator address, e.g. http://127.0.0.1:50051'),
+    /** The agent token, or `tokenFile`, or the LEASEHOLD_TOKEN environment variable. */
+    token: z.string().min(1).optional(),
+    tokenFile: z.string().min(1).optional(),
+    slots: z.int().min(1).max(1000).default(1),
+    outboxDir: z.string().min(1).optional(),
+    labels: z.record(z.string(), z.string()).default({}),
+    /** Per queue, the command that runs its jobs. */
+    queues: z.record(queueName, command).refine((q) => Object.keys(q).length > 0, 'must configure at least one queue'),
+    /** How long running commands may take to finish on shutdown. Default 30 s. */
+    grace: duration.default(30_000),
+    tls: z.union([z.boolean(), z.object({ ca: z.string().optional(), cert: z.string().optional(), key: z.string().optional() }).strict()]).optional(),
+  })
+  .strict();
+
+export type AgentConfig = z.output<typeof configSchema> & { token: string; outboxDir: string };
+export type CommandConfig = z.output<typeof command>;
+
+/** Where the outbox goes by default: `%ProgramData%\leasehold\outbox` on Windows, `~/.leasehold/outbox` elsewhere. */
+export function defaultOutboxDir(platform = process.platform, env = process.env, home = os.homedir()): string {
+  if (platform === 'win32') return path.win32.join(env.ProgramData ?? 'C:\\ProgramData', 'leasehold', 'outbox');
+  return path.join(home, '.leasehold', 'outbox');
+}
+
+/** Validates a parsed configuration; throws `ConfigError` naming the first bad field. */
+export async function parseConfig(raw: unknown, env = process.env): Promise<AgentConfig> {
+  const r = configSchema.safeParse(raw);
+  if (!r.success) {
+    const issue = r.error.issues[0]!;
+    const where = issue.path.length ? issue.path.join('.') : '(the file)';
+    const msg = issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => JSON.stringify(k)).join(', ')}` : issue.message;
+    throw new ConfigError(`${where}: ${msg}`);
+  }
+  const c = r.data;
+  let token = c.token ?? env.LEASEHOLD_TOKEN;
+  if (!token && c.tokenFile) {
+    token = (await readFile(c.tokenFile, 'utf8').catch((err: NodeJS.ErrnoException) => {
+      throw new ConfigError(`tokenFile: cannot read ${c.tokenFile}: ${err.code ?? err.message}`);
+    })).trim();
+  }
+  if (!token) throw new ConfigError('token: is required (in the file, as tokenFile, or in LEASEHOLD_TOKEN)');
+  for (const [q, cmd] of Object.entries(c.queues)) {
+    if (cmd.shell && cmd.command.length !== 1) throw new ConfigError(`queues.${q}.command: with "shell": true, give the command line as one string`);
+  }
+  return { ...c, token, outboxDir: c.outboxDir ?? defaultOutboxDir() };
+}
+
+/** Reads and validates a configuration file. */
+export async function loadConfig(file: string, env = process.env): Promise<AgentConfig> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`${file}: cannot read the configuration: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text.replace(/^\uFEFF/, '')); // Notepad writes a byte order mark
+  } catch (err) {
+    throw new ConfigError(`${file}: not valid JSON: ${(err as Error).message}`);
+  }
+  return parseConfig(raw, env);
+}

@@ -1,0 +1,114 @@
+/**
+ * Runs one job as a local command: the payload on stdin (JSON) and in `LEASEHOLD_*`
+ * environment variables; the last JSON line on stdout is the result; the exit code decides
+ * between success, a retryable failure and a final one. Timeout, cancel, revoke and shutdown
+ * stop the whole process tree.
+ */
+import { spawn } from 'node:child_process';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import type { Logger } from 'pino';
+import { JobError, type JobContext, type JobInfo } from '../context.js';
+import type { CommandConfig } from './config.js';
+import { describeProcess, killTree, treeSpawnOptions } from './process-tree.js';
+
+const STDERR_TAIL = 4096;
+const PAYLOAD_ENV_MAX = 32 * 1024;
+
+/** Runs `cmd` for `job`; resolves with the result object or throws a `JobError`. */
+export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobContext, opts: { log: Logger; pidDir: string }): Promise<Record<string, unknown>> {
+  if (ctx.signal.aborted) throw new JobError(`not started: ${String((ctx.signal.reason as Error)?.message ?? ctx.signal.reason)}`);
+  const payload = JSON.stringify(job.payload);
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    ...cmd.env,
+    LEASEHOLD_JOB_ID: job.id,
+    LEASEHOLD_QUEUE: job.queue,
+    LEASEHOLD_ATTEMPT_ID: ctx.attempt.id,
+    LEASEHOLD_ATTEMPT_NO: String(ctx.attempt.number),
+    LEASEHOLD_IDEMPOTENCY_KEY: ctx.idempotencyKey('run'),
+    ...(payload.length <= PAYLOAD_ENV_MAX ? { LEASEHOLD_PAYLOAD: payload } : {}),
+  };
+  const [file, ...args] = cmd.command as [string, ...string[]];
+  const child = spawn(file, args, {
+    cwd: cmd.cwd,
+    env,
+    shell: cmd.shell,
+    stdio: ['pipe', 'pipe', 'pipe'],
+    ...treeSpawnOptions(),
+  });
+  const spawned = new Promise<void>((resolve, reject) => {
+    child.once('spawn', resolve);
+    child.once('error', reject);
+  });
+  try {
+    await spawned;
+  } catch (err) {
+    throw new JobError(`cannot start ${JSON.stringify(file)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { retryable: false });
+  }
+  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
+  await mkdir(opts.pidDir, { recursive: true });
+  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, file)));
+  opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
+
+  child.stdin.on('error', () => undefined); // a command that does not read its input
+  child.stdin.end(payload);
+
+  let lastJson: unknown;
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    const t = line.trim();
+    if (!t.startsWith('{') && !t.startsWith('[')) return;
+    try {
+      lastJson = JSON.parse(t);
+    } catch {
+      // not JSON: only JSON lines can be the result
+    }
+  });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => {
+    stderr = (stderr + d.toString('utf8')).slice(-STDERR_TAIL);
+  });
+
+  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
+  let stopped: string | undefined;
+  const stop = (why: string) => {
+    if (stopped) return;
+    stopped = why;
+    opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, why }, 'stopping the command and its children');
+    void killTree(child, cmd.killGrace);
+  };
+  const timer = cmd.timeout ? setTimeout(() => stop(`timed out after ${cmd.timeout} ms`), cmd.timeout) : undefined;
+  const onAbort = () => stop(String((ctx.signal.reason as Error)?.message ?? 'aborted'));
+  ctx.signal.addEventListener('abort', onAbort);
+
+  const { code, signal } = await done;
+  clearTimeout(timer);
+  ctx.signal.removeEventListener('abort', onAbort);
+  // Whatever it left running in its group goes too (a backgrounded grandchild, say): a job's
+  // processes end with the job, as systemd's KillMode=control-group does.
+  if (process.platform !== 'win32') {
+    try {
+      process.kill(-child.pid!, 'SIGKILL');
+    } catch {
+      // the group is already empty
+    }
+  }
+  // Output still buffered in the pipes (bounded: a grandchild elsewhere may hold them open).
+  await Promise.race([closed, new Promise((r) => setTimeout(r, 2000))]);
+  await rm(pidFile, { force: true });
+  opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped }, 'command ended');
+
+  const tail = stderr.trim();
+  if (stopped) throw new JobError(`${stopped}${tail ? `; stderr: ${tail}` : ''}`, { retryable: true, details: { stopped, stderr: tail } });
+  if (code === 0) {
+    if (lastJson === undefined) return {};
+    return lastJson && typeof lastJson === 'object' && !Array.isArray(lastJson) ? (lastJson as Record<string, unknown>) : { value: lastJson };
+  }
+  const retryable = code !== null && cmd.retryableExitCodes.includes(code);
+  throw new JobError(`exited with ${code === null ? `signal ${signal}` : `code ${code}`}${tail ? `: ${tail}` : ''}`, {
+    retryable,
+    details: { exitCode: code, signal, stderr: tail },
+  });
+}

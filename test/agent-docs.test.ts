@@ -1,0 +1,58 @@
+/**
+ * docs/agent.md as a new user meets it: the Linux block pasted whole into a shell (with the
+ * coordinator of the test instead of `npm start`, and a home directory of its own) registers an
+ * agent, checks it, runs a job through the user's own command and prints the result. The WinSW
+ * template is checked for the paths the guide tells the user to keep in step.
+ */
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, expect, it } from 'vitest';
+import { useTestDb } from './helpers/db.js';
+import { useCoordinator } from './helpers/coordinator.js';
+
+const run = promisify(execFile);
+const root = path.resolve(import.meta.dirname, '..');
+const guide = readFileSync(path.join(root, 'docs/agent.md'), 'utf8');
+const t = useTestDb();
+const lh = useCoordinator(t, { LEASEHOLD_ADMIN_KEY: 'dev-admin-key' });
+let home: string | undefined;
+afterAll(async () => {
+  if (home) await rm(home, { recursive: true, force: true });
+});
+
+it('the Linux walk-through of docs/agent.md runs as pasted', async () => {
+  const blocks = [...guide.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]!);
+  const walk = blocks.find((b) => b.includes('npx leasehold-agent --config ~/leasehold-demo/agent.json --check'))!;
+  expect(walk).toBeDefined();
+  home = await mkdtemp(path.join(os.tmpdir(), 'leasehold-home-'));
+  const { stdout, stderr } = await run('bash', ['-e', '-c', walk.replaceAll('127.0.0.1:50051', `127.0.0.1:${lh.port}`)], {
+    cwd: root,
+    env: { ...process.env, HOME: home, DATABASE_URL: t.url, LEASEHOLD_LOG_LEVEL: 'warn', PATH: `${path.join(root, 'node_modules/.bin')}:${process.env.PATH}` },
+    timeout: 120_000,
+  });
+  expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);
+  expect(stdout).toMatch(/coordinator ok/);
+  expect(stdout, stderr).toMatch(/job [0-9a-f-]{36}: JOB_STATUS_SUCCEEDED \{"sum":42\}/);
+}, 150_000);
+
+it('the WinSW template runs the agent bin with the guide\'s configuration path', () => {
+  const xml = readFileSync(path.join(root, 'examples/windows/leasehold-agent.xml'), 'utf8');
+  for (const tag of ['id', 'executable', 'arguments', 'workingdirectory', 'stoptimeout', 'logpath']) {
+    expect(xml, tag).toMatch(new RegExp(`<${tag}>[^<]+</${tag}>`));
+  }
+  expect(xml).toMatch(/<arguments>"C:\\leasehold\\agent-client\\bin\\leasehold-agent\.mjs" --config "C:\\leasehold\\agent\.json"<\/arguments>/);
+  expect(guide).toContain('C:\\leasehold\\agent.json');
+  // Balanced tags: every element opened is closed.
+  const open = [...xml.replace(/<!--[\s\S]*?-->/g, '').matchAll(/<(\/?)([a-zA-Z]+)[^>]*?(\/?)>/g)];
+  const stack: string[] = [];
+  for (const [, close, name, self] of open) {
+    if (self) continue;
+    if (close) expect(stack.pop()).toBe(name);
+    else stack.push(name!);
+  }
+  expect(stack).toEqual([]);
+});

@@ -1,0 +1,231 @@
+/**
+ * `leasehold-agent` as a real process running real commands, against a real coordinator:
+ * results, retryable and final failures, timeouts and cancels that take the whole process tree
+ * down, a revoke after the lease is lost, a restart with a result still in the outbox, paths
+ * with spaces, `--check`, and an invalid configuration (exit code 2 naming the field).
+ */
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import { promisify } from 'node:util';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { jobEnqueue } from '../server/store/index.js';
+import { useTestDb } from './helpers/db.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { checkInvariants } from './helpers/invariants.js';
+import { rawClient, unary } from './helpers/raw-agent.js';
+import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
+
+const run = promisify(execFile);
+const root = path.resolve(import.meta.dirname, '..');
+const bin = path.join(root, 'agent-client/bin/leasehold-agent.mjs');
+const fixtures = path.join(root, 'test/fixtures/commands');
+const t = useTestDb();
+const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '4s', LEASEHOLD_CLAIM_TTL: '4s', LEASEHOLD_HEARTBEAT_INTERVAL: '500ms' });
+const children: ChildProcess[] = [];
+const proxies: TcpProxy[] = [];
+let work: string;
+
+interface Runner {
+  child: ChildProcess;
+  lines: Array<Record<string, unknown>>;
+  waitFor(msg: string | RegExp, ms?: number): Promise<Record<string, unknown>>;
+  exited: Promise<number | null>;
+}
+
+function startRunner(configFile: string): Runner {
+  const child = spawn(process.execPath, [bin, '--config', configFile], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  const lines: Array<Record<string, unknown>> = [];
+  const onLine = (text: string) => {
+    try {
+      lines.push(JSON.parse(text) as Record<string, unknown>);
+    } catch {
+      lines.push({ msg: text });
+    }
+  };
+  createInterface({ input: child.stdout! }).on('line', onLine);
+  createInterface({ input: child.stderr! }).on('line', onLine);
+  const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+  return {
+    child,
+    lines,
+    exited,
+    waitFor: (msg, ms = 20_000) =>
+      waitFor(`runner log ${String(msg)}`, () => lines.find((l) => (typeof msg === 'string' ? l.msg === msg : msg.test(String(l.msg)))), ms),
+  };
+}
+
+async function writeConfig(name: string, config: Record<string, unknown>): Promise<string> {
+  const file = path.join(work, `${name}.json`);
+  await writeFile(file, JSON.stringify(config, null, 2));
+  return file;
+}
+
+async function config(name: string, queues: Record<string, unknown>, extra: Record<string, unknown> = {}) {
+  const token = await lh.agent(name);
+  const outboxDir = path.join(work, `outbox of ${name}`); // a space in the path on purpose
+  return { file: await writeConfig(name, { url: lh.url, token, slots: 2, outboxDir, queues, grace: '2s', ...extra }), outboxDir, token };
+}
+
+async function enqueue(queue: string, payload: Record<string, unknown>, extra: Record<string, unknown> = {}) {
+  const o = await jobEnqueue(t.pool, { queue, payload, ...extra });
+  if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+  return o.value;
+}
+const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+const node = (script: string) => [process.execPath, path.join(fixtures, script)];
+
+afterEach(async () => {
+  for (const c of children.splice(0)) {
+    if (c.exitCode === null && c.signalCode === null) {
+      c.kill('SIGKILL');
+      await new Promise((r) => c.once('exit', r));
+    }
+  }
+  for (const p of proxies.splice(0)) await p.close();
+});
+beforeAll(async () => {
+  work = await mkdtemp(path.join(os.tmpdir(), 'leasehold runner '));
+});
+afterAll(async () => {
+  if (work) await rm(work, { recursive: true, force: true });
+});
+
+describe('leasehold-agent', () => {
+  it('runs a command (in a path with spaces), passing the job on stdin and in LEASEHOLD_*; the last JSON line is the result', async () => {
+    const scriptDir = path.join(work, 'my tools');
+    await mkdir(scriptDir);
+    await cp(path.join(fixtures, 'echo-job.mjs'), path.join(scriptDir, 'echo job.mjs'));
+    const c = await config('runner-ok', {
+      add: { command: [process.execPath, path.join(scriptDir, 'echo job.mjs')], cwd: scriptDir, env: { EXTRA: 'yes' } },
+    });
+    const r = startRunner(c.file);
+    await r.waitFor('leasehold-agent serving');
+    const j = await enqueue('add', { a: 2, b: 40 });
+    await waitFor('succeeded', async () => (await job(j.id)).status === 'succeeded');
+    const res = (await job(j.id)).result;
+    expect(res.sum).toBe(42);
+    expect(res.cwd).toBe(scriptDir);
+    expect(res.env).toMatchObject({ jobId: j.id, attemptNo: '1', key: `${j.id}:run`, payload: JSON.stringify({ a: 2, b: 40 }), extra: 'yes' });
+    expect(res.env.attemptId).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
+  it('retries on a retryable exit code and fails for good on another, with the tail of stderr', async () => {
+    const c = await config('runner-fail', {
+      flaky: { command: node('echo-job.mjs'), retryableExitCodes: [75] },
+      broken: { command: node('fail.mjs'), retryableExitCodes: [75] },
+    });
+    startRunner(c.file);
+    const flaky = await enqueue('flaky', { a: 1, b: 1, attemptToSucceed: 2 }, { maxAttempts: 3 });
+    const broken = await enqueue('broken', { code: 3 }, { maxAttempts: 3 });
+    await waitFor('both ended', async () => (await job(flaky.id)).status === 'succeeded' && (await job(broken.id)).status === 'failed', 30_000);
+    expect(await job(flaky.id)).toMatchObject({ attempt_no: 2, result: { sum: 2 } });
+    const b = await job(broken.id);
+    expect(b.attempt_no).toBe(1);
+    expect(b.error.message).toBe('exited with code 3: something went wrong: disk full');
+    expect(b.error.details).toMatchObject({ exitCode: 3 });
+  });
+
+  it('kills the command and its grandchild on timeout', async () => {
+    const c = await config('runner-timeout', { slow: { command: node('tree.mjs'), timeout: '1s', killGrace: '300ms' } });
+    startRunner(c.file);
+    const pidFile = path.join(work, 'timeout-pids.json');
+    const j = await enqueue('slow', { pidFile }, { maxAttempts: 1 });
+    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    expect(alive(pids.child) && alive(pids.grandchild)).toBe(true);
+    await waitFor('dead-lettered', async () => (await job(j.id)).status === 'dead', 20_000);
+    expect((await job(j.id)).error.message).toMatch(/^timed out after 1000 ms/);
+    await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
+  });
+
+  it('kills the tree when the job is canceled mid-run', async () => {
+    const c = await config('runner-cancel', { long: { command: node('tree.mjs'), killGrace: '300ms' } });
+    const r = startRunner(c.file);
+    const pidFile = path.join(work, 'cancel-pids.json');
+    const j = await enqueue('long', { pidFile });
+    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    const client = rawClient('JobService', `127.0.0.1:${lh.port}`);
+    await unary(client, 'cancelJob', { jobId: j.id }, ADMIN_KEY).finally(() => client.close());
+    await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
+    await r.waitFor('report refused as stale: the attempt was superseded; kept aside as superseded');
+    expect((await job(j.id)).status).toBe('canceled');
+  });
+
+  it('kills the tree when the attempt is revoked after its lease was lost', async () => {
+    const c = await config('runner-revoke', { long: { command: node('tree.mjs'), killGrace: '300ms' } });
+    startRunner(c.file);
+    const pidFile = path.join(work, 'revoke-pids.json');
+    const j = await enqueue('long', { pidFile });
+    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    // As if the lease had run out: the reaper takes the job back and revokes the attempt.
+    const rescued = await lh.c.reaper.runOnce(new Date(Date.now() + 3_600_000));
+    expect(rescued.rescued.map((x) => x.jobId)).toContain(j.id);
+    await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
+  });
+
+  it('sends a result left in its outbox after being killed, once restarted', async () => {
+    const c = await config('runner-restart', { add: { command: node('echo-job.mjs') } });
+    const proxy = await startProxy(lh.port);
+    proxies.push(proxy);
+    const viaProxy = await writeConfig('runner-restart-proxy', { ...JSON.parse(readFileSync(c.file, 'utf8')), url: `http://127.0.0.1:${proxy.port}` });
+    const first = startRunner(viaProxy);
+    await first.waitFor('leasehold-agent serving');
+    await waitFor('stream up', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'runner-restart'));
+    // Silence the network as soon as the job is running, so the result cannot get out.
+    const j = await enqueue('add', { a: 20, b: 3 });
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    proxy.blackhole();
+    const entry = await first.waitFor('handler finished');
+    const file = path.join(c.outboxDir, `${String(entry.attemptId)}.json`);
+    expect(existsSync(file)).toBe(true);
+    first.child.kill('SIGKILL');
+    await first.exited;
+    expect((await job(j.id)).status).toBe('running');
+
+    const second = startRunner(c.file);
+    await second.waitFor('report acknowledged');
+    expect(await job(j.id)).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { sum: 23 } });
+    expect(existsSync(file)).toBe(false);
+    await checkInvariants(t.pool);
+  });
+
+  it('--check validates, authenticates and prints what it would serve', async () => {
+    const c = await config('runner-check', { add: { command: node('echo-job.mjs'), timeout: '10m', retryableExitCodes: [75] } });
+    const { stdout } = await run(process.execPath, [bin, '--config', c.file, '--check'], { cwd: root });
+    expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);
+    expect(stdout).toMatch(/add: .*echo-job\.mjs.*timeout 600000 ms, retry on exit 75/);
+    expect(stdout).toMatch(/coordinator ok/);
+    const bad = await writeConfig('runner-check-bad', { ...JSON.parse(readFileSync(c.file, 'utf8')), token: 'lh_agent_wrong' });
+    const err = await run(process.execPath, [bin, '--config', bad, '--check'], { cwd: root }).catch((e: { code: number; stderr: string }) => e);
+    expect((err as { code: number }).code).toBe(1);
+    expect((err as { stderr: string }).stderr).toMatch(/refused this agent/);
+  });
+
+  it.each([
+    [{ url: 'http://x', token: 't', queues: {} }, /^leasehold-agent: invalid configuration: queues: must configure at least one queue/],
+    [{ url: 'http://x', token: 't', queues: { q: { command: [] } } }, /queues\.q\.command: must name the executable/],
+    [{ url: 'http://x', token: 't', queues: { q: { command: ['x'], timeout: 'soon' } } }, /queues\.q\.timeout: "soon" is not a duration/],
+    [{ url: 'http://x', token: 't', queues: { q: { command: ['x'], retryableExitCodes: [0] } } }, /queues\.q\.retryableExitCodes\.0/],
+    [{ url: 'http://x', token: 't', slots: 0, queues: { q: { command: ['x'] } } }, /slots:/],
+    [{ url: 'http://x', token: 't', queues: { q: { command: ['x'], comand: 1 } } }, /queues\.q: unknown field\(s\) "comand"/],
+    [{ url: 'http://x', queues: { q: { command: ['x'] } } }, /token: is required/],
+  ])('refuses an invalid configuration with exit code 2 naming the field (%#)', async (cfg, message) => {
+    const file = await writeConfig(`invalid-${Math.random().toString(36).slice(2)}`, cfg);
+    const err = await run(process.execPath, [bin, '--config', file], { cwd: root, env: { ...process.env, LEASEHOLD_TOKEN: '' } }).catch((e: { code: number; stderr: string }) => e);
+    expect((err as { code: number }).code).toBe(2);
+    expect((err as { stderr: string }).stderr).toMatch(message);
+  });
+});
