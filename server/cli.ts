@@ -1,15 +1,38 @@
 /**
  * `leasehold`: the coordinator's command line. `serve` (what `npm start` runs), `migrate`
- * (what `npm run migrate` runs), and `agents add|list|revoke` (on the database directly: the
- * embedded one is shared with a running coordinator).
+ * (what `npm run migrate` runs), and, on the database directly (the embedded one is shared with
+ * a running coordinator): `agents add|list|revoke`, `keys add|list|revoke` (API keys with
+ * scopes), `subscriptions add|list|remove` (per-queue notifications), `deliveries list|retry`
+ * (the notification outbox) and `webhooks secret` (the notify_url signing secret). Those write
+ * their answer to stdout and their logs to stderr.
  */
 import { Command } from 'commander';
 import { ConfigError, loadConfig, type ConfigFlags } from './config.js';
-import { startCoordinator } from './coordinator.js';
 import { createLogger } from './log.js';
-import { agentCreate, agentList, agentRevoke, migrateDatabase, openDatabase, type Database } from './store/index.js';
+import {
+  agentCreate,
+  agentList,
+  agentRevoke,
+  deliveryList,
+  deliveryRetry,
+  keyCreate,
+  keyList,
+  keyRevoke,
+  migrateDatabase,
+  openDatabase,
+  signingSecretGet,
+  subscriptionCreate,
+  subscriptionList,
+  subscriptionRemove,
+  type Database,
+  type DeliveryView,
+} from './store/index.js';
+import { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES } from './store/schema.js';
 
 const log = createLogger();
+/** The logger of the tool commands: stderr, so stdout holds only the answer. */
+let toolLogger: ReturnType<typeof createLogger> | undefined;
+const toolLog = () => (toolLogger ??= createLogger(process.env, { stderr: true }));
 
 const program = new Command()
   .name('leasehold')
@@ -27,6 +50,9 @@ withDbFlags(
     .option('--http-addr <host:port>', 'HTTP listener (env LEASEHOLD_HTTP_ADDR, default 127.0.0.1:8080)'),
 ).action(async (flags: ConfigFlags) => {
   const config = loadConfig(flags);
+  // Loaded here, not at the top: the tool commands need only the store, and start faster without
+  // the transports.
+  const { startCoordinator } = await import('./coordinator.js');
   const coordinator = await startCoordinator(config, log);
   log.info(
     { leaseTtlMs: config.leaseTtlMs, claimTtlMs: config.claimTtlMs, reaperIntervalMs: config.reaperIntervalMs },
@@ -68,7 +94,7 @@ withDbFlags(program.command('migrate').description('apply database migrations an
 /** Runs `fn` on a migrated database, then closes it. */
 async function withDb<T>(flags: ConfigFlags, fn: (db: Database) => Promise<T>): Promise<T> {
   const config = loadConfig(flags);
-  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log, max: 2 });
+  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: toolLog(), max: 2 });
   try {
     await migrateDatabase(db.pool);
     return await fn(db);
@@ -117,6 +143,140 @@ withDbFlags(agentsCmd.command('revoke <name>').description('revoke an agent: its
     withDb(flags, async (db) => {
       const o = await agentRevoke(db.pool, { agentId: name });
       if (!failed(o)) process.stdout.write(`agent ${name} revoked\n`);
+    }),
+  );
+
+/** Prints rows as aligned columns. */
+function table(rows: string[][]) {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
+  for (const r of rows) process.stdout.write(`${r.map((c, i) => (i < r.length - 1 ? c.padEnd(widths[i]!) : c)).join('  ')}\n`);
+}
+const list = (s: string) => s.split(',').map((x) => x.trim()).filter(Boolean);
+
+const keysCmd = program.command('keys').description(`API keys for the HTTP gateway and gRPC callers; scopes: ${API_KEY_SCOPES.join(', ')}`);
+
+withDbFlags(keysCmd.command('add <name>').description('create a key and print it (shown once)'))
+  .requiredOption('--scope <scopes>', `comma-separated: ${API_KEY_SCOPES.join(', ')} (agent: the key acts as the agent <name>)`)
+  .option('--json', 'print JSON')
+  .option('--quiet', 'print only the key')
+  .action((name: string, flags: ConfigFlags & { scope: string; json?: boolean; quiet?: boolean }) =>
+    withDb(flags, async (db) => {
+      const o = await keyCreate(db.pool, { name, scopes: list(flags.scope) });
+      if (failed(o) || o.outcome !== 'ok') return;
+      if (flags.json) process.stdout.write(`${JSON.stringify(o.value)}\n`);
+      else if (flags.quiet) process.stdout.write(`${o.value.key}\n`);
+      else process.stdout.write(`key ${o.value.name} created with scopes ${o.value.scopes.join(',')}; the key (shown once, keep it secret):\n${o.value.key}\n`);
+    }),
+  );
+
+withDbFlags(keysCmd.command('list').description('list keys (never the keys themselves)'))
+  .option('--json', 'print JSON')
+  .action((flags: ConfigFlags & { json?: boolean }) =>
+    withDb(flags, async (db) => {
+      const rows = await keyList(db.pool);
+      if (flags.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+      table([
+        ['KEY', 'SCOPES', 'STATE', 'CREATED', 'LAST USED'],
+        ...rows.map((r) => [r.name, r.scopes.join(','), r.revokedAt ? 'revoked' : 'active', r.createdAt.toISOString(), r.lastUsedAt?.toISOString() ?? '-']),
+      ]);
+    }),
+  );
+
+withDbFlags(keysCmd.command('revoke <name>').description('revoke a key: the next call with it is refused'))
+  .action((name: string, flags: ConfigFlags) =>
+    withDb(flags, async (db) => {
+      const o = await keyRevoke(db.pool, { name });
+      if (!failed(o)) process.stdout.write(`key ${name} revoked\n`);
+    }),
+  );
+
+const subsCmd = program.command('subscriptions').description('per-queue notifications: signed POSTs when jobs end');
+
+withDbFlags(subsCmd.command('add <queue> <url>').description("subscribe url to a queue's job events ('*': every queue); prints the signing secret"))
+  .option('--events <events>', `comma-separated, default all: ${WEBHOOK_EVENT_TYPES.join(', ')}`)
+  .option('--json', 'print JSON')
+  .action((queue: string, url: string, flags: ConfigFlags & { events?: string; json?: boolean }) =>
+    withDb(flags, async (db) => {
+      const o = await subscriptionCreate(db.pool, { queue, url, ...(flags.events ? { events: list(flags.events) } : {}) });
+      if (failed(o) || o.outcome !== 'ok') return;
+      if (flags.json) return void process.stdout.write(`${JSON.stringify(o.value)}\n`);
+      process.stdout.write(
+        `subscription ${o.value.id} created: ${o.value.events.join(',')} of queue ${o.value.queue} to ${o.value.url}\n` +
+          `its signing secret (verify the leasehold-signature header with it):\n${o.value.secret}\n`,
+      );
+    }),
+  );
+
+withDbFlags(subsCmd.command('list').description('list subscriptions'))
+  .option('--json', 'print JSON')
+  .option('--show-secrets', 'include the signing secrets')
+  .action((flags: ConfigFlags & { json?: boolean; showSecrets?: boolean }) =>
+    withDb(flags, async (db) => {
+      const rows = await subscriptionList(db.pool, { withSecrets: Boolean(flags.showSecrets) });
+      if (flags.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+      table([
+        ['ID', 'QUEUE', 'EVENTS', 'URL', ...(flags.showSecrets ? ['SECRET'] : [])],
+        ...rows.map((r) => [r.id, r.queue, r.events.join(','), r.url, ...(flags.showSecrets ? [r.secret ?? ''] : [])]),
+      ]);
+    }),
+  );
+
+withDbFlags(subsCmd.command('remove <id>').description('remove a subscription (its undelivered notifications are dropped)'))
+  .action((id: string, flags: ConfigFlags) =>
+    withDb(flags, async (db) => {
+      const o = await subscriptionRemove(db.pool, { id });
+      if (!failed(o)) process.stdout.write(`subscription ${id} removed\n`);
+    }),
+  );
+
+const deliveriesCmd = program.command('deliveries').description('the notification outbox: what was sent, what is waiting, what failed');
+
+withDbFlags(deliveriesCmd.command('list').description('the newest deliveries'))
+  .option('--status <status>', 'pending, sending, delivered or failed')
+  .option('--job <jobId>', 'only those of one job')
+  .option('--limit <n>', 'at most this many (default 100)')
+  .option('--json', 'print JSON')
+  .action((flags: ConfigFlags & { status?: string; job?: string; limit?: string; json?: boolean }) =>
+    withDb(flags, async (db) => {
+      const o = await deliveryList(db.pool, {
+        ...(flags.status ? { status: flags.status as DeliveryView['status'] } : {}),
+        ...(flags.job ? { jobId: flags.job } : {}),
+        ...(flags.limit ? { limit: Number(flags.limit) } : {}),
+      });
+      if (failed(o) || o.outcome !== 'ok') return;
+      if (flags.json) return void process.stdout.write(`${JSON.stringify(o.value)}\n`);
+      table([
+        ['ID', 'STATUS', 'ATTEMPTS', 'EVENT', 'JOB', 'URL', 'LAST ERROR'],
+        ...o.value.map((d) => [String(d.id), d.status, String(d.attempts), d.type, d.jobId, d.url, d.lastError ?? '-']),
+      ]);
+    }),
+  );
+
+withDbFlags(deliveriesCmd.command('retry [id]').description('send failed deliveries again (one, or all with --all-failed)'))
+  .option('--all-failed', 'every failed delivery')
+  .action((id: string | undefined, flags: ConfigFlags & { allFailed?: boolean }) =>
+    withDb(flags, async (db) => {
+      if (id === undefined && !flags.allFailed) {
+        failed({ outcome: 'invalid', field: 'id', message: 'is required (or --all-failed)' });
+        return;
+      }
+      if (id !== undefined && !/^\d{1,15}$/.test(id)) {
+        failed({ outcome: 'invalid', field: 'id', message: 'must be a delivery number (leasehold deliveries list --status failed)' });
+        return;
+      }
+      const o = await deliveryRetry(db.pool, id === undefined ? {} : { id: Number(id) });
+      if (failed(o) || o.outcome !== 'ok') return;
+      process.stdout.write(`${o.value.ids.length} deliver${o.value.ids.length === 1 ? 'y' : 'ies'} queued again${o.value.ids.length ? `: ${o.value.ids.join(', ')}` : ''}\n`);
+    }),
+  );
+
+const webhooksCmd = program.command('webhooks').description('the signing secret of notify_url and alert deliveries');
+
+withDbFlags(webhooksCmd.command('secret').description('print the secret that signs notify_url and LEASEHOLD_ALERT_URL deliveries'))
+  .option('--rotate', 'replace it (deliveries sent from now on use the new one)')
+  .action((flags: ConfigFlags & { rotate?: boolean }) =>
+    withDb(flags, async (db) => {
+      process.stdout.write(`${await signingSecretGet(db.pool, { rotate: Boolean(flags.rotate) })}\n`);
     }),
   );
 

@@ -17,7 +17,11 @@ export interface Config {
   claimTtlMs: number;
   heartbeatIntervalMs: number;
   reaperIntervalMs: number;
-  /** TLS on the gRPC listener when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
+  /** The webhook deliverer: run interval, send timeout, sends per delivery, first retry delay. */
+  webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number };
+  /** Every dead-letter alert is also POSTed here (`LEASEHOLD_ALERT_URL`), signed with the notify secret. */
+  alertUrl: string | undefined;
+  /** TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
   tls: { certFile: string; keyFile: string } | undefined;
 }
 
@@ -52,6 +56,13 @@ function duration(name: string, raw: string | undefined, fallback: number, min: 
   return ms;
 }
 
+function count(name: string, raw: string | undefined, fallback: number, min: number, max: number): number {
+  if (raw === undefined || raw === '') return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(`${name}=${JSON.stringify(raw)} must be a whole number from ${min} to ${max}`);
+  return n;
+}
+
 /** Builds the configuration from flags and environment; throws `ConfigError` naming the bad setting. */
 export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = process.env): Config {
   const grpcAddr = flags.grpcAddr ?? env.LEASEHOLD_GRPC_ADDR ?? '127.0.0.1:50051';
@@ -77,8 +88,18 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
     heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
     reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
+    webhook: {
+      intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10),
+      timeoutMs: duration('LEASEHOLD_WEBHOOK_TIMEOUT', env.LEASEHOLD_WEBHOOK_TIMEOUT, 10_000, 100),
+      maxAttempts: count('LEASEHOLD_WEBHOOK_MAX_ATTEMPTS', env.LEASEHOLD_WEBHOOK_MAX_ATTEMPTS, 12, 1, 100),
+      backoffMs: duration('LEASEHOLD_WEBHOOK_BACKOFF', env.LEASEHOLD_WEBHOOK_BACKOFF, 5_000, 0),
+    },
+    alertUrl: env.LEASEHOLD_ALERT_URL || undefined,
     tls: undefined,
   };
+  if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {
+    throw new ConfigError(`LEASEHOLD_ALERT_URL=${JSON.stringify(cfg.alertUrl)} must be an http:// or https:// URL`);
+  }
   const cert = env.LEASEHOLD_TLS_CERT || undefined;
   const key = env.LEASEHOLD_TLS_KEY || undefined;
   if (Boolean(cert) !== Boolean(key)) throw new ConfigError('set both LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY (PEM files), or neither');

@@ -1,22 +1,26 @@
 /**
  * The coordinator process: opens the database (embedded or `DATABASE_URL`), applies migrations,
- * starts the maintenance services, the agent hub and dispatcher, and the gRPC listener; stops
- * them in the reverse order.
+ * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer),
+ * the agent hub and dispatcher, and the gRPC and HTTP listeners; stops them in the reverse order.
  */
 import type { Config } from './config.js';
 import { AgentHub } from './core/agent-hub.js';
 import { Dispatcher } from './core/dispatcher.js';
 import { Reaper } from './core/reaper.js';
+import { WebhookDeliverer } from './core/webhook-deliverer.js';
 import type { Logger } from './log.js';
-import { Listener, migrateDatabase, openDatabase, type Database } from './store/index.js';
-import { listenGrpc, type GrpcServer } from './transport/server.js';
+import { keyBootstrap, Listener, migrateDatabase, openDatabase, signingSecretGet, type Database } from './store/index.js';
+import { listenHttp, type HttpServer } from './transport/http.js';
+import { listenGrpc, type GrpcServer, type ServerDeps } from './transport/server.js';
 
 export interface Coordinator {
   db: Database;
   reaper: Reaper;
   hub: AgentHub;
   dispatcher: Dispatcher;
+  deliverer: WebhookDeliverer;
   grpc: GrpcServer;
+  http: HttpServer;
   /** Stops the listener, services, pool and embedded database, in that order. Safe to call twice. */
   stop(): Promise<void>;
 }
@@ -31,6 +35,12 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
   try {
     const applied = await migrateDatabase(db.pool);
     log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');
+    if (config.adminKey) {
+      const b = await keyBootstrap(db.pool, { key: config.adminKey });
+      if (b.outcome !== 'ok') throw new Error(`LEASEHOLD_ADMIN_KEY: ${'message' in b ? b.message : b.outcome}`);
+      if (b.value.created) log.info({ key: 'admin', replaced: b.value.replaced }, b.value.replaced ? 'bootstrap admin key replaced' : 'bootstrap admin key created');
+    }
+    await signingSecretGet(db.pool);
 
     const hub = new AgentHub(db.pool, log.child({ component: 'agents' }), {
       leaseTtlMs: config.leaseTtlMs,
@@ -64,23 +74,32 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     reaper.start();
     cleanups.push(() => reaper.stop());
 
-    const grpc = await listenGrpc(
-      {
-        db: db.pool,
-        hub,
-        log: log.child({ component: 'grpc' }),
-        adminKey: config.adminKey,
-        leaseTtlMs: config.leaseTtlMs,
-        claimTtlMs: config.claimTtlMs,
-        heartbeatIntervalMs: config.heartbeatIntervalMs,
-      },
-      config.grpcAddr,
-      config.tls,
-    );
+    const deliverer = new WebhookDeliverer(db.pool, log.child({ component: 'webhooks' }), {
+      intervalMs: config.webhook.intervalMs,
+      timeoutMs: config.webhook.timeoutMs,
+      // A claim outlives the send by a margin; past it the sweep of any replica takes it back.
+      claimMarginMs: Math.min(5000, config.webhook.timeoutMs),
+      maxAttempts: config.webhook.maxAttempts,
+      backoff: { baseMs: config.webhook.backoffMs, maxMs: 3_600_000 },
+      alertUrl: config.alertUrl,
+    });
+    deliverer.start();
+    cleanups.push(() => deliverer.stop());
+
+    const deps: Omit<ServerDeps, 'log'> = {
+      db: db.pool,
+      hub,
+      leaseTtlMs: config.leaseTtlMs,
+      claimTtlMs: config.claimTtlMs,
+      heartbeatIntervalMs: config.heartbeatIntervalMs,
+    };
+    const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());
+    const http = await listenHttp({ ...deps, log: log.child({ component: 'http' }) }, config.httpAddr, config.tls);
+    cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, grpc, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, deliverer, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

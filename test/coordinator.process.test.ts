@@ -27,7 +27,7 @@ interface Proc {
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
-function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0'], env: Record<string, string> = {}): Proc {
+function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}): Proc {
   // As `npm start` runs it: one node process with the tsx loader, so signals reach the coordinator.
   const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
     cwd: root,

@@ -12,10 +12,10 @@ import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import pino from 'pino';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
-import { spawnAgent, type AgentProcess } from './helpers/agent-process.js';
+import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-process.js';
 import { useTestDb } from './helpers/db.js';
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -33,8 +33,12 @@ async function outboxDir() {
   dirs.push(d);
   return d;
 }
+let bundlePath: string;
+beforeAll(async () => {
+  bundlePath = await agentBundle();
+});
 function agentProcess(env: Record<string, string>): AgentProcess {
-  const p = spawnAgent(env);
+  const p = spawnAgent(bundlePath, env);
   procs.push(p);
   return p;
 }
@@ -51,6 +55,7 @@ afterEach(async () => {
 });
 afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
+  if (bundlePath) await rm(bundlePath, { force: true });
 });
 
 describe('an agent killed with SIGKILL', () => {
@@ -133,7 +138,7 @@ describe('an agent killed with SIGKILL', () => {
     );
     expect(moments.writtenNotAcked, 'no kill landed in the window that needs the outbox').toBeGreaterThan(0);
     await checkInvariants(t.pool);
-  }, 240_000);
+  }, 420_000);
 });
 
 describe('steps against a downstream sink', () => {

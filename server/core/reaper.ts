@@ -106,7 +106,9 @@ export class Reaper extends EventEmitter<ReaperEvents> {
         else run.timedOut++;
         if (r.status === 'dead') {
           run.dead++;
-          this.log.error({ alert: 'job.dead', jobId: r.jobId, queue: r.queue, attemptId: r.attemptId, attemptNo: r.attemptNo, agentId: r.agentId, reason: r.reason }, 'job dead-lettered: attempt cap reached');
+          // The alert itself is raised by the webhook deliverer from the job.dead event this
+          // statement stored, whichever transition dead-lettered the job.
+          this.log.warn({ jobId: r.jobId, queue: r.queue, attemptId: r.attemptId, attemptNo: r.attemptNo, agentId: r.agentId, reason: r.reason }, 'job dead-lettered: attempt cap reached');
           this.emit('job:dead', r);
         } else {
           this.log.info({ jobId: r.jobId, attemptId: r.attemptId, attemptNo: r.attemptNo, agentId: r.agentId, reason: r.reason }, 'attempt expired, job requeued');

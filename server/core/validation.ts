@@ -25,6 +25,8 @@ export const limits = {
   claimBatch: 1000,
   heartbeatBatch: 10_000,
   queuesPerClaim: 100,
+  /** notify_url and subscription URLs. */
+  urlLength: 2048,
 } as const;
 
 /** Ids are 128-bit values written as UUIDs (any version: attempt ids are 128 random bits). */
@@ -77,7 +79,21 @@ export const schemas = {
     .record(z.string().min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'), z.string().max(256, 'label values must be at most 256 characters'))
     .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels'),
   date: z.date().refine((d) => Number.isFinite(d.getTime()), 'must be a valid time'),
+  /** Where notifications go: an absolute http(s) URL of at most 2048 characters. */
+  url: printable('the URL')
+    .min(1, 'must not be empty')
+    .max(limits.urlLength, `must be at most ${limits.urlLength} characters`)
+    .refine((s) => isHttpUrl(s), 'must be an absolute http:// or https:// URL'),
 } as const;
+
+function isHttpUrl(s: string): boolean {
+  try {
+    const u = new URL(s);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== '';
+  } catch {
+    return false;
+  }
+}
 
 /**
  * Validates `value` against `schema`; on failure returns an `invalid` outcome naming `field`

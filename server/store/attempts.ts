@@ -34,6 +34,7 @@ import {
 } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
 import { z } from 'zod';
+import { outboxSql } from './outbox.js';
 import { currentOf, toJob, type Job } from './rows.js';
 import type { JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
@@ -488,7 +489,8 @@ export interface CompleteParams extends AttemptRef {
 }
 
 // The fence: the job's current attempt is $1, held by agent $2, claimed or running. Completing
-// a claimed attempt starts it implicitly (it counts toward max_attempts).
+// a claimed attempt starts it implicitly (it counts toward max_attempts). The job.succeeded
+// notification is written to the outbox by the same statement (outboxSql).
 const completeSql = statement(
   'attemptComplete',
   `WITH o AS (
@@ -505,13 +507,15 @@ const completeSql = statement(
    ), a AS (
      UPDATE attempts SET status = 'succeeded', ended_at = u.finished_at, started_at = coalesce(started_at, u.finished_at)
      FROM u WHERE attempts.id = $1
+     RETURNING attempts.*
    ), c AS (
      INSERT INTO completions (attempt_id, job_id, kind, result, created_at)
      SELECT $1, u.id, 'completed', $4::jsonb, u.finished_at FROM u
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
      SELECT u.id, $1, 'completed', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
-   )
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
+       to_jsonb(u) AS job, to_jsonb(a) AS attempt FROM u LEFT JOIN a ON a.job_id = u.id`)}
    SELECT * FROM u`,
 );
 
@@ -569,6 +573,7 @@ export interface FailParams extends AttemptRef {
 
 // The fence as in attemptComplete. The next state: `failed` when not retryable; `dead` when the
 // started attempts (this one included) reached max_attempts; otherwise `queued` after a backoff.
+// job.failed / job.dead go to the outbox in the same statement; a retry notifies nobody.
 const failSql = statement(
   'attemptFail',
   `WITH o AS (
@@ -594,6 +599,7 @@ const failSql = statement(
    ), a AS (
      UPDATE attempts SET status = 'failed', ended_at = u.updated_at, started_at = coalesce(started_at, u.updated_at)
      FROM u WHERE attempts.id = $1
+     RETURNING attempts.*
    ), c AS (
      INSERT INTO completions (attempt_id, job_id, kind, error, retryable, created_at)
      SELECT $1, u.id, 'failed', $4::jsonb, $5, u.updated_at FROM u
@@ -603,7 +609,9 @@ const failSql = statement(
        (CASE u.status WHEN 'queued' THEN 'retry_scheduled' WHEN 'dead' THEN 'dead' ELSE 'failed' END)::event_kind,
        u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id
-   )
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url,
+       CASE u.status WHEN 'failed' THEN 'job.failed' WHEN 'dead' THEN 'job.dead' END AS type, u.updated_at AS at,
+       to_jsonb(u) AS job, to_jsonb(a) AS attempt FROM u LEFT JOIN a ON a.job_id = u.id`)}
    SELECT * FROM u`,
 );
 

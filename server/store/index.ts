@@ -10,3 +10,6 @@ export { type Job, toJob } from './rows.js';
 export { StoreError, withTransaction, type Queryable } from './sql.js';
 export { openDatabase, createPool, redact, type Database } from './database.js';
 export { migrateDatabase } from './migrate.js';
+export * from './keys.js';
+export * from './deliveries.js';
+export * from './ping.js';

@@ -23,6 +23,7 @@ import {
   type StepRow,
 } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
+import { outboxSql } from './outbox.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 const withoutNotified = ({ notified: _, ...row }: Record<string, unknown>) => row;
@@ -43,6 +44,11 @@ export interface EnqueueParams {
   executionTimeoutMs?: number;
   /** Only agents carrying all these labels are given the job. */
   labels?: Record<string, string>;
+  /**
+   * An http(s) URL that receives one signed notification when the job ends. Not part of the
+   * idempotency comparison: a duplicate enqueue keeps the first call's URL.
+   */
+  notifyUrl?: string;
   now?: Date;
 }
 
@@ -52,8 +58,8 @@ const enqueueSql = statement(
   'jobEnqueue',
   `WITH n AS (
      INSERT INTO jobs (queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
-                       labels, created_at, updated_at)
-     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb,
+                       labels, notify_url, created_at, updated_at)
+     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
              coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()))
      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
      RETURNING *
@@ -87,6 +93,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
       ? undefined
       : check('executionTimeoutMs', schemas.executionTimeoutMs, p.executionTimeoutMs),
     p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
+    p.notifyUrl === undefined ? undefined : check('notifyUrl', schemas.url, p.notifyUrl),
   );
   if (bad) return bad;
   const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
@@ -102,6 +109,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.executionTimeoutMs ?? null,
     p.now ?? null,
     JSON.stringify(p.labels ?? {}),
+    p.notifyUrl ?? null,
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 
@@ -140,11 +148,14 @@ const cancelSql = statement(
    ), a AS (
      UPDATE attempts SET status = 'canceled', ended_at = coalesce($2::timestamptz, now())
      WHERE id = (SELECT current_attempt_id FROM o)
+     RETURNING attempts.*
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
      SELECT u.id, o.current_attempt_id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id
-   )
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at, to_jsonb(u) AS job,
+       coalesce((SELECT to_jsonb(a) FROM a), (SELECT to_jsonb(la) FROM attempts la WHERE la.id = u.last_attempt_id)) AS attempt
+     FROM u`)}
    SELECT u.*, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
    FROM u JOIN o ON o.id = u.id`,
 );

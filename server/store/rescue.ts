@@ -9,6 +9,7 @@ import { check, checkAll } from '../core/validation.js';
 import { backoffSql, DEFAULT_BACKOFF, type Backoff } from './attempts.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
+import { outboxSql } from './outbox.js';
 import { run, statement, type Queryable } from './sql.js';
 
 export interface RescueParams {
@@ -40,7 +41,8 @@ export interface Rescued {
 // Where each goes: a claim that expired never started, so it returns to the queue where it
 // stood (run_at kept) without counting. A lease that passed means the agent vanished: the job
 // goes back at once, or to `dead` when its started attempts reached max_attempts. An execution
-// timeout is the job's fault: retried after a backoff, or `dead` at the cap.
+// timeout is the job's fault: retried after a backoff, or `dead` at the cap. A job going to
+// `dead` writes its job.dead notification (always: it is an alert) in the same statement.
 const rescueSql = statement(
   'jobRescueExpired',
   `WITH o AS (
@@ -76,13 +78,15 @@ const rescueSql = statement(
    ), a AS (
      UPDATE attempts t SET status = d.reason, ended_at = coalesce($4::timestamptz, now())
      FROM o JOIN d ON d.id = o.id WHERE t.id = o.current_attempt_id
+     RETURNING t.*
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
      SELECT u.id, o.current_attempt_id,
        (CASE WHEN u.status = 'dead' THEN 'dead' ELSE d.reason::text END)::event_kind,
        u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id JOIN d ON d.id = u.id
-   )
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, CASE WHEN u.status = 'dead' THEN 'job.dead' END AS type,
+       u.updated_at AS at, to_jsonb(u) AS job, to_jsonb(ra) AS attempt FROM u LEFT JOIN a ra ON ra.job_id = u.id`)}
    SELECT u.id AS job_id, u.queue, o.current_attempt_id AS attempt_id, o.attempt_no, o.agent_id, d.reason, u.status,
      -- Wakes every coordinator's dispatcher for the queues that got jobs back now.
      (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue))

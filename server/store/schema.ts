@@ -103,6 +103,8 @@ export const jobs = pgTable(
     result: jsonb('result'),
     /** The last error reported (or recorded by the reaper), `{message, …}`. */
     error: jsonb('error'),
+    /** An http(s) URL that receives one signed notification when the job ends (`webhook_deliveries`). */
+    notifyUrl: text('notify_url'),
     createdAt: tsz('created_at').notNull().defaultNow(),
     updatedAt: tsz('updated_at').notNull().defaultNow(),
     finishedAt: tsz('finished_at'),
@@ -184,6 +186,145 @@ export const agents = pgTable(
     uniqueIndex('agents_token_hash_uq').on(t.tokenHash),
   ],
 );
+
+/** What an API key may do: `admin` implies `enqueue` and `read`, never `agent`. */
+export const API_KEY_SCOPES = ['enqueue', 'read', 'agent', 'admin'] as const;
+
+/**
+ * Keys of gateway callers (`Authorization: Bearer <key>`): shown once at creation, stored as
+ * the SHA-256 of the key, revoked by stamping `revoked_at`. A key with the `agent` scope acts as
+ * the agent named like the key.
+ */
+export const apiKeys = pgTable(
+  'api_keys',
+  {
+    name: text('name').primaryKey(),
+    keyHash: text('key_hash').notNull(),
+    scopes: text('scopes').array().notNull(),
+    createdAt: tsz('created_at').notNull().defaultNow(),
+    revokedAt: tsz('revoked_at'),
+    /** Stamped at most once a minute, so authenticating is not a write per request. */
+    lastUsedAt: tsz('last_used_at'),
+  },
+  (t) => [
+    // Serves keyAuthenticate: a key is looked up by its SHA-256 hash.
+    uniqueIndex('api_keys_key_hash_uq').on(t.keyHash),
+    check(
+      'api_keys_scopes_known',
+      sql`cardinality(${t.scopes}) > 0 and ${t.scopes} <@ array['enqueue', 'read', 'agent', 'admin']::text[]`,
+    ),
+  ],
+);
+
+/** The notification events of DESIGN.md: one per terminal transition of a job. */
+export const WEBHOOK_EVENT_TYPES = ['job.succeeded', 'job.failed', 'job.dead', 'job.canceled'] as const;
+export const webhookEventType = pgEnum('webhook_event_type', WEBHOOK_EVENT_TYPES);
+
+/**
+ * Per-queue subscriptions (`queue = '*'`: every queue) to some of the events. Each has its own
+ * signing secret, kept in clear because the coordinator signs with it.
+ */
+export const subscriptions = pgTable(
+  'subscriptions',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    queue: text('queue').notNull(),
+    url: text('url').notNull(),
+    events: webhookEventType('events').array().notNull(),
+    secret: text('secret').notNull(),
+    createdAt: tsz('created_at').notNull().defaultNow(),
+  },
+  (t) => [
+    // Serves the outbox CTE of every terminal transition (subscriptions of the job's queue and
+    // of '*'), and makes one URL subscribe to one queue once.
+    uniqueIndex('subscriptions_queue_url_uq').on(t.queue, t.url),
+    check('subscriptions_events_not_empty', sql`cardinality(${t.events}) > 0`),
+  ],
+);
+
+/**
+ * Terminal events of jobs that someone listens to (and every `job.dead`, which is an alert),
+ * written by the transition's own statement: the body is rendered there, once, so every
+ * delivery and retry sends the same bytes.
+ */
+export const webhookEvents = pgTable(
+  'webhook_events',
+  {
+    id: uuid('id').primaryKey(),
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    type: webhookEventType('type').notNull(),
+    /** The JSON body sent to every target, exactly these bytes (the signature covers them). */
+    body: text('body').notNull(),
+    createdAt: tsz('created_at').notNull(),
+    /** When the alert of a `job.dead` event was raised (log line, alert URL). */
+    alertedAt: tsz('alerted_at'),
+  },
+  (t) => [
+    // Serves the deliverer's alert scan: dead-letter events not alerted yet.
+    index('webhook_events_unalerted_idx')
+      .on(t.createdAt)
+      .where(sql`${t.type} = 'job.dead' and ${t.alertedAt} is null`),
+    index('webhook_events_job_idx').on(t.jobId),
+  ],
+);
+
+/** Where a delivery stands: `sending` while a deliverer holds its claim. */
+export const deliveryStatus = pgEnum('delivery_status', ['pending', 'sending', 'delivered', 'failed']);
+
+/** The delivery outbox: one row per event and target URL, sent by the webhook deliverer. */
+export const webhookDeliveries = pgTable(
+  'webhook_deliveries',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    eventId: uuid('event_id')
+      .notNull()
+      .references(() => webhookEvents.id, { onDelete: 'cascade' }),
+    /** The subscription whose secret signs it; null for a job's notify_url and the alert URL. */
+    subscriptionId: uuid('subscription_id').references(() => subscriptions.id, { onDelete: 'cascade' }),
+    url: text('url').notNull(),
+    status: deliveryStatus('status').notNull().default('pending'),
+    /** Sends tried so far (a claim counts one); at the cap a failed send moves it to `failed`. */
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAt: tsz('next_attempt_at').notNull().defaultNow(),
+    /** The fence of the deliverer that holds it while `sending`. */
+    claimId: uuid('claim_id'),
+    /** A claim still `sending` past this is taken back by the reconciliation sweep. */
+    claimedUntil: tsz('claimed_until'),
+    lastStatus: integer('last_status'),
+    lastError: text('last_error'),
+    createdAt: tsz('created_at').notNull().defaultNow(),
+    updatedAt: tsz('updated_at').notNull().defaultNow(),
+    deliveredAt: tsz('delivered_at'),
+  },
+  (t) => [
+    // Serves deliveryClaim: due pending deliveries, oldest first (FOR UPDATE SKIP LOCKED).
+    index('webhook_deliveries_due_idx')
+      .on(t.nextAttemptAt)
+      .where(sql`${t.status} = 'pending'`),
+    // Serves deliveryReclaimExpired (the reconciliation sweep): claims that outlived their deliverer.
+    index('webhook_deliveries_sending_idx')
+      .on(t.claimedUntil)
+      .where(sql`${t.status} = 'sending'`),
+    // Serves listing an event's deliveries, and the failed ones for operators.
+    index('webhook_deliveries_event_idx').on(t.eventId),
+    index('webhook_deliveries_failed_idx')
+      .on(t.updatedAt)
+      .where(sql`${t.status} = 'failed'`),
+    check(
+      'webhook_deliveries_sending_has_claim',
+      sql`(${t.status} = 'sending') = (${t.claimId} is not null and ${t.claimedUntil} is not null)`,
+    ),
+  ],
+);
+
+/** Secrets of the coordinator itself; `notify` signs deliveries to notify_url and the alert URL. */
+export const signingSecrets = pgTable('signing_secrets', {
+  name: text('name').primaryKey(),
+  secret: text('secret').notNull(),
+  createdAt: tsz('created_at').notNull().defaultNow(),
+});
 
 export const jobEvents = pgTable(
   'job_events',
@@ -270,6 +411,11 @@ export type JobEventRow = typeof jobEvents.$inferSelect;
 export type StepRow = typeof steps.$inferSelect;
 export type StaleReportRow = typeof staleReports.$inferSelect;
 export type AgentRow = typeof agents.$inferSelect;
+export type ApiKeyRow = typeof apiKeys.$inferSelect;
+export type SubscriptionRow = typeof subscriptions.$inferSelect;
+export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;
+export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number];
+export type ApiKeyScope = (typeof API_KEY_SCOPES)[number];
 export type JobStatus = (typeof jobStatus.enumValues)[number];
 export type AttemptStatus = (typeof attemptStatus.enumValues)[number];
 export type EventKind = (typeof eventKind.enumValues)[number];

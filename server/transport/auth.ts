@@ -1,22 +1,46 @@
 /**
- * Who is calling. Gateway callers and operators send `Authorization: Bearer <key>`: the
- * bootstrap admin key (`LEASEHOLD_ADMIN_KEY`, compared in constant time), or an agent's token
- * for the stream-less agent calls. Reflection and health are open; the agent stream
- * authenticates in its `Hello`.
+ * Who is calling, and may they. Callers send `Authorization: Bearer <key>`: an API key (made by
+ * `leasehold keys add`, or the bootstrap key from `LEASEHOLD_ADMIN_KEY`) with scopes, or an
+ * agent token (`leasehold agents add`, always prefixed `lh_agent_`). Each method needs one
+ * scope (`METHOD_SCOPES`); `admin` implies `enqueue` and `read` but not `agent`, because a key
+ * acting as an agent takes its name as the agent id. Reflection and health are open; the agent
+ * stream authenticates in its `Hello`.
  */
 import { Code, ConnectError, createContextKey, type Interceptor } from '@connectrpc/connect';
-import { agentAuthenticate, secretsEqual, type Queryable } from '../store/index.js';
+import { agentAuthenticate, keyAuthenticate, type Queryable } from '../store/index.js';
+import type { ApiKeyScope } from '../store/schema.js';
 
 /** The authenticated caller of a unary call. */
-export type Principal = { kind: 'admin' } | { kind: 'agent'; agentId: string };
+export type Principal =
+  | { kind: 'key'; name: string; scopes: readonly ApiKeyScope[] }
+  | { kind: 'agent'; agentId: string };
 
 export const principalKey = createContextKey<Principal | undefined>(undefined, { description: 'the authenticated caller' });
 
 const OPEN = new Set(['grpc.reflection.v1.ServerReflection', 'grpc.reflection.v1alpha.ServerReflection', 'grpc.health.v1.Health']);
 
+/** The scope each service (or `Service/Method`) needs; anything not listed needs `admin`. */
+export const METHOD_SCOPES: Readonly<Record<string, ApiKeyScope>> = {
+  'leasehold.v1.JobService/EnqueueJob': 'enqueue',
+  'leasehold.v1.JobService/CancelJob': 'enqueue',
+  'leasehold.v1.JobService/GetJob': 'read',
+  'leasehold.v1.JobService/ListJobs': 'read',
+  'leasehold.v1.AttemptService': 'agent',
+};
+
+/** The scope a call needs. */
+export function scopeOf(service: string, method: string): ApiKeyScope {
+  return METHOD_SCOPES[`${service}/${method}`] ?? METHOD_SCOPES[service] ?? 'admin';
+}
+
+/** Whether `p` holds `scope` (`admin` covers everything but `agent`; an agent token is `agent`). */
+export function hasScope(p: Principal, scope: ApiKeyScope): boolean {
+  if (p.kind === 'agent') return scope === 'agent';
+  return p.scopes.includes(scope) || (scope !== 'agent' && p.scopes.includes('admin'));
+}
+
 export interface AuthDeps {
   db: Queryable;
-  adminKey: string | undefined;
 }
 
 /** The bearer token of a request, if any. */
@@ -25,33 +49,46 @@ export function bearer(header: Headers): string | undefined {
   return m?.[1];
 }
 
-/** Authenticates every call but the open services and the agent stream; sets `principalKey`. */
+/** Authenticates a bearer token: an agent token or an API key. */
+export async function authenticate(db: Queryable, token: string): Promise<Principal> {
+  if (token.startsWith('lh_agent_')) {
+    const agent = await agentAuthenticate(db, { token });
+    if (agent.outcome === 'ok') return { kind: 'agent', agentId: agent.value.agentId };
+    throw new ConnectError(agent.outcome === 'forbidden' ? agent.message : 'unknown key or token', Code.Unauthenticated);
+  }
+  const key = await keyAuthenticate(db, { key: token });
+  if (key.outcome === 'ok') return { kind: 'key', name: key.value.name, scopes: key.value.scopes };
+  throw new ConnectError(key.outcome === 'forbidden' ? key.message : 'unknown key or token', Code.Unauthenticated);
+}
+
+/**
+ * Authenticates every call but the open services and the agent stream, checks the method's
+ * scope (PERMISSION_DENIED naming it), and sets `principalKey`.
+ */
 export function authInterceptor(deps: AuthDeps): Interceptor {
   return (next) => async (req) => {
     const service = req.service.typeName;
     if (OPEN.has(service) || service === 'leasehold.v1.AgentService') return next(req);
     const token = bearer(req.header);
     if (!token) throw new ConnectError('missing "Authorization: Bearer <key>"', Code.Unauthenticated);
-    if (deps.adminKey && secretsEqual(token, deps.adminKey)) {
-      req.contextValues.set(principalKey, { kind: 'admin' });
-      return next(req);
+    const principal = await authenticate(deps.db, token);
+    const scope = scopeOf(service, req.method.name);
+    if (!hasScope(principal, scope)) {
+      const who = principal.kind === 'agent' ? `agent token of ${principal.agentId}` : `key ${principal.name}`;
+      throw new ConnectError(
+        `${service}/${req.method.name} needs the ${scope} scope, which the ${who} does not have` +
+          (scope === 'agent' ? ' (use an agent token, or a key made with --scope agent)' : ''),
+        Code.PermissionDenied,
+      );
     }
-    const agent = await agentAuthenticate(deps.db, { token });
-    if (agent.outcome === 'ok') {
-      req.contextValues.set(principalKey, { kind: 'agent', agentId: agent.value.agentId });
-      return next(req);
-    }
-    throw new ConnectError(agent.outcome === 'forbidden' ? agent.message : 'unknown key or token', Code.Unauthenticated);
+    req.contextValues.set(principalKey, principal);
+    return next(req);
   };
 }
 
-/** The caller, which must be the admin. */
-export function requireAdmin(p: Principal | undefined): void {
-  if (p?.kind !== 'admin') throw new ConnectError('this call needs the admin key', Code.PermissionDenied);
-}
-
-/** The calling agent's id; the admin key is not an agent. */
+/** The calling agent's id: an agent token's agent, or the name of a key with the `agent` scope. */
 export function requireAgent(p: Principal | undefined): string {
-  if (p?.kind !== 'agent') throw new ConnectError('this call needs an agent token (leasehold agents add NAME)', Code.PermissionDenied);
-  return p.agentId;
+  if (p?.kind === 'agent') return p.agentId;
+  if (p?.kind === 'key' && p.scopes.includes('agent')) return p.name;
+  throw new ConnectError('this call needs an agent token or a key with the agent scope', Code.PermissionDenied);
 }

@@ -81,6 +81,7 @@ export function toPbJob(j: Job): PbJob {
     updatedAt: ts(j.updatedAt),
     finishedAt: ts(j.finishedAt),
     labels: (obj(j.labels) as Record<string, string> | undefined) ?? {},
+    notifyUrl: j.notifyUrl ?? '',
     progress: j.progress === null || j.progress === undefined ? undefined : toValue(j.progress),
   });
 }
@@ -176,23 +177,25 @@ export function toPbOutcome(o: Outcome<unknown>['outcome']): PbOutcome {
 /**
  * The one mapping of a failure outcome to a gRPC status (DESIGN.md, "Outcomes, not
  * exceptions"). Connect's HTTP mapping then gives 409 for ABORTED and ALREADY_EXISTS, 404, 403
- * and 400. A stale or conflict answer carries the job's current state as an error detail.
+ * and 400 (the HTTP gateway answers `too_large` with 413). A stale or conflict answer carries
+ * the job's current state as an error detail; the failure itself is the error's `cause`, which
+ * the HTTP gateway turns into plain JSON fields.
  */
 export function toConnectError(f: Failure): ConnectError {
   const details = 'current' in f && f.current ? [{ desc: CurrentStateSchema, value: toPbCurrent(f.current) }] : [];
   switch (f.outcome) {
     case 'stale':
-      return new ConnectError(f.message, Code.Aborted, undefined, details);
+      return new ConnectError(f.message, Code.Aborted, undefined, details, f);
     case 'conflict':
-      return new ConnectError(f.message, Code.AlreadyExists, undefined, details);
+      return new ConnectError(f.message, Code.AlreadyExists, undefined, details, f);
     case 'not_found':
-      return new ConnectError(f.message, Code.NotFound);
+      return new ConnectError(f.message, Code.NotFound, undefined, undefined, f);
     case 'forbidden':
-      return new ConnectError(f.message, Code.PermissionDenied);
+      return new ConnectError(f.message, Code.PermissionDenied, undefined, undefined, f);
     case 'invalid':
-      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument);
+      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument, undefined, undefined, f);
     case 'too_large':
-      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument);
+      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument, undefined, undefined, f);
   }
 }
 

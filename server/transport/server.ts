@@ -21,7 +21,8 @@ export interface ServerDeps {
   db: Queryable;
   hub: AgentHub;
   log: Logger;
-  adminKey: string | undefined;
+  /** Unused by the listeners: the coordinator stores `LEASEHOLD_ADMIN_KEY` as the bootstrap key at start. */
+  adminKey?: string | undefined;
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
@@ -61,7 +62,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   });
   const handler = connectNodeAdapter({
     routes: routes(deps, health),
-    interceptors: [authInterceptor({ db: deps.db, adminKey: deps.adminKey })],
+    interceptors: [authInterceptor({ db: deps.db })],
     readMaxBytes: READ_MAX_BYTES,
   });
   const server = tls

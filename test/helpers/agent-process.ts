@@ -1,12 +1,36 @@
 /**
- * Real agent processes for crash tests: the SDK fixture (test/fixtures/sdk-agent.ts) spawned as
- * `node --import tsx`, its JSON log lines collected, killable at any moment.
+ * Real agent processes for crash tests: the SDK fixture (test/fixtures/sdk-agent.ts), bundled
+ * once with esbuild so each start takes a fraction of a second (the tests start dozens), spawned
+ * with node, its JSON log lines collected, killable at any moment.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import { build } from 'esbuild';
 
 const root = path.resolve(import.meta.dirname, '../..');
+let bundle: Promise<string> | undefined;
+
+/** Builds the fixture agent into one file (once per test process) and returns its path. */
+export function agentBundle(): Promise<string> {
+  bundle ??= (async () => {
+    const outfile = path.join(os.tmpdir(), `leasehold-sdk-agent-${process.pid}.mjs`);
+    await build({
+      entryPoints: [path.join(root, 'test/fixtures/sdk-agent.ts')],
+      bundle: true,
+      platform: 'node',
+      format: 'esm',
+      target: 'node20',
+      outfile,
+      // CommonJS dependencies (grpc-js) call require(): give the ES module one.
+      banner: { js: "import { createRequire as __lhRequire } from 'node:module'; const require = __lhRequire(import.meta.url);" },
+      logLevel: 'warning',
+    });
+    return outfile;
+  })();
+  return bundle;
+}
 
 export interface AgentProcess {
   child: ChildProcess;
@@ -19,8 +43,9 @@ export interface AgentProcess {
   kill(): Promise<void>;
 }
 
-export function spawnAgent(env: Record<string, string>): AgentProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/sdk-agent.ts'], {
+/** Starts the fixture agent from `bundlePath` (see `agentBundle()`) with `env`. */
+export function spawnAgent(bundlePath: string, env: Record<string, string>): AgentProcess {
+  const child = spawn(process.execPath, [bundlePath], {
     cwd: root,
     env: { ...process.env, LEASEHOLD_LOG_LEVEL: 'debug', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -1,5 +1,5 @@
 /**
- * An in-process coordinator on the test file's own database, gRPC on a free port, with short
+ * An in-process coordinator on the test file's own database, gRPC and HTTP on free ports, with short
  * leases so recovery happens within a test. `useCoordinator()` starts it before the file's
  * tests and stops it after (the leak check fails a test that leaves it running).
  */
@@ -17,6 +17,8 @@ export interface TestCoordinator {
   /** `http://127.0.0.1:<port>` */
   readonly url: string;
   readonly port: number;
+  /** The HTTP gateway: `http://127.0.0.1:<port>` */
+  readonly httpUrl: string;
   readonly config: Config;
   /** Creates an agent and returns its token. */
   agent(name: string): Promise<string>;
@@ -28,7 +30,7 @@ export function useCoordinator(t: TestDb, env: Record<string, string> = {}): Tes
   const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
   beforeAll(async () => {
     config = loadConfig(
-      { grpcAddr: '127.0.0.1:0' },
+      { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0' },
       {
         DATABASE_URL: t.url,
         LEASEHOLD_ADMIN_KEY: ADMIN_KEY,
@@ -57,6 +59,9 @@ export function useCoordinator(t: TestDb, env: Record<string, string> = {}): Tes
     },
     get url() {
       return `http://127.0.0.1:${get().grpc.address.port}`;
+    },
+    get httpUrl() {
+      return `http://127.0.0.1:${get().http.address.port}`;
     },
     get config() {
       return config!;

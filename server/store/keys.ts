@@ -1,0 +1,108 @@
+/**
+ * API keys of gateway callers, with scopes (`enqueue`, `read`, `agent`, `admin`). A key is 256
+ * random bits shown once at creation and stored as its SHA-256 hash, like an agent token; it is
+ * authenticated by that hash and revoked by stamping `revoked_at` (it stops working at once:
+ * every call looks it up). `LEASEHOLD_ADMIN_KEY` becomes the key named `admin` at start.
+ */
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { asc } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import type pg from 'pg';
+import { z } from 'zod';
+import { conflict, forbidden, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
+import { check, checkAll, schemas } from '../core/validation.js';
+import { hashSecret } from './agents.js';
+import { API_KEY_SCOPES, apiKeys, type ApiKeyRow, type ApiKeyScope } from './schema.js';
+import { run, statement, type Queryable } from './sql.js';
+
+/** The name of the key made from `LEASEHOLD_ADMIN_KEY`; `keyCreate` refuses it. */
+export const BOOTSTRAP_KEY_NAME = 'admin';
+
+const scopesSchema = z
+  .array(z.enum(API_KEY_SCOPES, `must be one of ${API_KEY_SCOPES.join(', ')}`))
+  .min(1, 'must name at least one scope');
+
+const createSql = statement(
+  'keyCreate',
+  `INSERT INTO api_keys (name, key_hash, scopes) VALUES ($1, $2, $3::text[]) ON CONFLICT (name) DO NOTHING RETURNING name`,
+);
+
+/** Creates a key; returns it once (only its hash is stored). A taken name is `conflict`. */
+export async function keyCreate(
+  db: Queryable,
+  p: { name: string; scopes: string[] },
+): Promise<Outcome<{ name: string; key: string; scopes: ApiKeyScope[] }>> {
+  const bad = checkAll(check('name', schemas.agentId, p.name), check('scopes', scopesSchema, p.scopes));
+  if (bad) return bad;
+  if (p.name === BOOTSTRAP_KEY_NAME) return invalid('name', `"${BOOTSTRAP_KEY_NAME}" is kept for LEASEHOLD_ADMIN_KEY`);
+  const scopes = [...new Set(p.scopes)] as ApiKeyScope[];
+  const key = `lh_key_${randomBytes(32).toString('base64url')}`;
+  const [row] = await run(db, createSql, [p.name, hashSecret(key), scopes]);
+  if (!row) return conflict(`key ${p.name} already exists (revoke it and pick another name)`);
+  return ok({ name: p.name, key, scopes });
+}
+
+// Created if no key has this hash. The name `admin` belongs to the bootstrap key: when the
+// variable changed, the row is replaced (the old bootstrap key stops working). A bootstrap key
+// an operator revoked stays revoked while the variable is unchanged.
+const bootstrapSql = statement(
+  'keyBootstrap',
+  `INSERT INTO api_keys (name, key_hash, scopes)
+   SELECT $1, $2, '{admin}' WHERE NOT EXISTS (SELECT 1 FROM api_keys WHERE key_hash = $2)
+   ON CONFLICT (name) DO UPDATE SET key_hash = EXCLUDED.key_hash, scopes = EXCLUDED.scopes, revoked_at = NULL,
+     created_at = now(), last_used_at = NULL
+   RETURNING (xmax = 0) AS inserted`,
+);
+
+/** Makes `key` the bootstrap admin key (`LEASEHOLD_ADMIN_KEY`) unless it is one already. */
+export async function keyBootstrap(db: Queryable, p: { key: string }): Promise<Outcome<{ created: boolean; replaced: boolean }>> {
+  const bad = check('key', z.string().min(1, 'must not be empty').max(512, 'must be at most 512 characters'), p.key);
+  if (bad) return bad;
+  const [row] = await run<{ inserted: boolean }>(db, bootstrapSql, [BOOTSTRAP_KEY_NAME, hashSecret(p.key)]);
+  return ok({ created: Boolean(row), replaced: Boolean(row && !row.inserted) });
+}
+
+// One read by the key's hash; last_used_at is stamped at most once a minute.
+const authSql = statement(
+  'keyAuthenticate',
+  `WITH k AS (
+     SELECT name, key_hash, scopes, revoked_at FROM api_keys WHERE key_hash = $1
+   ), t AS (
+     UPDATE api_keys SET last_used_at = now()
+     WHERE key_hash = $1 AND revoked_at IS NULL AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+   )
+   SELECT * FROM k`,
+);
+
+/**
+ * Who holds this key: its name and scopes; `forbidden` if it was revoked, `not_found` if it is
+ * unknown. The lookup is by SHA-256 of the key, so its timing depends only on the hash of what
+ * was presented; the stored hash is then compared in constant time.
+ */
+export async function keyAuthenticate(db: Queryable, p: { key: string }): Promise<Outcome<{ name: string; scopes: ApiKeyScope[] }>> {
+  if (typeof p.key !== 'string' || p.key.length === 0 || p.key.length > 512) return notFound('unknown key');
+  const hash = hashSecret(p.key);
+  const [row] = await run<{ name: string; key_hash: string; scopes: ApiKeyScope[]; revoked_at: Date | null }>(db, authSql, [hash]);
+  if (!row || !timingSafeEqual(Buffer.from(row.key_hash, 'hex'), Buffer.from(hash, 'hex'))) return notFound('unknown key');
+  if (row.revoked_at) return forbidden(`key ${row.name} was revoked`);
+  return ok({ name: row.name, scopes: row.scopes });
+}
+
+const revokeSql = statement(
+  'keyRevoke',
+  `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1 RETURNING name`,
+);
+
+/** Revokes a key: the next call with it is refused. */
+export async function keyRevoke(db: Queryable, p: { name: string }): Promise<Outcome<{ name: string }>> {
+  const bad = check('name', schemas.agentId, p.name);
+  if (bad) return bad;
+  const [row] = await run(db, revokeSql, [p.name]);
+  return row ? ok({ name: p.name }) : notFound(`key ${p.name} not found`);
+}
+
+/** All keys, oldest first, without their hashes. */
+export async function keyList(db: Queryable): Promise<Array<Omit<ApiKeyRow, 'keyHash'>>> {
+  const rows = await drizzle(db as pg.Pool).select().from(apiKeys).orderBy(asc(apiKeys.createdAt), asc(apiKeys.name));
+  return rows.map(({ keyHash: _, ...r }) => r);
+}

@@ -1,0 +1,287 @@
+/**
+ * The HTTP/1.1 listener: the gateway for n8n and scripts. It serves the same router as the gRPC
+ * listener (`routes()`, same auth interceptor) in Connect's protocol — `POST
+ * /leasehold.v1.<Service>/<Method>` with a JSON body — plus `GET /healthz`.
+ *
+ * What it adds to a plain Connect adapter, so an n8n IF node can branch on any answer:
+ * - every error body is JSON: Connect's `code` / `message` / `details`, plus `status` (the HTTP
+ *   status), `outcome` (stale, conflict, invalid, too_large, not_found, forbidden,
+ *   unauthenticated, …), `field` for bad input, `current` (the job's state) for stale and
+ *   conflict, and `limitBytes` for oversized input;
+ * - oversized input is 413: a body over `HTTP_READ_MAX_BYTES` is refused before it is read, and
+ *   a document over its own bound (payload, result) is `too_large` from the store;
+ * - unknown paths are 404 JSON; responses carry every field, zero values included.
+ */
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import { toJson } from '@bufbuild/protobuf';
+import {
+  ConnectError,
+  createConnectRouter,
+  createContextKey,
+  createContextValues,
+  type Interceptor,
+} from '@connectrpc/connect';
+import type { UniversalHandler, UniversalServerResponse } from '@connectrpc/connect/protocol';
+import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from '@connectrpc/connect-node';
+import { CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
+import type { Failure } from '../core/outcomes.js';
+import { databasePing } from '../store/index.js';
+import { authInterceptor } from './auth.js';
+import { toPbCurrent } from './codec.js';
+import { createHealth, type HealthController } from './health.js';
+import { routes, splitAddr, type ServerDeps, type TlsFiles } from './server.js';
+
+/** Largest request body the gateway reads (documents inside are bounded lower, 256 KiB). */
+export const HTTP_READ_MAX_BYTES = 1024 * 1024;
+
+export interface HttpServer {
+  /** The bound address (the port is real when 0 was asked for). */
+  address: AddressInfo;
+  health: HealthController;
+  /** Stops accepting, lets requests in flight finish (closing idle connections). Safe to call twice. */
+  close(): Promise<void>;
+}
+
+/** Holds the failure a handler threw, for the error body. */
+const failureKey = createContextKey<{ failure?: Failure }>({}, { description: 'the outcome behind an error' });
+
+const isFailure = (v: unknown): v is Failure =>
+  typeof v === 'object' && v !== null && typeof (v as { outcome?: unknown }).outcome === 'string';
+
+/** Keeps the `Failure` a handler threw (the `cause` of its ConnectError, see toConnectError). */
+const captureFailure: Interceptor = (next) => async (req) => {
+  try {
+    return await next(req);
+  } catch (err) {
+    if (err instanceof ConnectError && isFailure(err.cause)) req.contextValues.get(failureKey).failure = err.cause;
+    throw err;
+  }
+};
+
+/** Listens on `addr` (`host:port`) with every service, over HTTP/1.1 (HTTPS when `tls` is given). */
+export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
+  const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService'] });
+  const router = createConnectRouter({
+    interceptors: [captureFailure, authInterceptor({ db: deps.db })],
+    // Over the limit the request never reaches the router; this is a second guard.
+    readMaxBytes: HTTP_READ_MAX_BYTES,
+    // Error bodies are rewritten here, so they must not be compressed; n8n does not need it.
+    acceptCompression: [],
+    // n8n reads fields by name: emit zero values too (attemptNo: 0, priority: 0, ...). A field
+    // the API does not have is a typo to report (400 naming it), not something to ignore.
+    jsonOptions: { alwaysEmitImplicit: true, ignoreUnknownFields: false },
+  });
+  routes(deps, health)(router);
+  const handlers = new Map<string, UniversalHandler>(router.handlers.map((h) => [h.requestPath, h]));
+
+  const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    handle(deps, health, handlers, req, res).catch((err: unknown) => {
+      deps.log.error({ err, path: req.url }, 'HTTP request failed');
+      if (!res.headersSent) sendJson(res, 500, { code: 'internal', message: 'internal error', status: 500, outcome: 'error' });
+      else res.destroy();
+    });
+  };
+  const server = tls
+    ? https.createServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) }, onRequest)
+    : http.createServer(onRequest);
+  server.requestTimeout = 60_000;
+  const [host, port] = splitAddr(addr);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'HTTP listening');
+  let closing: Promise<void> | undefined;
+  return {
+    address,
+    health,
+    close: () =>
+      (closing ??= (async () => {
+        health.shutdown();
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeIdleConnections();
+        const deadline = setTimeout(() => server.closeAllConnections(), 2000);
+        await closed;
+        clearTimeout(deadline);
+      })()),
+  };
+}
+
+async function handle(
+  deps: ServerDeps,
+  health: HealthController,
+  handlers: Map<string, UniversalHandler>,
+  req: http.IncomingMessage,
+  res: http.ServerResponse,
+): Promise<void> {
+  const path = (req.url ?? '/').split('?', 1)[0]!;
+  if (path === '/healthz') return healthz(deps, health, req, res);
+  const handler = handlers.get(path);
+  if (!handler) {
+    const rpc = /^\/[\w.]+\.[\w]+\/\w+$/.test(path);
+    return sendJson(res, 404, {
+      code: rpc ? 'unimplemented' : 'not_found',
+      message: rpc ? `no such method: ${path}` : `no such path: ${path} (methods are POST /leasehold.v1.<Service>/<Method>)`,
+      status: 404,
+      outcome: 'not_found',
+    });
+  }
+  const body = await readBody(req, HTTP_READ_MAX_BYTES);
+  if (body === 'too_large') {
+    res.setHeader('connection', 'close');
+    return sendJson(res, 413, {
+      code: 'invalid_argument',
+      message: `the request body is over the limit of ${HTTP_READ_MAX_BYTES} bytes`,
+      status: 413,
+      outcome: 'too_large',
+      limitBytes: HTTP_READ_MAX_BYTES,
+    });
+  }
+  // An empty JSON body is an empty message (curl -d '', a node that sends no body): `{}`.
+  const isJson = /^application\/json\b/i.test(req.headers['content-type'] ?? '');
+  const payload = body.length === 0 && isJson ? Buffer.from('{}') : body;
+  const holder: { failure?: Failure } = {};
+  const contextValues = createContextValues().set(failureKey, holder);
+  const uReq = universalRequestFromNodeRequest(req, res, undefined, contextValues);
+  uReq.header.set('content-length', String(payload.length));
+  uReq.body = (async function* () {
+    yield payload;
+  })();
+  const uRes = await handler(uReq);
+  if (uRes.status === 200) return universalResponseToNodeResponse(uRes, res);
+  const raw = await readAll(uRes);
+  let connect: Record<string, unknown> | undefined;
+  try {
+    const parsed: unknown = JSON.parse(raw.toString('utf8'));
+    if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) connect = parsed as Record<string, unknown>;
+  } catch {
+    connect = undefined;
+  }
+  const { status, json } = errorBody(uRes.status, connect, holder.failure);
+  uRes.header?.forEach((v, k) => {
+    if (k !== 'content-type' && k !== 'content-length' && k !== 'content-encoding') res.setHeader(k, v);
+  });
+  sendJson(res, status, json);
+}
+
+/** Outcomes named from Connect codes, for errors that did not come from a store outcome. */
+const OUTCOME_BY_CODE: Record<string, string> = {
+  aborted: 'stale',
+  already_exists: 'conflict',
+  invalid_argument: 'invalid',
+  not_found: 'not_found',
+  permission_denied: 'forbidden',
+  unauthenticated: 'unauthenticated',
+  unimplemented: 'not_found',
+  failed_precondition: 'failed_precondition',
+  resource_exhausted: 'too_large',
+};
+
+/** Connect codes and outcomes for bodiless protocol answers (415, 405, ...). */
+function codeOfStatus(status: number): { code: string; message: string; outcome: string } {
+  switch (status) {
+    case 404:
+      return { code: 'unimplemented', message: 'no such method', outcome: 'not_found' };
+    case 405:
+      return { code: 'unimplemented', message: 'use POST', outcome: 'method_not_allowed' };
+    case 415:
+      return { code: 'invalid_argument', message: 'send "content-type: application/json" (or application/proto)', outcome: 'invalid' };
+    case 505:
+      return { code: 'unimplemented', message: 'this call needs HTTP/2 (the agent stream is served on the gRPC listener)', outcome: 'error' };
+    default:
+      return { code: 'unknown', message: `HTTP ${status}`, outcome: 'error' };
+  }
+}
+
+/**
+ * The JSON body of an error: Connect's error (`code`, `message`, `details`) with plain fields
+ * added for callers that cannot decode details: `status`, `outcome`, and as they apply `field`,
+ * `current` and `limitBytes`.
+ */
+function errorBody(
+  httpStatus: number,
+  connect: Record<string, unknown> | undefined,
+  failure: Failure | undefined,
+): { status: number; json: Record<string, unknown> } {
+  const bare = typeof connect?.code === 'string' ? undefined : codeOfStatus(httpStatus);
+  const base: Record<string, unknown> = bare ? { ...(connect ?? {}), code: bare.code, message: bare.message } : { ...connect };
+  const code = String(base.code);
+  const outcome = failure?.outcome ?? bare?.outcome ?? OUTCOME_BY_CODE[code] ?? 'error';
+  const status = outcome === 'too_large' ? 413 : httpStatus;
+  const json: Record<string, unknown> = { ...base, status, outcome };
+  if (failure && (failure.outcome === 'invalid' || failure.outcome === 'too_large')) json.field = failure.field;
+  else if (code === 'invalid_argument' && typeof base.message === 'string') {
+    const field = fieldOfDecodeError(base.message);
+    if (field) json.field = field;
+  }
+  if (failure && (failure.outcome === 'stale' || failure.outcome === 'conflict') && failure.current) {
+    json.current = toJson(CurrentStateSchema, toPbCurrent(failure.current), { alwaysEmitImplicit: true });
+  }
+  if (failure?.outcome === 'too_large') json.limitBytes = failure.limitBytes;
+  return { status, json };
+}
+
+/** The field a protobuf JSON decoding error names (`key "x" is unknown`, `cannot decode field a.B.x`). */
+function fieldOfDecodeError(message: string): string | undefined {
+  const unknown = /key "([^"]+)" is unknown/.exec(message);
+  if (unknown) return unknown[1];
+  const field = /cannot decode field [\w.]+\.(\w+) from JSON/.exec(message);
+  return field?.[1];
+}
+
+async function healthz(deps: ServerDeps, health: HealthController, req: http.IncomingMessage, res: http.ServerResponse) {
+  if (req.method !== 'GET' && req.method !== 'HEAD') {
+    res.setHeader('allow', 'GET');
+    return sendJson(res, 405, { code: 'unimplemented', message: 'use GET', status: 405, outcome: 'error' });
+  }
+  if (health.status('') !== 'SERVING') return sendJson(res, 503, { status: 'stopping' });
+  try {
+    await databasePing(deps.db);
+  } catch (err) {
+    deps.log.warn({ err }, 'healthz: database unreachable');
+    return sendJson(res, 503, { status: 'database unreachable' });
+  }
+  return sendJson(res, 200, { status: 'ok' });
+}
+
+/**
+ * The whole request body, or `too_large` past `limit` bytes. Past the limit reading stops (the
+ * 413 goes out with `connection: close`, so the rest is never read).
+ */
+function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer | 'too_large'> {
+  const declared = Number(req.headers['content-length']);
+  if (Number.isFinite(declared) && declared > limit) return Promise.resolve('too_large');
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= limit) return void chunks.push(chunk);
+      req.off('data', onData);
+      req.pause();
+      resolve('too_large');
+    };
+    req.on('data', onData);
+    req.once('end', () => resolve(Buffer.concat(chunks)));
+    req.once('error', reject);
+  });
+}
+
+async function readAll(uRes: UniversalServerResponse): Promise<Buffer> {
+  const chunks: Uint8Array[] = [];
+  if (uRes.body) for await (const c of uRes.body) chunks.push(c);
+  return Buffer.concat(chunks);
+}
+
+function sendJson(res: http.ServerResponse, status: number, json: unknown) {
+  const text = JSON.stringify(json);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}

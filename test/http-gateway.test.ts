@@ -1,0 +1,253 @@
+/**
+ * The HTTP gateway over real HTTP/1.1 (fetch against the coordinator's HTTP listener): every
+ * error code with its JSON body, the scopes of API keys, and the whole seed scenario — claim,
+ * start, let the lease pass, reclaim as attempt 2, the old attempt's completion refused with 409
+ * and the current attempt in plain JSON, the new one accepted, its repeat answered with the
+ * stored result — using nothing but HTTP calls.
+ */
+import { execFile } from 'node:child_process';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import https from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import pino from 'pino';
+import { describe, expect, it } from 'vitest';
+import { AgentHub } from '../server/core/agent-hub.js';
+import { keyCreate, keyRevoke } from '../server/store/index.js';
+import { listenHttp } from '../server/transport/http.js';
+import { useTestDb } from './helpers/db.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { rpc } from './helpers/http.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const lh = useCoordinator(t);
+
+const JOBS = 'leasehold.v1.JobService';
+const ATTEMPTS = 'leasehold.v1.AttemptService';
+
+async function key(name: string, scopes: string[]): Promise<string> {
+  const o = await keyCreate(t.pool, { name, scopes });
+  if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+  return o.value.key;
+}
+
+describe('errors over HTTP', () => {
+  it('answers /healthz, and 404 JSON for unknown paths and methods', async () => {
+    const h = await fetch(`${lh.httpUrl}/healthz`);
+    expect(h.status).toBe(200);
+    expect(await h.json()).toEqual({ status: 'ok' });
+
+    const unknownPath = await fetch(`${lh.httpUrl}/nothing/here`);
+    expect(unknownPath.status).toBe(404);
+    expect(await unknownPath.json()).toMatchObject({ code: 'not_found', status: 404, outcome: 'not_found' });
+
+    const unknownMethod = await rpc(lh.httpUrl, `${JOBS}/FlyJob`, {}, ADMIN_KEY);
+    expect(unknownMethod).toMatchObject({ status: 404, json: { code: 'unimplemented', outcome: 'not_found' } });
+
+    const unknownJob = await rpc(lh.httpUrl, `${JOBS}/GetJob`, { jobId: '00000000-0000-4000-8000-000000000000' }, ADMIN_KEY);
+    expect(unknownJob).toMatchObject({ status: 404, json: { code: 'not_found', outcome: 'not_found', status: 404 } });
+
+    const get = await fetch(`${lh.httpUrl}/${JOBS}/ListJobs`);
+    expect(get.status).toBe(405);
+    expect(await get.json()).toMatchObject({ status: 405 });
+  });
+
+  it('answers 401 without a key, with an unknown key, and at once after a revoke', async () => {
+    const none = await rpc(lh.httpUrl, `${JOBS}/ListJobs`, {});
+    expect(none).toMatchObject({ status: 401, json: { code: 'unauthenticated', outcome: 'unauthenticated', status: 401 } });
+    const bad = await rpc(lh.httpUrl, `${JOBS}/ListJobs`, {}, 'lh_key_not-a-real-key');
+    expect(bad).toMatchObject({ status: 401, json: { outcome: 'unauthenticated' } });
+
+    const k = await key('short-lived', ['read']);
+    expect((await rpc(lh.httpUrl, `${JOBS}/ListJobs`, {}, k)).status).toBe(200);
+    expect((await keyRevoke(t.pool, { name: 'short-lived' })).outcome).toBe('ok');
+    const revoked = await rpc(lh.httpUrl, `${JOBS}/ListJobs`, {}, k);
+    expect(revoked).toMatchObject({ status: 401, json: { message: 'key short-lived was revoked' } });
+  });
+
+  it('answers 403 naming the scope a key lacks, per the scope table', async () => {
+    const [enq, read, agent, agentToken] = [
+      await key('enqueuer', ['enqueue']),
+      await key('reader', ['read']),
+      await key('script-agent', ['agent']),
+      await lh.agent('stream-agent'),
+    ];
+    const job = { queue: 'scopes', payload: { n: 1 } };
+    const enqueued = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, job, enq);
+    expect(enqueued.status).toBe(200);
+    const jobId = enqueued.json.job.id as string;
+
+    const cases: Array<[string, string, unknown, number]> = [
+      [enq, `${JOBS}/GetJob`, { jobId }, 403],
+      [enq, `${JOBS}/ListJobs`, {}, 403],
+      [read, `${JOBS}/GetJob`, { jobId }, 200],
+      [read, `${JOBS}/ListJobs`, {}, 200],
+      [read, `${JOBS}/EnqueueJob`, job, 403],
+      [read, `${JOBS}/CancelJob`, { jobId }, 403],
+      [agent, `${JOBS}/ListJobs`, {}, 403],
+      [agentToken, `${JOBS}/ListJobs`, {}, 403],
+      [ADMIN_KEY, `${ATTEMPTS}/ClaimJobs`, { queues: ['nothing'] }, 403],
+      [enq, `${ATTEMPTS}/ClaimJobs`, { queues: ['nothing'] }, 403],
+      [agent, `${ATTEMPTS}/ClaimJobs`, { queues: ['nothing'] }, 200],
+      [agentToken, `${ATTEMPTS}/ClaimJobs`, { queues: ['nothing'] }, 200],
+      [ADMIN_KEY, `${JOBS}/GetJob`, { jobId }, 200],
+      [enq, `${JOBS}/CancelJob`, { jobId }, 200],
+    ];
+    for (const [k, path, body, want] of cases) {
+      const a = await rpc(lh.httpUrl, path, body, k);
+      expect({ path, status: a.status }).toEqual({ path, status: want });
+      if (want === 403) {
+        expect(a.json).toMatchObject({ code: 'permission_denied', outcome: 'forbidden', status: 403 });
+        expect(a.json.message).toMatch(/needs the (enqueue|read|agent) scope/);
+      }
+    }
+  });
+
+  it('answers 400 naming the field, for store validation, proto decoding and unknown fields', async () => {
+    const cases: Array<[unknown, string]> = [
+      [{ queue: 'has space', payload: {} }, 'queue'],
+      [{ queue: 'q', payload: {}, notifyUrl: 'ftp://example.com/x' }, 'notifyUrl'],
+      [{ queue: 'q', payload: {}, notify_url: `https://example.com/${'x'.repeat(2100)}` }, 'notifyUrl'],
+      [{ queue: 'q', payload: {}, priority: 'high' }, 'priority'],
+      [{ queue: 'q', payload: {}, queue_name: 'typo' }, 'queue_name'],
+      [{ queue: 'q', payload: {}, maxAttempts: 5000 }, 'maxAttempts'],
+    ];
+    for (const [body, field] of cases) {
+      const a = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, body, ADMIN_KEY);
+      expect(a.status).toBe(400);
+      expect(a.json).toMatchObject({ code: 'invalid_argument', outcome: 'invalid', status: 400, field });
+    }
+    // An empty body is the empty message.
+    expect(await rpc(lh.httpUrl, `${JOBS}/ListJobs`, '', ADMIN_KEY)).toMatchObject({ status: 200 });
+    expect(await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, '', ADMIN_KEY)).toMatchObject({ status: 400, json: { field: 'queue' } });
+    const notJson = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, '{"queue":', ADMIN_KEY);
+    expect(notJson).toMatchObject({ status: 400, json: { code: 'invalid_argument', outcome: 'invalid' } });
+    const wrongType = await fetch(`${lh.httpUrl}/${JOBS}/ListJobs`, {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain', authorization: `Bearer ${ADMIN_KEY}` },
+      body: '{}',
+    });
+    expect(wrongType.status).toBe(415);
+    expect(await wrongType.json()).toMatchObject({ outcome: 'invalid', status: 415 });
+  });
+
+  it('answers 413 for a body over the gateway limit and for a payload over its bound', async () => {
+    const huge = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { queue: 'q', payload: { blob: 'x'.repeat(1_200_000) } }, ADMIN_KEY);
+    expect(huge).toMatchObject({ status: 413, json: { outcome: 'too_large', status: 413, limitBytes: 1024 * 1024 } });
+    const big = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { queue: 'q', payload: { blob: 'x'.repeat(300_000) } }, ADMIN_KEY);
+    expect(big).toMatchObject({ status: 413, json: { outcome: 'too_large', field: 'payload', limitBytes: 256 * 1024 } });
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'q'`)).rows[0].n).toBe(0);
+  });
+
+  it('answers 409 conflict for a reused idempotency key, 200 duplicate for a repeat, and 409 for cancelling a finished job', async () => {
+    const body = { queue: 'keys', payload: { order: 7 }, idempotencyKey: 'order-7' };
+    const first = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, body, ADMIN_KEY);
+    expect(first).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK', job: { attemptNo: 0, priority: 0, status: 'JOB_STATUS_QUEUED' } } });
+    const again = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { ...body, payload: { order: 7 } }, ADMIN_KEY);
+    expect(again).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_DUPLICATE', job: { id: first.json.job.id } } });
+    const other = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { ...body, payload: { order: 8 } }, ADMIN_KEY);
+    expect(other).toMatchObject({ status: 409, json: { code: 'already_exists', outcome: 'conflict', status: 409 } });
+
+    const jobId = first.json.job.id as string;
+    expect((await rpc(lh.httpUrl, `${JOBS}/CancelJob`, { jobId }, ADMIN_KEY)).json.outcome).toBe('OUTCOME_OK');
+    expect((await rpc(lh.httpUrl, `${JOBS}/CancelJob`, { jobId }, ADMIN_KEY)).json.outcome).toBe('OUTCOME_DUPLICATE');
+    await checkInvariants(t.pool);
+  });
+});
+
+describe('the seed scenario over HTTP alone', () => {
+  it('claim, start, lease passes, reclaim as attempt 2; the late completion is 409 with the current attempt; the new one 200; its repeat 200 with the stored result', async () => {
+    const [slow, fast] = [await key('slow-script', ['agent']), await key('fast-script', ['agent'])];
+    const enq = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { queue: 'seed', payload: { file: 'a.pdf' }, idempotencyKey: 'seed-1' }, ADMIN_KEY);
+    expect(enq.status).toBe(200);
+    const jobId = enq.json.job.id as string;
+
+    const first = await rpc(lh.httpUrl, `${ATTEMPTS}/ClaimJobs`, { queues: ['seed'], maxJobs: 1 }, slow);
+    expect(first.status).toBe(200);
+    const a1 = first.json.jobs[0];
+    expect(a1).toMatchObject({ attemptNo: 1, job: { id: jobId, agentId: 'slow-script', status: 'JOB_STATUS_CLAIMED' } });
+    const started = await rpc(lh.httpUrl, `${ATTEMPTS}/StartAttempt`, { jobId, attemptId: a1.attemptId }, slow);
+    expect(started).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK', job: { status: 'JOB_STATUS_RUNNING' }, leaseTtl: '1.500s' } });
+    const hb = await rpc(lh.httpUrl, `${ATTEMPTS}/Heartbeat`, { jobId, attemptId: a1.attemptId }, slow);
+    expect(hb).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK' } });
+
+    // The slow script stops heartbeating; after the lease (1.5 s) the reaper requeues the job and
+    // the fast script claims it as attempt 2.
+    const a2 = await waitFor('the job claimed again', async () => {
+      const c = await rpc(lh.httpUrl, `${ATTEMPTS}/ClaimJobs`, { queues: ['seed'] }, fast);
+      expect(c.status).toBe(200);
+      return c.json.jobs[0] as { attemptId: string; attemptNo: number } | undefined;
+    });
+    expect(a2.attemptNo).toBe(2);
+    expect((await rpc(lh.httpUrl, `${ATTEMPTS}/StartAttempt`, { jobId, attemptId: a2.attemptId }, fast)).status).toBe(200);
+
+    const late = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a1.attemptId, result: { by: 'slow' } }, slow);
+    expect(late.status).toBe(409);
+    expect(late.json).toMatchObject({
+      code: 'aborted',
+      outcome: 'stale',
+      status: 409,
+      current: { jobId, status: 'JOB_STATUS_RUNNING', attemptNo: 2, currentAttemptId: a2.attemptId },
+    });
+    const lateHb = await rpc(lh.httpUrl, `${ATTEMPTS}/Heartbeat`, { jobId, attemptId: a1.attemptId }, slow);
+    expect(lateHb).toMatchObject({ status: 409, json: { outcome: 'stale', current: { attemptNo: 2 } } });
+
+    const done = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 3 } }, fast);
+    expect(done).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK', job: { status: 'JOB_STATUS_SUCCEEDED', result: { by: 'fast', pages: 3 } } } });
+    // The ack was lost: the script sends the same report again and gets the stored result.
+    const repeat = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 3 } }, fast);
+    expect(repeat).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_DUPLICATE', job: { result: { by: 'fast', pages: 3 } } } });
+    const differently = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 4 } }, fast);
+    expect(differently).toMatchObject({ status: 409, json: { outcome: 'conflict', code: 'already_exists' } });
+    // Another agent cannot act on an attempt it does not hold.
+    const notYours = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: {} }, slow);
+    expect(notYours).toMatchObject({ status: 403, json: { outcome: 'forbidden' } });
+
+    const detail = await rpc(lh.httpUrl, `${JOBS}/GetJob`, { jobId }, ADMIN_KEY);
+    expect(detail.json.job).toMatchObject({ status: 'JOB_STATUS_SUCCEEDED', attemptNo: 2, result: { by: 'fast', pages: 3 } });
+    expect(detail.json.attempts.map((a: { status: string }) => a.status)).toEqual(['ATTEMPT_STATUS_LEASE_EXPIRED', 'ATTEMPT_STATUS_SUCCEEDED']);
+    expect(detail.json.staleReports.map((r: { call: string; currentAttemptNo: number }) => [r.call, r.currentAttemptNo])).toEqual([
+      ['heartbeat', 2],
+      ['complete', 2],
+    ]);
+    await checkInvariants(t.pool);
+  });
+});
+
+describe('TLS', () => {
+  it('serves the gateway over HTTPS when a certificate and key are configured', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-https-'));
+    try {
+      const [cert, keyFile] = [path.join(dir, 'cert.pem'), path.join(dir, 'key.pem')];
+      await promisify(execFile)('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', keyFile, '-out', cert, '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=IP:127.0.0.1']);
+      const log = pino({ level: 'silent' });
+      const hub = new AgentHub(t.pool, log, { leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 });
+      const server = await listenHttp({ db: t.pool, hub, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 }, '127.0.0.1:0', { certFile: cert, keyFile });
+      try {
+        const ca = await readFile(cert);
+        const answer = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+          const req = https.request(
+            { host: '127.0.0.1', port: server.address.port, path: '/leasehold.v1.JobService/ListJobs', method: 'POST', ca, headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` } },
+            (res) => {
+              let body = '';
+              res.on('data', (c: Buffer) => (body += c.toString()));
+              res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+            },
+          );
+          req.on('error', reject);
+          req.end('{"pageSize":1}');
+        });
+        expect(answer.status).toBe(200);
+        expect(JSON.parse(answer.body)).toHaveProperty('jobs');
+      } finally {
+        await server.close();
+        await hub.stop();
+      }
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+

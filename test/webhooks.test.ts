@@ -1,0 +1,278 @@
+/**
+ * Notifications end to end below the listeners: terminal transitions write the outbox in their
+ * own statement; a `WebhookDeliverer` driven by `runOnce()` signs and POSTs to a real receiver
+ * that verifies the signature, retries with backoff, gives up at the cap (an operator can
+ * retry), takes back claims of a deliverer that died, and raises an alert for every
+ * dead-lettering.
+ */
+import pino from 'pino';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { WEBHOOK_HEADERS, WebhookDeliverer, type DeadLetterAlert } from '../server/core/webhook-deliverer.js';
+import {
+  attemptComplete,
+  attemptFail,
+  attemptStart,
+  deliveryClaim,
+  deliveryList,
+  deliveryRetry,
+  jobCancel,
+  jobClaim,
+  jobEnqueue,
+  jobRescueExpired,
+  signingSecretGet,
+  subscriptionCreate,
+  subscriptionRemove,
+  type EnqueueParams,
+} from '../server/store/index.js';
+import { useTestDb } from './helpers/db.js';
+import { startReceiver, verifySignature, type Receiver } from './helpers/http.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
+let rx: Receiver;
+let notifySecret: string;
+const deliverers: WebhookDeliverer[] = [];
+
+function deliverer(config: ConstructorParameters<typeof WebhookDeliverer>[2] = {}) {
+  const d = new WebhookDeliverer(t.pool, log, { timeoutMs: 2000, claimMarginMs: 0, backoff: { baseMs: 0, maxMs: 0 }, ...config });
+  deliverers.push(d);
+  return d;
+}
+
+beforeAll(async () => {
+  rx = await startReceiver();
+});
+afterAll(async () => {
+  await rx.close();
+});
+beforeEach(async () => {
+  await t.truncate();
+  await t.pool.query('TRUNCATE subscriptions CASCADE');
+  notifySecret = await signingSecretGet(t.pool);
+  rx.received.length = 0;
+  rx.events.clear();
+});
+afterEach(async () => {
+  for (const d of deliverers.splice(0)) await d.stop();
+  await checkInvariants(t.pool);
+});
+
+const value = <T>(o: { outcome: string; value?: T }): T => {
+  if (o.outcome !== 'ok' && o.outcome !== 'duplicate') throw new Error(JSON.stringify(o));
+  return o.value as T;
+};
+async function running(queue: string, extra: Partial<EnqueueParams> = {}) {
+  const job = value(await jobEnqueue(t.pool, { queue, payload: { q: queue }, ...extra }));
+  const [c] = value(await jobClaim(t.pool, { agentId: 'a1', queues: [queue], limit: 1, claimTtlMs: 30_000 }));
+  value(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'a1', leaseTtlMs: 30_000 }));
+  return { job, attemptId: c!.attemptId };
+}
+async function subscribe(queue: string, path: string, events?: string[]) {
+  const s = value(await subscriptionCreate(t.pool, { queue, url: `${rx.url}${path}`, ...(events ? { events } : {}) }));
+  rx.secret(path, s.secret);
+  return s;
+}
+
+describe('the outbox', () => {
+  it('writes one event per terminal transition, delivered signed to notify_url and to subscribers, each exactly once', async () => {
+    rx.secret('/notify', notifySecret);
+    await subscribe('work', '/sub');
+    const notifyUrl = `${rx.url}/notify`;
+    const ok = await running('work', { notifyUrl });
+    value(await attemptComplete(t.pool, { attemptId: ok.attemptId, agentId: 'a1', result: { pages: 3 } }));
+    const bad = await running('work', { notifyUrl });
+    value(await attemptFail(t.pool, { attemptId: bad.attemptId, agentId: 'a1', error: { message: 'corrupt file' }, retryable: false }));
+    const dying = await running('work', { notifyUrl, maxAttempts: 1 });
+    value(await attemptFail(t.pool, { attemptId: dying.attemptId, agentId: 'a1', error: { message: 'flaky' }, retryable: true }));
+    const retried = await running('work', { notifyUrl, maxAttempts: 2 });
+    value(await attemptFail(t.pool, { attemptId: retried.attemptId, agentId: 'a1', error: { message: 'flaky' }, retryable: true }));
+    const queued = value(await jobEnqueue(t.pool, { queue: 'work', payload: {}, notifyUrl }));
+    value(await jobCancel(t.pool, { jobId: queued.id }));
+    const quiet = await running('elsewhere');
+    value(await attemptComplete(t.pool, { attemptId: quiet.attemptId, agentId: 'a1', result: {} }));
+
+    const events = (await t.pool.query(`SELECT job_id, type::text FROM webhook_events ORDER BY created_at`)).rows;
+    expect(events.map((e) => [e.job_id, e.type])).toEqual([
+      [ok.job.id, 'job.succeeded'],
+      [bad.job.id, 'job.failed'],
+      [dying.job.id, 'job.dead'],
+      [queued.id, 'job.canceled'],
+    ]);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries`)).rows[0].n).toBe(8);
+
+    const run = await deliverer().runOnce();
+    expect(run).toMatchObject({ sent: 8, delivered: 8, retried: 0, failed: 0, alerts: 1 });
+    expect(rx.received.every((r) => r.valid)).toBe(true);
+    expect(rx.received.length).toBe(8);
+    expect(rx.events.size).toBe(4);
+
+    const succeeded = [...rx.events.values()].find((e) => e.type === 'job.succeeded')!;
+    expect(succeeded).toMatchObject({
+      type: 'job.succeeded',
+      job: { id: ok.job.id, queue: 'work', status: 'JOB_STATUS_SUCCEEDED', payload: { q: 'work' }, attemptNo: 1, notifyUrl },
+      attempt: { id: ok.attemptId, attemptNo: 1, agentId: 'a1', status: 'ATTEMPT_STATUS_SUCCEEDED' },
+      result: { pages: 3 },
+      error: null,
+    });
+    expect(succeeded.createdAt).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
+    const dead = [...rx.events.values()].find((e) => e.type === 'job.dead')!;
+    expect(dead).toMatchObject({ job: { status: 'JOB_STATUS_DEAD', error: { message: 'flaky' } }, attempt: { status: 'ATTEMPT_STATUS_FAILED' }, result: null });
+    const canceled = [...rx.events.values()].find((e) => e.type === 'job.canceled')!;
+    expect(canceled).toMatchObject({ job: { id: queued.id, status: 'JOB_STATUS_CANCELED' }, attempt: null });
+
+    const headers = rx.received[0]!.headers;
+    for (const h of Object.values(WEBHOOK_HEADERS)) expect(headers[h], h).toBeDefined();
+    expect(headers['content-type']).toBe('application/json');
+    expect(headers[WEBHOOK_HEADERS.signature]).toMatch(/^sha256=[0-9a-f]{64}$/);
+    expect(Math.abs(Number(headers[WEBHOOK_HEADERS.timestamp]) - Date.now() / 1000)).toBeLessThan(60);
+    // The same event reached both targets under one id.
+    const ids = rx.received.filter((r) => r.path === '/sub').map((r) => r.eventId).sort();
+    expect(ids).toEqual(rx.received.filter((r) => r.path === '/notify').map((r) => r.eventId).sort());
+    expect((await deliverer().runOnce()).sent).toBe(0);
+  });
+
+  it('the receiver rejects a tampered body, a wrong secret and a replayed signature of another timestamp', async () => {
+    await subscribe('tamper', '/sub');
+    const j = await running('tamper');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { amount: 10 } }));
+    await deliverer().runOnce();
+    const got = rx.received[0]!;
+    expect(got.valid).toBe(true);
+    const secret = (await t.pool.query(`SELECT secret FROM subscriptions`)).rows[0].secret as string;
+    const ts = got.headers[WEBHOOK_HEADERS.timestamp] as string;
+    const sig = got.headers[WEBHOOK_HEADERS.signature] as string;
+    expect(verifySignature(secret, ts, got.body, sig)).toBe(true);
+    expect(verifySignature(secret, ts, got.body.replace('"amount": 10', '"amount": 99'), sig)).toBe(false);
+    expect(verifySignature('whsec_wrong', ts, got.body, sig)).toBe(false);
+    expect(verifySignature(secret, String(Number(ts) + 1), got.body, sig)).toBe(false);
+
+    // Over HTTP: the same request with one byte of the body changed is answered 401.
+    const res = await fetch(`${rx.url}/sub`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', [WEBHOOK_HEADERS.timestamp]: ts, [WEBHOOK_HEADERS.signature]: sig, [WEBHOOK_HEADERS.eventId]: got.eventId },
+      body: got.body.replace('"amount": 10', '"amount": 11'),
+    });
+    expect(res.status).toBe(401);
+    expect(rx.events.size).toBe(1);
+  });
+});
+
+describe('retries, the cap, and the operator', () => {
+  it('retries a failing receiver with backoff, marks the delivery failed at the cap, and delivers it after `retry`', async () => {
+    await subscribe('flaky', '/down');
+    rx.policy('/down', 'fail');
+    const j = await running('flaky');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const d = deliverer({ maxAttempts: 3, backoff: { baseMs: 200, maxMs: 200 } });
+
+    expect(await d.runOnce()).toMatchObject({ sent: 1, retried: 1 });
+    const [pending] = value(await deliveryList(t.pool, { jobId: j.job.id }));
+    expect(pending).toMatchObject({ status: 'pending', attempts: 1, lastStatus: 500, lastError: 'HTTP 500 Internal Server Error' });
+    // Backoff: 200 ms × [0.5, 1) from now, so nothing is due at once.
+    expect(pending!.nextAttemptAt.getTime()).toBeGreaterThan(Date.now() + 50);
+    expect((await d.runOnce()).sent).toBe(0);
+
+    for (let i = 2; i <= 3; i++) {
+      await t.pool.query(`UPDATE webhook_deliveries SET next_attempt_at = now()`);
+      expect((await d.runOnce()).sent).toBe(1);
+    }
+    const [failed] = value(await deliveryList(t.pool, { status: 'failed' }));
+    expect(failed).toMatchObject({ jobId: j.job.id, attempts: 3, status: 'failed' });
+    await t.pool.query(`UPDATE webhook_deliveries SET next_attempt_at = now()`);
+    expect((await d.runOnce()).sent).toBe(0);
+    expect(rx.received.length).toBe(3);
+    expect(new Set(rx.received.map((r) => r.headers[WEBHOOK_HEADERS.attempt]))).toEqual(new Set(['1', '2', '3']));
+
+    rx.policy('/down', 'ok');
+    expect(value(await deliveryRetry(t.pool, { id: failed!.id })).ids).toEqual([failed!.id]);
+    expect(await d.runOnce()).toMatchObject({ sent: 1, delivered: 1 });
+    expect(rx.events.size).toBe(1);
+    expect((await deliveryRetry(t.pool, { id: failed!.id })).outcome).toBe('not_found');
+  });
+
+  it('gives up on a receiver that never answers within the timeout, and drops deliveries of a removed subscription', async () => {
+    const s = await subscribe('slow', '/slow');
+    rx.policy('/slow', 'hang');
+    const j = await running('slow');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const run = await deliverer({ timeoutMs: 300 }).runOnce();
+    expect(run).toMatchObject({ sent: 1, retried: 1 });
+    expect(value(await deliveryList(t.pool, {}))[0]!.lastError).toBe('no answer within 300 ms');
+    value(await subscriptionRemove(t.pool, { id: s.id }));
+    expect(value(await deliveryList(t.pool, {}))).toEqual([]);
+  });
+
+  it('takes back a delivery claimed by a deliverer that died, and sends it again (deduped by event id)', async () => {
+    await subscribe('sweep', '/sub');
+    const j = await running('sweep');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    // A deliverer claims it and dies before recording anything.
+    const [held] = await deliveryClaim(t.pool, { limit: 10, claimId: '11111111-1111-4111-8111-111111111111', leaseMs: 60_000 });
+    expect(held).toBeDefined();
+    const d = deliverer();
+    expect((await d.runOnce()).sent).toBe(0);
+    await t.pool.query(`UPDATE webhook_deliveries SET claimed_until = now() - interval '1 second'`);
+    expect(await d.runOnce()).toMatchObject({ reclaimed: 1, sent: 1, delivered: 1 });
+    const [row] = value(await deliveryList(t.pool, {}));
+    expect(row).toMatchObject({ status: 'delivered', attempts: 2 });
+    expect(rx.events.size).toBe(1);
+  });
+
+  it('never sends one delivery twice at once from two deliverers', async () => {
+    await subscribe('pair', '/sub');
+    for (let i = 0; i < 20; i++) {
+      const j = await running('pair');
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
+    }
+    const [a, b] = [deliverer({ batchSize: 3 }), deliverer({ batchSize: 3 })];
+    const [ra, rb] = await Promise.all([a.runOnce(), b.runOnce()]);
+    expect(ra.delivered + rb.delivered).toBe(20);
+    expect(rx.received.length).toBe(20);
+    expect(rx.events.size).toBe(20);
+  });
+});
+
+describe('dead-letter alerts', () => {
+  it('raises one alert per dead-lettering (a failure report at the cap, or the reaper), with no subscriber, and posts it to the alert URL', async () => {
+    rx.secret('/alert', notifySecret);
+    const failedOut = await running('dlq', { maxAttempts: 1 });
+    value(await attemptFail(t.pool, { attemptId: failedOut.attemptId, agentId: 'a1', error: { message: 'boom' }, retryable: true }));
+    const lost = await running('dlq', { maxAttempts: 1 });
+    value(await jobRescueExpired(t.pool, { limit: 10, now: new Date(Date.now() + 60_000) }));
+
+    const d = deliverer({ alertUrl: `${rx.url}/alert` });
+    const alerts: DeadLetterAlert[] = [];
+    d.on('alert', (a) => alerts.push(a));
+    const run = await d.runOnce();
+    expect(run).toMatchObject({ alerts: 2, sent: 2, delivered: 2 });
+    expect(alerts.map((a) => a.jobId).sort()).toEqual([failedOut.job.id, lost.job.id].sort());
+    expect(alerts.find((a) => a.jobId === lost.job.id)!.event).toMatchObject({
+      type: 'job.dead',
+      job: { status: 'JOB_STATUS_DEAD', error: { reason: 'lease_expired' } },
+      attempt: { status: 'ATTEMPT_STATUS_LEASE_EXPIRED' },
+    });
+    expect(rx.received.map((r) => [r.path, r.valid])).toEqual([
+      ['/alert', true],
+      ['/alert', true],
+    ]);
+    // Raised once: a second deliverer finds nothing to raise.
+    expect((await deliverer({ alertUrl: `${rx.url}/alert` }).runOnce()).alerts).toBe(0);
+  });
+});
+
+describe('the deliverer service', () => {
+  it('validates its config, and start/stop are safe twice', async () => {
+    expect(() => new WebhookDeliverer(t.pool, log, { intervalMs: 1 })).toThrow();
+    expect(() => new WebhookDeliverer(t.pool, log, { alertUrl: 'ftp://x' })).toThrow();
+    const d = deliverer({ intervalMs: 20 });
+    await subscribe('sched', '/sub');
+    const j = await running('sched');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    d.start();
+    d.start();
+    await rx.waitFor('the scheduled delivery', (r) => r.events.size === 1);
+    await d.stop();
+    await d.stop();
+  });
+});
