@@ -100,6 +100,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   private draining = false;
   private loop: Promise<void> | undefined;
   private pendingSend: OutboxEntry[] = [];
+  private creditPending = 0;
   private sendScheduled = false;
   private ackWaiters: Array<() => void> = [];
   private signalHandlers: Array<[NodeJS.Signals, () => void]> = [];
@@ -370,7 +371,18 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.signal.aborted }, 'handler finished');
     this.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
     if (this.outbox.has(r.attemptId)) this.queueReport(entry);
-    if (!this.draining) this.send({ kind: { case: 'credit', value: { n: 1 } } });
+    if (!this.draining) this.grantCredit();
+  }
+
+  /** Gives a freed slot back: one `Credit` per turn of the event loop, with the sum. */
+  private grantCredit(): void {
+    this.creditPending++;
+    if (this.creditPending > 1) return;
+    setImmediate(() => {
+      const n = this.creditPending;
+      this.creditPending = 0;
+      if (n > 0 && !this.draining) this.send({ kind: { case: 'credit', value: { n } } });
+    });
   }
 
   private heartbeat(): void {

@@ -3,7 +3,7 @@
  * until the coordinator acknowledges it, across crashes and restarts.
  *
  * One file per attempt, `<attemptId>.json`, written as: a temporary file in the same directory
- * (`<attemptId>.json.tmp-<pid>-<random>`), write, fsync, close, then rename to the final name
+ * (`<attemptId>.json.tmp-<pid>-<n>`), write, fsync, close, then rename to the final name
  * and fsync the directory. A crash at any instruction leaves either no entry (the temporary
  * file, removed at the next start: the report was never sent, so the coordinator will have the
  * job redone) or a complete one (sent again at the next connection). Nothing is renamed over a
@@ -13,7 +13,6 @@
  * Acknowledged `ok` or `duplicate`: the entry is deleted. `stale`: renamed to
  * `<attemptId>.superseded.json` and never sent again (kept for the operator).
  */
-import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
@@ -40,6 +39,8 @@ const TMP = /^[0-9a-f-]{36}\.json\.tmp-/;
 
 export class Outbox {
   private readonly entries = new Map<string, OutboxEntry>();
+  /** Temporary names are unique per process: its pid and a counter. */
+  private seq = 0;
 
   constructor(
     readonly dir: string,
@@ -84,7 +85,7 @@ export class Outbox {
   async put(e: OutboxEntry): Promise<void> {
     if (!ID.test(e.attemptId)) throw new Error(`not an attempt id: ${e.attemptId}`);
     const final = this.file(e.attemptId);
-    const tmp = `${final}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`;
+    const tmp = `${final}.tmp-${process.pid}-${++this.seq}`;
     const fh = await fs.open(tmp, 'wx');
     try {
       await fh.writeFile(JSON.stringify(e), 'utf8');
@@ -100,7 +101,9 @@ export class Outbox {
   /** The coordinator has it (`ok` or `duplicate`): forget it. */
   async remove(attemptId: string): Promise<void> {
     this.entries.delete(attemptId);
-    await fs.rm(this.file(attemptId), { force: true });
+    await fs.unlink(this.file(attemptId)).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    });
   }
 
   /** The coordinator refused it as stale: keep it aside, never send it again. */

@@ -22,16 +22,14 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
 import {
   agentAuthenticate,
-  attemptComplete,
-  attemptFail,
   attemptHeartbeat,
-  attemptStart,
   attemptsMarkSuspect,
   attemptsResume,
   type Claimed,
   type Job,
   type Queryable,
 } from '../store/index.js';
+import { ReportBatcher } from './batcher.js';
 import { Channel } from './channel.js';
 import type { CurrentState, Failure, Outcome } from './outcomes.js';
 import { check, checkAll, limits, schemas } from './validation.js';
@@ -87,6 +85,8 @@ export class Session {
   readonly out = new Channel<AgentOutput>();
   /** Attempts this stream holds: claimed (assigned, not started yet) or running. */
   readonly held = new Map<string, { jobId: string; status: 'claimed' | 'running' }>();
+  /** Attempts whose report arrived and is being written: never held again by a late start answer. */
+  readonly reporting = new Set<string>();
   credit: number;
   draining = false;
   closed = false;
@@ -130,6 +130,10 @@ export interface HubEvents {
   'lease:revoked': [{ agentId: string; attemptIds: string[]; reason: string }];
   'session:open': [Session];
   'session:close': [Session, { lost: boolean }];
+  /** A `Started` item was answered (metrics: starts, enqueue-to-start latency, stale reports). */
+  'attempt:start': [{ attemptId: string; agentId: string; outcome: Outcome<Job> }];
+  /** A `Completed` / `Failed` item was answered (metrics: outcomes, stale reports). */
+  'attempt:report': [{ kind: 'completed' | 'failed'; attemptId: string; agentId: string; outcome: Outcome<Job> }];
 }
 
 const helloSchema = z.object({
@@ -147,6 +151,8 @@ export class AgentHub extends EventEmitter<HubEvents> {
   private readonly tickMs: number;
   private timer: NodeJS.Timeout | undefined;
   private ticking: Promise<void> | undefined;
+  /** Starts, completions and failures of all sessions, grouped per turn of the event loop. */
+  readonly batcher: ReportBatcher;
 
   constructor(
     private readonly db: Queryable,
@@ -155,6 +161,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
   ) {
     super();
     this.tickMs = config.tickMs ?? 200;
+    this.batcher = new ReportBatcher(db, log, config.leaseTtlMs);
   }
 
   /** Starts the heartbeat ticker. */
@@ -178,6 +185,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     clearTimeout(this.timer);
     this.timer = undefined;
     await this.ticking;
+    await this.batcher.idle();
     for (const s of this.sessions) s.out.close();
   }
 
@@ -213,7 +221,11 @@ export class AgentHub extends EventEmitter<HubEvents> {
     return { outcome: 'ok', value: session };
   }
 
-  /** Handles one message of an open session, in order. Throws `ProtocolError` for a violation. */
+  /**
+   * Handles one message of an open session, in order. Throws `ProtocolError` for a violation.
+   * Starts and reports are handed to the batcher and answered when their batch is written, so
+   * reading the stream never waits for the database (the batcher keeps starts before reports).
+   */
   async handle(s: Session, m: AgentInput): Promise<void> {
     switch (m.type) {
       case 'hello':
@@ -228,10 +240,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
         for (const p of m.progress) if (s.held.has(p.attemptId)) s.progress.set(p.attemptId, p.progress);
         return;
       case 'started':
-        return this.started(s, m.attemptIds);
+        this.background(s, this.started(s, m.attemptIds));
+        return;
       case 'completed':
       case 'failed':
-        return this.report(s, m);
+        this.background(s, this.report(s, m));
+        return;
       case 'bye':
         s.draining = true;
         this.log.info({ agentId: s.agentId, sessionId: s.id, drain: m.drain, held: s.held.size }, 'agent said bye');
@@ -318,15 +332,28 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.emit('lease:tick', { renewed: o.value.renewed.length, lost: lost.size });
   }
 
+  /** Runs work for a session without blocking its stream; a failure ends that stream only. */
+  private background(s: Session, work: Promise<void>): void {
+    work.catch((err: unknown) => {
+      this.log.warn({ err, agentId: s.agentId }, 'could not process an agent report: ending its stream (it will resend)');
+      s.out.fail(err);
+    });
+  }
+
   private async started(s: Session, attemptIds: string[]): Promise<void> {
     const gone: string[] = [];
     const running: string[] = [];
     await Promise.all(
       attemptIds.map(async (attemptId) => {
-        const o = await attemptStart(this.db, { attemptId, agentId: s.agentId, leaseTtlMs: this.config.leaseTtlMs });
+        const o = await this.batcher.start({ attemptId, agentId: s.agentId });
+        this.emit('attempt:start', { attemptId, agentId: s.agentId, outcome: o });
         if (o.outcome === 'ok' || o.outcome === 'duplicate') {
-          s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
-          running.push(attemptId);
+          // Hold it only while it is still this attempt's and running: a duplicate start can
+          // arrive after the attempt's own report was written.
+          if (o.value.currentAttemptId === attemptId && o.value.status === 'running' && !s.closed && !s.reporting.has(attemptId)) {
+            s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
+            running.push(attemptId);
+          }
           this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
         } else {
           if (o.outcome === 'stale') this.log.warn({ attemptId, agentId: s.agentId, current: o.current }, 'late start rejected');
@@ -347,22 +374,33 @@ export class AgentHub extends EventEmitter<HubEvents> {
       m.type === 'completed'
         ? m.results.map((r) => ({
             attemptId: r.attemptId,
-            run: () => attemptComplete(this.db, { attemptId: r.attemptId, agentId: s.agentId, result: r.result }),
+            run: () => this.batcher.complete({ attemptId: r.attemptId, agentId: s.agentId, result: r.result }),
           }))
         : m.failures.map((f) => ({
             attemptId: f.attemptId,
             run: () =>
-              attemptFail(this.db, {
+              this.batcher.fail({
                 attemptId: f.attemptId,
                 agentId: s.agentId,
                 error: f.error.details === undefined ? { message: f.error.message } : { message: f.error.message, details: f.error.details },
                 retryable: f.retryable,
               }),
           }));
+    // A reported attempt stops occupying the agent now, not when its report is written: the
+    // next claim for this slot overlaps the write, and heartbeats no longer include it.
+    const was = new Map(calls.map((c) => [c.attemptId, s.held.get(c.attemptId)]));
+    for (const c of calls) {
+      s.held.delete(c.attemptId);
+      s.reporting.add(c.attemptId);
+    }
+    this.emit('credit', s);
     const items = await Promise.all(
       calls.map(async ({ attemptId, run }): Promise<AckItem> => {
-        const o: Outcome<Job> = await run();
-        if (o.outcome !== 'invalid' && o.outcome !== 'too_large') s.held.delete(attemptId);
+        const o: Outcome<Job> = await run().finally(() => s.reporting.delete(attemptId));
+        this.emit('attempt:report', { kind: m.type, attemptId, agentId: s.agentId, outcome: o });
+        // A refused report (a result too large, say) leaves the attempt running: hold it again.
+        const h = was.get(attemptId);
+        if ((o.outcome === 'invalid' || o.outcome === 'too_large') && h && !s.closed) s.held.set(attemptId, h);
         return ackItem(attemptId, o, m.type, s.agentId, this.log);
       }),
     );

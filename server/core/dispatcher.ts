@@ -19,7 +19,7 @@ export interface DispatcherConfig {
 }
 
 export interface DispatcherEvents {
-  'dispatch:round': [{ claimed: number; groups: number }];
+  'dispatch:round': [{ claimed: number; groups: number; ms: number }];
   'dispatch:error': [Error];
 }
 
@@ -93,6 +93,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
 
   /** Claims for every group of waiting sessions; true if some group got every slot it asked for. */
   private async round(): Promise<boolean> {
+    const t0 = performance.now();
     const groups = new Map<string, Session[]>();
     for (const s of this.hub.sessions) {
       if (s.available <= 0) continue;
@@ -126,7 +127,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       claimed += o.value.length;
       if (o.value.length === slots.length) full = true;
     }
-    if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size });
+    if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size, ms: performance.now() - t0 });
     return full;
   }
 

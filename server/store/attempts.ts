@@ -102,7 +102,7 @@ export interface Claimed {
 const claimSql = statement(
   'jobClaim',
   `WITH c AS (
-     SELECT * FROM jobs
+     SELECT id FROM jobs
      WHERE status = 'queued' AND queue = ANY($1::text[]) AND run_at <= coalesce($6::timestamptz, now())
        AND labels <@ $7::jsonb
      ORDER BY priority DESC NULLS LAST, run_at, id
@@ -110,23 +110,25 @@ const claimSql = statement(
      FOR UPDATE SKIP LOCKED
    ), n AS (
      SELECT c.id, row_number() OVER () AS rn FROM c
-   ), s AS (
-     SELECT t.attempt_id, t.agent_id, t.ord FROM unnest($3::uuid[], $4::text[]) WITH ORDINALITY AS t(attempt_id, agent_id, ord)
    ), u AS (
-     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = s.attempt_id,
-       last_attempt_id = s.attempt_id, agent_id = s.agent_id, progress = NULL,
+     -- The n-th candidate gets the n-th slot's attempt id and agent, by array subscript.
+     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = ($3::uuid[])[n.rn],
+       last_attempt_id = ($3::uuid[])[n.rn], agent_id = ($4::text[])[n.rn], progress = NULL,
        lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
        updated_at = coalesce($6::timestamptz, now())
-     FROM n JOIN s ON s.ord = n.rn
+     FROM n
      WHERE j.id = n.id
-     RETURNING j.*, s.ord AS slot
+     RETURNING j.*, n.rn AS slot
    ), a AS (
      INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
      SELECT u.current_attempt_id, u.id, u.attempt_no, u.agent_id, 'claimed', u.updated_at, u.lease_expires_at FROM u
    ), e AS (
+     -- The columns this transition set (what job_event_delta would find, spelled out: cheaper).
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at, job_event_delta(to_jsonb(u) - 'slot', to_jsonb(c))
-     FROM u JOIN c ON c.id = u.id
+     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at,
+       jsonb_build_object('status', u.status, 'attempt_no', u.attempt_no, 'current_attempt_id', u.current_attempt_id,
+                          'last_attempt_id', u.last_attempt_id, 'agent_id', u.agent_id, 'lease_expires_at', u.lease_expires_at)
+     FROM u
    )
    SELECT * FROM u ORDER BY priority DESC, run_at, id`,
 );
@@ -289,13 +291,18 @@ export interface StartParams extends AttemptRef {
   leaseTtlMs: number;
 }
 
-// The fence: the job's current attempt is $1, held by agent $2, still only claimed.
+// The fence, per item: the job's current attempt is attempt_id, held by agent_id, still only
+// claimed. Many attempts (of any agents) in one statement; rows are locked in id order so two
+// batches cannot deadlock. An item that matches nothing is explained afterwards, on its own.
 const startSql = statement(
   'attemptStart',
-  `WITH o AS (
-     SELECT * FROM jobs
-     WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'claimed' AND ($3::uuid IS NULL OR id = $3)
-     FOR UPDATE
+  `WITH i AS (
+     SELECT DISTINCT ON (attempt_id) * FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS i(attempt_id, agent_id, job_id)
+   ), o AS (
+     SELECT j.id FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
+     WHERE j.status = 'claimed' AND (i.job_id IS NULL OR j.id = i.job_id)
+     ORDER BY j.id
+     FOR UPDATE OF j
    ), u AS (
      UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
        execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
@@ -305,11 +312,14 @@ const startSql = statement(
      FROM o WHERE j.id = o.id
      RETURNING j.*
    ), a AS (
-     UPDATE attempts SET status = 'running', started_at = coalesce($5::timestamptz, now())
-     WHERE id = $1 AND EXISTS (SELECT 1 FROM u)
+     UPDATE attempts t SET status = 'running', started_at = coalesce($5::timestamptz, now())
+     FROM u WHERE t.id = u.current_attempt_id
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, $1, 'started', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+     SELECT u.id, u.current_attempt_id, 'started', u.updated_at,
+       jsonb_build_object('status', u.status, 'attempts_started', u.attempts_started, 'lease_expires_at', u.lease_expires_at)
+         || CASE WHEN u.execution_deadline IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('execution_deadline', u.execution_deadline) END
+     FROM u
    )
    SELECT * FROM u`,
 );
@@ -319,20 +329,54 @@ const startSql = statement(
  * A repeat from the running attempt is `duplicate`.
  */
 export async function attemptStart(db: Queryable, p: StartParams): Promise<Outcome<Job>> {
-  const bad = checkRef(p) ?? check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs);
-  if (bad) return bad;
-  const [row] = await run<Record<string, unknown>>(db, startSql, [
-    p.attemptId,
-    p.agentId,
-    p.jobId ?? null,
-    p.leaseTtlMs,
-    p.now ?? null,
-  ]);
-  if (row) return ok(toJob(row));
-  const o = await explain(db, { ...p, call: 'start' }, { json: null, retryable: null }, (l) =>
-    l.current_attempt_id === p.attemptId && l.status === 'running' ? duplicate(l.job_id) : undefined,
-  );
-  return withJob(db, o);
+  return (await attemptStartMany(db, { items: [p], leaseTtlMs: p.leaseTtlMs, ...(p.now ? { now: p.now } : {}) }))[0]!;
+}
+
+/**
+ * Starts many attempts in one statement (the coordinator groups the `Started` of all its agents
+ * per tick); returns one outcome per item, in order, as `attemptStart` would.
+ */
+export async function attemptStartMany(db: Queryable, p: { items: AttemptRef[]; leaseTtlMs: number; now?: Date }): Promise<Array<Outcome<Job>>> {
+  const bad = check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs);
+  if (bad) return p.items.map(() => bad);
+  const out: Array<Outcome<Job> | undefined> = p.items.map((i) => checkRef(i));
+  const batch = firstOfEach(p.items, out);
+  if (batch.length) {
+    const rows = await run<Record<string, unknown>>(db, startSql, [
+      batch.map((k) => p.items[k]!.attemptId),
+      batch.map((k) => p.items[k]!.agentId),
+      batch.map((k) => p.items[k]!.jobId ?? null),
+      p.leaseTtlMs,
+      p.now ?? null,
+    ]);
+    const started = new Map(rows.map((r) => [r.current_attempt_id as string, r]));
+    for (const k of batch) {
+      const row = started.get(p.items[k]!.attemptId);
+      if (row && (p.items[k]!.jobId === undefined || row.id === p.items[k]!.jobId)) out[k] = ok(toJob(row));
+    }
+  }
+  for (const [k, item] of p.items.entries()) {
+    if (out[k]) continue;
+    // A start that arrives after its own attempt already ran (started, or even reported: a
+    // completion of a claimed attempt starts it implicitly) repeats what happened: duplicate.
+    const o = await explain(db, { ...item, call: 'start' }, { json: null, retryable: null }, (l) =>
+      (l.current_attempt_id === item.attemptId && l.status === 'running') || l.kind ? duplicate(l.job_id) : undefined,
+    );
+    out[k] = await withJob(db, o);
+  }
+  return out as Array<Outcome<Job>>;
+}
+
+/** Indexes of the items to put in a batch: valid ones, each attempt once (repeats are explained). */
+function firstOfEach(items: AttemptRef[], out: Array<Outcome<unknown> | undefined>): number[] {
+  const seen = new Set<string>();
+  const batch: number[] = [];
+  for (const [k, item] of items.entries()) {
+    if (out[k] || seen.has(item.attemptId)) continue;
+    seen.add(item.attemptId);
+    batch.push(k);
+  }
+  return batch;
 }
 
 const jobByIdSql = statement('attemptJobById', `SELECT * FROM jobs WHERE id = $1`);
@@ -488,34 +532,47 @@ export interface CompleteParams extends AttemptRef {
   result: unknown;
 }
 
-// The fence: the job's current attempt is $1, held by agent $2, claimed or running. Completing
-// a claimed attempt starts it implicitly (it counts toward max_attempts). The job.succeeded
-// notification is written to the outbox by the same statement (outboxSql).
+// The fence, per item: the job's current attempt is attempt_id, held by agent_id, claimed or
+// running. Completing a claimed attempt starts it implicitly (it counts toward max_attempts).
+// Many attempts in one statement, rows locked in id order. The job.succeeded notification is
+// written to the outbox by the same statement (outboxSql).
 const completeSql = statement(
   'attemptComplete',
-  `WITH o AS (
-     SELECT * FROM jobs
-     WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
-     FOR UPDATE
+  `WITH i AS (
+     SELECT DISTINCT ON (attempt_id) * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::jsonb[]) AS i(attempt_id, agent_id, job_id, result)
+   ), o AS (
+     SELECT j.id, j.status, j.current_attempt_id, i.result FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
+     WHERE j.status IN ('claimed', 'running') AND (i.job_id IS NULL OR j.id = i.job_id)
+     ORDER BY j.id
+     FOR UPDATE OF j
    ), u AS (
-     UPDATE jobs j SET status = 'succeeded', result = $4::jsonb,
+     UPDATE jobs j SET status = 'succeeded', result = o.result,
        attempts_started = j.attempts_started + (o.status = 'claimed')::int,
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
      FROM o WHERE j.id = o.id
-     RETURNING j.*
+     -- Carries the attempt forward, so no later CTE has to join back to o.
+     RETURNING j.*, o.current_attempt_id AS reported_by
    ), a AS (
-     UPDATE attempts SET status = 'succeeded', ended_at = u.finished_at, started_at = coalesce(started_at, u.finished_at)
-     FROM u WHERE attempts.id = $1
-     RETURNING attempts.*
+     UPDATE attempts t SET status = 'succeeded', ended_at = u.finished_at, started_at = coalesce(t.started_at, u.finished_at)
+     FROM u WHERE t.id = u.reported_by
+     -- What the notification needs, built only when someone listens (notify_url or a subscription).
+     RETURNING t.*, u.id AS n_job_id, u.queue AS n_queue, u.notify_url AS n_notify_url, u.finished_at AS n_at,
+       CASE WHEN u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))
+            THEN to_jsonb(u) - 'reported_by' END AS n_job
    ), c AS (
      INSERT INTO completions (attempt_id, job_id, kind, result, created_at)
-     SELECT $1, u.id, 'completed', $4::jsonb, u.finished_at FROM u
+     SELECT u.reported_by, u.id, 'completed', u.result, u.finished_at FROM u
    ), e AS (
      INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, $1, 'completed', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
-   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
-       to_jsonb(u) AS job, to_jsonb(a) AS attempt FROM u LEFT JOIN a ON a.job_id = u.id`)}
+     SELECT u.id, u.reported_by, 'completed', u.finished_at,
+       jsonb_build_object('status', u.status, 'result', u.result, 'attempts_started', u.attempts_started,
+                          'current_attempt_id', NULL, 'agent_id', NULL, 'lease_expires_at', NULL,
+                          'execution_deadline', NULL, 'finished_at', u.finished_at)
+     FROM u
+   )${outboxSql(`SELECT a.n_job_id AS job_id, a.n_queue AS queue, a.n_notify_url AS notify_url, 'job.succeeded' AS type,
+       a.n_at AS at, a.n_job AS job, to_jsonb(a) - '{n_job_id,n_queue,n_notify_url,n_at,n_job}'::text[] AS attempt
+       FROM a WHERE a.n_job IS NOT NULL`)}
    SELECT * FROM u`,
 );
 
@@ -525,19 +582,43 @@ const completeSql = statement(
  * `conflict`; a non-current attempt is `stale`.
  */
 export async function attemptComplete(db: Queryable, p: CompleteParams): Promise<Outcome<Job>> {
-  const bad = checkRef(p);
-  if (bad) return bad;
-  const result = checkJson('result', p.result, { maxBytes: limits.resultBytes, object: true });
-  if ('failure' in result) return result.failure;
-  const [row] = await run<Record<string, unknown>>(db, completeSql, [
-    p.attemptId,
-    p.agentId,
-    p.jobId ?? null,
-    result.json,
-    p.now ?? null,
-  ]);
-  if (row) return ok(toJob(row));
-  return repeatOrStale(db, p, 'complete', { json: result.json, retryable: null }, 'completed');
+  return (await attemptCompleteMany(db, { items: [p], ...(p.now ? { now: p.now } : {}) }))[0]!;
+}
+
+/**
+ * Completes many attempts in one statement (the coordinator groups the `Completed` of all its
+ * agents per tick); one outcome per item, in order, as `attemptComplete` would give.
+ */
+export async function attemptCompleteMany(db: Queryable, p: { items: CompleteParams[]; now?: Date }): Promise<Array<Outcome<Job>>> {
+  const json: string[] = [];
+  const out: Array<Outcome<Job> | undefined> = p.items.map((item, k) => {
+    const bad = checkRef(item);
+    if (bad) return bad;
+    const r = checkJson('result', item.result, { maxBytes: limits.resultBytes, object: true });
+    if ('failure' in r) return r.failure;
+    json[k] = r.json;
+    return undefined;
+  });
+  const batch = firstOfEach(p.items, out);
+  if (batch.length) {
+    const rows = await run<Record<string, unknown>>(db, completeSql, [
+      batch.map((k) => p.items[k]!.attemptId),
+      batch.map((k) => p.items[k]!.agentId),
+      batch.map((k) => p.items[k]!.jobId ?? null),
+      batch.map((k) => json[k]!),
+      p.now ?? null,
+    ]);
+    const done = new Map(rows.map(({ reported_by, ...r }) => [reported_by as string, r]));
+    for (const k of batch) {
+      const row = done.get(p.items[k]!.attemptId);
+      if (row) out[k] = ok(toJob(row));
+    }
+  }
+  for (const [k, item] of p.items.entries()) {
+    if (out[k]) continue;
+    out[k] = await repeatOrStale(db, item, 'complete', { json: json[k]!, retryable: null }, 'completed');
+  }
+  return out as Array<Outcome<Job>>;
 }
 
 /** After a zero-row complete or fail: the stored answer of a repeat, or why not. */

@@ -1,0 +1,408 @@
+/**
+ * `npm run bench`: Leasehold, graphile-worker (batching off and on) and pg-boss on one
+ * PostgreSQL, on this machine, in one run. Scenarios: throughput (N no-op jobs enqueued and
+ * drained end to end), dispatch latency at a steady rate, recovery after SIGKILLing a worker,
+ * heartbeat scale (Leasehold), and the database's own ceiling (pgbench). Each figure is the median
+ * of the repetitions with min and max. Writes test/bench/results.md and test/bench/latency.svg.
+ *
+ * `--quick` is the smoke version (`npm test` runs it through test/bench.smoke.test.ts).
+ */
+import { execFile, fork, type ChildProcess } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { Command } from 'commander';
+import pg from 'pg';
+import pino from 'pino';
+import { startEmbedded } from '../../server/store/embedded.js';
+import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
+import { latencySvg, markdown, type Figure, type Row } from './report.js';
+import type { WorkerConfig } from './worker.js';
+
+const run = promisify(execFile);
+const here = path.dirname(new URL(import.meta.url).pathname);
+const root = path.resolve(here, '../..');
+
+export interface BenchOptions {
+  jobs: number;
+  reps: number;
+  rate: number;
+  seconds: number;
+  concurrency: number;
+  recoveryJobs: number;
+  leaseMs: number;
+  streams: number;
+  warmupSeconds: number;
+  systems: SystemName[];
+  scenarios: string[];
+  out?: string;
+  svg?: string;
+  log: (line: string) => void;
+}
+
+interface Worker {
+  child: ChildProcess;
+  started: Map<unknown, number>;
+  onStarted?: () => void;
+}
+
+function forkWorker(cfg: WorkerConfig): Promise<Worker> {
+  const child = fork(path.join(here, 'worker.ts'), [JSON.stringify(cfg)], {
+    cwd: root,
+    execArgv: ['--import', 'tsx'],
+    stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+  });
+  const w: Worker = { child, started: new Map() };
+  return new Promise((resolve, reject) => {
+    child.on('message', (m: { type: string; id?: unknown; t?: number; message?: string }) => {
+      if (m.type === 'ready') resolve(w);
+      else if (m.type === 'started') {
+        w.started.set(m.id, m.t!);
+        w.onStarted?.();
+      } else if (m.type === 'error') reject(new Error(`${cfg.system} worker failed: ${m.message}`));
+    });
+    child.on('exit', (code) => reject(new Error(`${cfg.system} worker exited (${code}) before it was ready`)));
+  });
+}
+
+async function stopWorker(w: Worker, signal: NodeJS.Signals = 'SIGKILL') {
+  if (w.child.exitCode !== null || w.child.signalCode !== null) return;
+  const gone = new Promise((r) => w.child.once('exit', r));
+  w.child.kill(signal);
+  await gone;
+}
+
+async function until(what: string, check: () => Promise<boolean>, ms: number, every = 25): Promise<number | undefined> {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (await check()) return Date.now();
+    await new Promise((r) => setTimeout(r, every));
+  }
+  void what;
+  return undefined;
+}
+
+async function commits(pool: pg.Pool, db: string): Promise<number> {
+  // Statistics are flushed by backends within a second of going idle.
+  await new Promise((r) => setTimeout(r, 1100));
+  return Number((await pool.query(`SELECT xact_commit FROM pg_stat_database WHERE datname = $1`, [db])).rows[0].xact_commit);
+}
+
+async function settle(pool: pg.Pool) {
+  await pool.query('VACUUM ANALYZE');
+  await pool.query('CHECKPOINT');
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!;
+};
+const fig = (values: number[], digits = 0): Omit<Figure, 'unit'> => ({ median: median(values), min: Math.min(...values), max: Math.max(...values), digits, n: values.length });
+
+/** One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained. */
+async function throughputRep(s: System, o: BenchOptions, n: number) {
+  await s.reset();
+  await settle(s.pool);
+  const w = await forkWorker(await s.worker('drain', o.concurrency));
+  try {
+    const before = await commits(s.pool, s.database);
+    const t0 = performance.now();
+    await s.bulkEnqueue(n);
+    const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000);
+    const ms = performance.now() - t0;
+    if (!ok) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
+    await stopWorker(w);
+    const after = await commits(s.pool, s.database);
+    return { jobsPerSec: (n / ms) * 1000, commitsPerJob: (after - before) / n };
+  } finally {
+    await stopWorker(w);
+  }
+}
+
+/** One latency repetition: jobs enqueued one by one at `rate`/s; latency = handler start − enqueue call. */
+async function latencyRep(s: System, o: BenchOptions) {
+  await s.reset();
+  await settle(s.pool);
+  const w = await forkWorker(await s.worker('latency', o.concurrency));
+  try {
+    const sent = new Map<number, number>();
+    const total = Math.round(o.rate * o.seconds);
+    const t0 = Date.now();
+    const pending: Promise<void>[] = [];
+    for (let i = 0; i < total; i++) {
+      const due = t0 + (i * 1000) / o.rate;
+      const wait = due - Date.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      sent.set(i, Date.now());
+      pending.push(s.enqueueOne({ id: i }));
+    }
+    await Promise.all(pending);
+    const ok = await until('all started', async () => w.started.size >= total, 60_000);
+    if (!ok) throw new Error(`${s.label}: only ${w.started.size} of ${total} jobs started`);
+    return [...w.started].map(([id, t]) => t - sent.get(id as number)!);
+  } finally {
+    await stopWorker(w);
+  }
+}
+
+/** Recovery: a worker holding `recoveryJobs` running jobs is SIGKILLed; time until all run again elsewhere. */
+async function recoveryRep(s: System, o: BenchOptions, capMs: number) {
+  await s.reset();
+  const a = await forkWorker(await s.worker('hold', o.recoveryJobs));
+  let b: Worker | undefined;
+  try {
+    await s.bulkEnqueue(o.recoveryJobs, (i) => ({ id: i }));
+    if (!(await until('held', async () => a.started.size >= o.recoveryJobs, 60_000))) throw new Error(`${s.label}: worker never held all jobs`);
+    const killedAt = Date.now();
+    await stopWorker(a);
+    b = await forkWorker(await s.worker('hold', o.recoveryJobs));
+    const all = await until('recovered', async () => b!.started.size >= o.recoveryJobs, capMs);
+    return all === undefined ? undefined : Math.max(...b.started.values()) - killedAt;
+  } finally {
+    await stopWorker(a);
+    if (b) await stopWorker(b);
+  }
+}
+
+/** Heartbeat scale: `streams` agent streams each holding one running job, heartbeating every second. */
+async function heartbeatScale(s: System, o: BenchOptions, windowMs: number) {
+  await s.reset();
+  const cfg = await s.worker('hold', o.streams);
+  // One agent (stream) per slot.
+  const tokens: string[] = [];
+  while (tokens.length < o.streams) tokens.push(...(await s.worker('hold', 1)).tokens!);
+  const w = await forkWorker({ ...cfg, tokens: tokens.slice(0, o.streams) });
+  try {
+    await s.bulkEnqueue(o.streams, (i) => ({ id: i }));
+    if (!(await until('all held', async () => w.started.size >= o.streams, 120_000))) throw new Error(`only ${w.started.size} streams got a job`);
+    // Let every stream heartbeat a few times, then measure a window.
+    await new Promise((r) => setTimeout(r, 3000));
+    const stat = async () =>
+      (
+        await s.pool.query(
+          `SELECT d.xact_commit::bigint AS commits, t.n_tup_upd::bigint AS updated FROM pg_stat_database d, pg_stat_user_tables t
+           WHERE d.datname = $1 AND t.relname = 'jobs'`,
+          [s.database],
+        )
+      ).rows[0] as { commits: string; updated: string };
+    await new Promise((r) => setTimeout(r, 1100));
+    const a = await stat();
+    const cpu0 = process.cpuUsage();
+    const t0 = performance.now();
+    await new Promise((r) => setTimeout(r, windowMs));
+    const cpu = process.cpuUsage(cpu0);
+    const secs = (performance.now() - t0) / 1000;
+    await new Promise((r) => setTimeout(r, 1100));
+    const b = await stat();
+    return {
+      cpuPercent: ((cpu.user + cpu.system) / 1e6 / secs) * 100,
+      commitsPerSec: (Number(b.commits) - Number(a.commits)) / secs,
+      rowsRenewedPerSec: (Number(b.updated) - Number(a.updated)) / secs,
+    };
+  } finally {
+    await stopWorker(w);
+  }
+}
+
+/** pgbench: single-row UPDATEs against the same server, the database's ceiling for tiny transactions. */
+async function pgbench(adminUrl: string, seconds: number): Promise<number | undefined> {
+  const bin = ['/usr/lib/postgresql/17/bin/pgbench', '/usr/lib/postgresql/16/bin/pgbench', '/usr/lib/postgresql/15/bin/pgbench', 'pgbench'];
+  const u = new URL(adminUrl);
+  const env = { ...process.env, PGHOST: u.hostname, PGPORT: u.port, PGUSER: decodeURIComponent(u.username), PGPASSWORD: decodeURIComponent(u.password) };
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  await admin.query('DROP DATABASE IF EXISTS bench_pgbench WITH (FORCE)');
+  await admin.query('CREATE DATABASE bench_pgbench');
+  await admin.end();
+  for (const b of bin) {
+    try {
+      await run(b, ['-i', '-q', '-s', '10', 'bench_pgbench'], { env });
+    } catch {
+      continue;
+    }
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'bench-pgbench-'));
+    const script = path.join(dir, 'update.sql');
+    await writeFile(script, '\\set aid random(1, 1000000)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n');
+    const { stdout } = await run(b, ['-n', '-c', '16', '-j', '2', '-T', String(seconds), '-f', script, 'bench_pgbench'], { env });
+    await rm(dir, { recursive: true, force: true });
+    const m = /tps = ([\d.]+)/.exec(stdout);
+    return m ? Number(m[1]) : undefined;
+  }
+  return undefined;
+}
+
+/** Runs the benchmark; returns the rows written to the report. */
+export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string }> {
+  const log = o.log;
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-bench-'));
+  // Durable, as in production: fsync and synchronous_commit stay on.
+  const db = await startEmbedded({ dataDir, log: pino({ level: 'warn' }), ephemeral: true, settings: { max_connections: '500', shared_buffers: '256MB' } });
+  const rows: Row[] = [];
+  const latencies = new Map<string, number[]>();
+  const systems: System[] = [];
+  try {
+    const version = (await new pg.Pool({ connectionString: db.url, max: 1 }).query('SHOW server_version')).rows[0].server_version as string;
+    for (const name of o.systems) {
+      if (name === 'leasehold') systems.push(await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2 }));
+      if (name === 'graphile-off') systems.push(await graphile(db.url, false));
+      if (name === 'graphile-on') systems.push(await graphile(db.url, true));
+      if (name === 'pgboss') systems.push(await pgboss(db.url, { expireMs: o.leaseMs }));
+    }
+    // Warm-up: a discarded load (these machines run slower for their first ~30 s of work).
+    const warmEnd = Date.now() + o.warmupSeconds * 1000;
+    while (Date.now() < warmEnd) for (const s of systems) if (Date.now() < warmEnd) await throughputRep(s, o, Math.min(o.jobs, 2000));
+    log(`warm-up done (${o.warmupSeconds} s)`);
+
+    if (o.scenarios.includes('throughput')) {
+      for (const s of systems) {
+        const jps: number[] = [];
+        const cpj: number[] = [];
+        for (let r = 0; r < o.reps; r++) {
+          const x = await throughputRep(s, o, o.jobs);
+          jps.push(x.jobsPerSec);
+          cpj.push(x.commitsPerJob);
+          log(`throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job`);
+        }
+        rows.push({ scenario: `throughput (${o.jobs} no-op jobs, concurrency ${o.concurrency})`, system: s.label, figures: [{ ...fig(jps), unit: 'jobs/s' }, { ...fig(cpj, 2), unit: 'commits/job' }] });
+      }
+    }
+    if (o.scenarios.includes('latency')) {
+      for (const s of systems) {
+        const p50: number[] = [];
+        const p95: number[] = [];
+        const p99: number[] = [];
+        const all: number[] = [];
+        for (let r = 0; r < o.reps; r++) {
+          const l = await latencyRep(s, o);
+          p50.push(pct(l, 50));
+          p95.push(pct(l, 95));
+          p99.push(pct(l, 99));
+          all.push(...l);
+          log(`latency ${s.label} rep ${r + 1}: p50 ${pct(l, 50)} ms, p95 ${pct(l, 95)} ms, p99 ${pct(l, 99)} ms`);
+        }
+        latencies.set(s.label, all);
+        rows.push({
+          scenario: `dispatch latency, enqueue → handler start (${o.rate} jobs/s for ${o.seconds} s)`,
+          system: s.label,
+          figures: [{ ...fig(p50), unit: 'ms p50' }, { ...fig(p95), unit: 'ms p95' }, { ...fig(p99), unit: 'ms p99' }],
+        });
+      }
+    }
+    if (o.scenarios.includes('recovery')) {
+      const cap = Math.max(20_000, 4 * o.leaseMs);
+      for (const s of systems) {
+        const times: number[] = [];
+        let lost = 0;
+        for (let r = 0; r < o.reps; r++) {
+          const t = await recoveryRep(s, o, cap);
+          if (t === undefined) lost++;
+          else times.push(t);
+          log(`recovery ${s.label} rep ${r + 1}: ${t === undefined ? `not within ${cap / 1000} s` : `${t} ms`}`);
+        }
+        const note = s.leaseMs ? `lease ${s.leaseMs / 1000} s` : 'no lease: a dead worker\'s jobs stay locked (4 h)';
+        rows.push({
+          scenario: `recovery: SIGKILL a worker holding ${o.recoveryJobs} running jobs, until all run elsewhere`,
+          system: s.label,
+          figures: times.length
+            ? [{ ...fig(times), unit: 'ms' }, ...(s.leaseMs ? [{ ...fig(times.map((t) => t / s.leaseMs!), 2), unit: '× lease' }] : [])]
+            : [],
+          note: lost ? `${lost}/${o.reps} not recovered within ${cap / 1000} s; ${note}` : note,
+        });
+      }
+    }
+    const lh = systems.find((s) => s.name === 'leasehold');
+    if (o.scenarios.includes('heartbeats') && lh) {
+      const cpu: number[] = [];
+      const cps: number[] = [];
+      const rps: number[] = [];
+      for (let r = 0; r < o.reps; r++) {
+        const h = await heartbeatScale(lh, o, o.seconds * 1000);
+        cpu.push(h.cpuPercent);
+        cps.push(h.commitsPerSec);
+        rps.push(h.rowsRenewedPerSec);
+        log(`heartbeats rep ${r + 1}: coordinator ${h.cpuPercent.toFixed(1)}% CPU, ${h.commitsPerSec.toFixed(1)} commits/s, ${h.rowsRenewedPerSec.toFixed(0)} leases renewed/s`);
+      }
+      rows.push({
+        scenario: `heartbeat scale: ${o.streams} agent streams, one running job each, heartbeat every ${o.leaseMs / 5000} s`,
+        system: 'Leasehold',
+        figures: [{ ...fig(cpu, 1), unit: '% CPU (coordinator)' }, { ...fig(cps, 1), unit: 'commits/s' }, { ...fig(rps), unit: 'leases renewed/s' }],
+      });
+    }
+    if (o.scenarios.includes('pgbench')) {
+      const tps: number[] = [];
+      for (let r = 0; r < o.reps; r++) {
+        const t = await pgbench(db.url, Math.max(2, o.seconds));
+        if (t === undefined) break;
+        tps.push(t);
+        log(`pgbench rep ${r + 1}: ${t.toFixed(0)} tps`);
+      }
+      rows.push({
+        scenario: 'ceiling: pgbench, single-row UPDATE, 16 clients',
+        system: 'PostgreSQL',
+        figures: tps.length ? [{ ...fig(tps), unit: 'transactions/s' }] : [],
+        note: tps.length ? undefined : 'pgbench not found (apt-get install postgresql-client-15 or postgresql-15)',
+      });
+    }
+    const md = markdown(rows, {
+      date: new Date().toISOString(),
+      machine: `${os.cpus().length} × ${os.cpus()[0]?.model ?? 'cpu'}, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, ${os.platform()} ${os.release()}`,
+      node: process.version,
+      postgres: `PostgreSQL ${version} (embedded, fsync and synchronous_commit on)`,
+      commit: await run('git', ['rev-parse', '--short', 'HEAD'], { cwd: root }).then((r) => r.stdout.trim(), () => 'unknown'),
+      reps: o.reps,
+    });
+    if (o.out) await writeFile(o.out, md);
+    if (o.svg && latencies.size) await writeFile(o.svg, latencySvg(latencies));
+    return { rows, md };
+  } finally {
+    for (const s of systems) await s.close().catch(() => undefined);
+    await db.stop();
+    await rm(dataDir, { recursive: true, force: true });
+  }
+}
+
+const isMain = process.argv[1] && path.resolve(process.argv[1]) === path.resolve(new URL(import.meta.url).pathname);
+if (isMain) {
+  const program = new Command()
+    .name('bench')
+    .option('--quick', 'the smoke version: a few hundred jobs, a few seconds')
+    .option('--jobs <n>', 'jobs per throughput repetition', '20000')
+    .option('--reps <n>', 'repetitions per figure', '3')
+    .option('--systems <list>', 'leasehold,graphile-off,graphile-on,pgboss', 'leasehold,graphile-off,graphile-on,pgboss')
+    .option('--scenarios <list>', 'throughput,latency,recovery,heartbeats,pgbench', 'throughput,latency,recovery,heartbeats,pgbench')
+    .option('--warmup <seconds>', 'discarded load before measuring', '30')
+    .parse();
+  const f = program.opts<{ quick?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string }>();
+  const quick = Boolean(f.quick);
+  const o: BenchOptions = {
+    jobs: quick ? 300 : Number(f.jobs),
+    reps: quick ? 1 : Number(f.reps),
+    rate: quick ? 100 : 200,
+    seconds: quick ? 2 : 10,
+    concurrency: quick ? 32 : 256,
+    recoveryJobs: quick ? 10 : 100,
+    leaseMs: quick ? 2000 : 5000,
+    streams: quick ? 50 : 2000,
+    warmupSeconds: quick ? 0 : Number(f.warmup),
+    systems: f.systems.split(',') as SystemName[],
+    scenarios: f.scenarios.split(','),
+    out: quick ? undefined : path.join(here, 'results.md'),
+    svg: quick ? undefined : path.join(here, 'latency.svg'),
+    log: (l) => process.stdout.write(`${l}\n`),
+  };
+  bench(o).then(
+    ({ md }) => {
+      process.stdout.write(`\n${md}\n`);
+      process.exit(0);
+    },
+    (err: unknown) => {
+      process.stderr.write(`bench failed: ${(err as Error).stack ?? err}\n`);
+      process.exit(1);
+    },
+  );
+}

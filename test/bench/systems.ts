@@ -1,0 +1,196 @@
+/**
+ * The systems under benchmark, each on its own database of one PostgreSQL server: Leasehold (an
+ * in-process coordinator, agents over gRPC streams in a worker process), graphile-worker 0.17
+ * with batching off and on, and pg-boss 10. Each can bulk-enqueue, enqueue one job the way a
+ * client would, count what is done (as the database sees it), and be reset between repetitions.
+ */
+import type { JsonObject } from '@bufbuild/protobuf';
+import { createClient } from '@connectrpc/connect';
+import { createGrpcTransport } from '@connectrpc/connect-node';
+import pg from 'pg';
+import pino from 'pino';
+import { loadConfig } from '../../server/config.js';
+import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
+import { agentCreate, migrateDatabase } from '../../server/store/index.js';
+import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
+import type { WorkerConfig } from './worker.js';
+
+export type SystemName = WorkerConfig['system'];
+
+export interface System {
+  name: SystemName;
+  label: string;
+  /** The database this system uses (for commit counts). */
+  database: string;
+  pool: pg.Pool;
+  bulkEnqueue(n: number, payload?: (i: number) => Record<string, unknown>): Promise<void>;
+  enqueueOne(payload: Record<string, unknown>): Promise<void>;
+  /** Jobs not yet completed, as the database sees it (committed completions only). */
+  remaining(): Promise<number>;
+  reset(): Promise<void>;
+  worker(mode: WorkerConfig['mode'], concurrency: number): Promise<WorkerConfig>;
+  /** Lease (or expiry) that governs recovery of a dead worker's jobs, in ms, if the system has one. */
+  leaseMs?: number;
+  close(): Promise<void>;
+}
+
+export const QUEUE = 'noop';
+const ADMIN = 'bench-admin-key';
+
+function withDb(url: string, db: string) {
+  const u = new URL(url);
+  u.pathname = `/${db}`;
+  return u.toString();
+}
+
+async function createDb(adminUrl: string, name: string) {
+  const c = new pg.Client({ connectionString: adminUrl });
+  await c.connect();
+  await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  await c.query(`CREATE DATABASE ${name}`);
+  await c.end();
+  return withDb(adminUrl, name);
+}
+
+/** Leasehold: coordinator in this process (gRPC on a free port), agents in the worker process. */
+export async function leasehold(adminUrl: string, opts: { leaseMs: number; agents: number }): Promise<System> {
+  const url = await createDb(adminUrl, 'bench_leasehold');
+  const config = loadConfig(
+    { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0' },
+    {
+      DATABASE_URL: url,
+      LEASEHOLD_ADMIN_KEY: ADMIN,
+      LEASEHOLD_LEASE_TTL: `${opts.leaseMs}ms`,
+      LEASEHOLD_CLAIM_TTL: `${opts.leaseMs}ms`,
+      LEASEHOLD_HEARTBEAT_INTERVAL: `${Math.round(opts.leaseMs / 5)}ms`,
+      LEASEHOLD_REAPER_INTERVAL: '250ms',
+      LEASEHOLD_LOG_LEVEL: 'warn',
+    },
+  );
+  const c: Coordinator = await startCoordinator(config, pino({ level: "warn" }));
+  (globalThis as { coordinator?: Coordinator }).coordinator = c;
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  const grpcUrl = `http://127.0.0.1:${c.grpc.address.port}`;
+  const client = createClient(JobService, createGrpcTransport({ baseUrl: grpcUrl }));
+  let n = 0;
+  return {
+    name: 'leasehold',
+    label: 'Leasehold',
+    database: 'bench_leasehold',
+    pool,
+    leaseMs: opts.leaseMs,
+    async bulkEnqueue(count, payload = () => ({})) {
+      const payloads = Array.from({ length: count }, (_, i) => JSON.stringify(payload(i)));
+      for (let i = 0; i < payloads.length; i += 5000) {
+        await pool.query(
+          `WITH j AS (INSERT INTO jobs (queue, payload) SELECT $1, p::jsonb FROM unnest($2::text[]) p RETURNING *),
+           e AS (INSERT INTO job_events (job_id, kind, at, data) SELECT j.id, 'enqueued', j.created_at, job_event_delta(to_jsonb(j), '{}'::jsonb) FROM j)
+           SELECT count(*) FROM j`,
+          [QUEUE, payloads.slice(i, i + 5000)],
+        );
+      }
+      await pool.query(`SELECT pg_notify('leasehold_jobs', $1)`, [QUEUE]);
+    },
+    async enqueueOne(payload) {
+      await client.enqueueJob({ queue: QUEUE, payload: payload as JsonObject }, { headers: { authorization: `Bearer ${ADMIN}` } });
+    },
+    async remaining() {
+      return Number((await pool.query(`SELECT count(*) AS n FROM jobs WHERE status <> 'succeeded'`)).rows[0].n);
+    },
+    async reset() {
+      await pool.query('TRUNCATE jobs, attempts, job_events, completions, steps, stale_reports CASCADE');
+    },
+    async worker(mode, concurrency) {
+      const tokens: string[] = [];
+      for (let i = 0; i < opts.agents; i++) {
+        const o = await agentCreate(pool, { agentId: `bench-${mode}-${++n}` });
+        if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+        tokens.push(o.value.token);
+      }
+      return { system: 'leasehold', mode, concurrency, url: grpcUrl, tokens, queue: QUEUE };
+    },
+    async close() {
+      await pool.end();
+      await c.stop();
+    },
+  };
+}
+
+/** graphile-worker 0.17, batching off or on (the worker process runs `run()`). */
+export async function graphile(adminUrl: string, batching: boolean): Promise<System> {
+  const name = batching ? 'bench_graphile_on' : 'bench_graphile_off';
+  const url = await createDb(adminUrl, name);
+  const { runMigrations, makeWorkerUtils, Logger } = await import('graphile-worker');
+  const logger = new Logger(() => () => undefined);
+  await runMigrations({ connectionString: url, logger });
+  const utils = await makeWorkerUtils({ connectionString: url, logger });
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  return {
+    name: batching ? 'graphile-on' : 'graphile-off',
+    label: `graphile-worker (batching ${batching ? 'on' : 'off'})`,
+    database: name,
+    pool,
+    async bulkEnqueue(count, payload = () => ({})) {
+      for (let i = 0; i < count; i += 5000) {
+        const specs = Array.from({ length: Math.min(5000, count - i) }, (_, k) => ({ identifier: QUEUE, payload: payload(i + k) }));
+        await utils.addJobs(specs);
+      }
+    },
+    async enqueueOne(payload) {
+      await utils.addJob(QUEUE, payload);
+    },
+    async remaining() {
+      // graphile-worker deletes a job when it completes.
+      return Number((await pool.query(`SELECT count(*) AS n FROM graphile_worker._private_jobs`)).rows[0].n);
+    },
+    async reset() {
+      await pool.query('DELETE FROM graphile_worker._private_jobs');
+    },
+    async worker(mode, concurrency) {
+      return { system: batching ? 'graphile-on' : 'graphile-off', mode, concurrency, url, queue: QUEUE };
+    },
+    async close() {
+      await utils.release();
+      await pool.end();
+    },
+  };
+}
+
+/** pg-boss 10 (the worker process runs `boss.work()`; it polls no faster than every 0.5 s). */
+export async function pgboss(adminUrl: string, opts: { expireMs: number }): Promise<System> {
+  const url = await createDb(adminUrl, 'bench_pgboss');
+  const { default: PgBoss } = await import('pg-boss');
+  const boss = new PgBoss({ connectionString: url, schema: 'pgboss', supervise: false, schedule: false, max: 4 });
+  boss.on('error', () => undefined);
+  await boss.start();
+  await boss.createQueue(QUEUE, { name: QUEUE, expireInSeconds: Math.max(1, Math.round(opts.expireMs / 1000)), retryLimit: 5, retryDelay: 0 });
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  return {
+    name: 'pgboss',
+    label: 'pg-boss',
+    database: 'bench_pgboss',
+    pool,
+    leaseMs: opts.expireMs,
+    async bulkEnqueue(count, payload = () => ({})) {
+      for (let i = 0; i < count; i += 5000) {
+        await boss.insert(Array.from({ length: Math.min(5000, count - i) }, (_, k) => ({ name: QUEUE, data: payload(i + k) })));
+      }
+    },
+    async enqueueOne(payload) {
+      await boss.send(QUEUE, payload);
+    },
+    async remaining() {
+      return Number((await pool.query(`SELECT count(*) AS n FROM pgboss.job WHERE name = $1 AND state <> 'completed'`, [QUEUE])).rows[0].n);
+    },
+    async reset() {
+      await pool.query(`DELETE FROM pgboss.job WHERE name = $1`, [QUEUE]);
+    },
+    async worker(mode, concurrency) {
+      return { system: 'pgboss', mode, concurrency, url, queue: QUEUE };
+    },
+    async close() {
+      await boss.stop({ graceful: false, wait: true });
+      await pool.end();
+    },
+  };
+}

@@ -1,0 +1,94 @@
+/**
+ * A worker process for the benchmarks: Leasehold agents (the SDK over real streams),
+ * graphile-worker or pg-boss, each with its own workers and a no-op (or holding) handler.
+ * Started with `fork()`; reports over IPC: `ready`, and in `latency`/`hold` mode a `started`
+ * message per job with the time the handler began.
+ */
+import os from 'node:os';
+import path from 'node:path';
+import { mkdtempSync } from 'node:fs';
+import pino from 'pino';
+
+export interface WorkerConfig {
+  system: 'leasehold' | 'graphile-off' | 'graphile-on' | 'pgboss';
+  mode: 'drain' | 'latency' | 'hold';
+  /** Concurrency: total handler slots. */
+  concurrency: number;
+  /** leasehold: gRPC URL and agent tokens (one agent per token); peers: database URL. */
+  url: string;
+  tokens?: string[];
+  queue: string;
+}
+
+const cfg = JSON.parse(process.argv[2]!) as WorkerConfig;
+const send = (m: unknown) => process.send?.(m);
+const onJob = (payload: Record<string, unknown> | undefined) => {
+  if (cfg.mode !== 'drain') send({ type: 'started', id: payload?.id, t: Date.now() });
+  if (cfg.mode === 'hold') return new Promise<never>(() => undefined); // until the process is killed
+  return undefined;
+};
+
+async function leasehold() {
+  const { createAgent } = await import('@leasehold/agent-client');
+  const tokens = cfg.tokens!;
+  const per = Math.ceil(cfg.concurrency / tokens.length);
+  for (const token of tokens) {
+    const agent = createAgent({
+      url: cfg.url,
+      token,
+      slots: per,
+      outboxDir: mkdtempSync(path.join(process.env.BENCH_OUTBOX_DIR ?? os.tmpdir(), 'bench-outbox-')),
+      handleSignals: false,
+      log: pino({ level: 'warn' }),
+    });
+    agent.handle(cfg.queue, async (job) => {
+      await onJob(job.payload);
+      return {};
+    });
+    await agent.start();
+  }
+}
+
+async function graphile(batching: boolean) {
+  const { run } = await import('graphile-worker');
+  await run({
+    connectionString: cfg.url,
+    concurrency: cfg.concurrency,
+    noHandleSignals: true,
+    pollInterval: 2000,
+    logger: new (await import('graphile-worker')).Logger(() => () => undefined),
+    taskList: {
+      [cfg.queue]: async (payload) => {
+        await onJob(payload as Record<string, unknown>);
+      },
+    },
+    preset: batching ? { worker: { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } } : {},
+  });
+}
+
+async function pgboss() {
+  const { default: PgBoss } = await import('pg-boss');
+  // Supervision (which expires jobs of dead workers) runs every second, as fast as pg-boss allows.
+  const boss = new PgBoss({ connectionString: cfg.url, schema: 'pgboss', max: Math.max(4, Math.ceil(cfg.concurrency / 8)), supervise: true, maintenanceIntervalSeconds: 1, schedule: false });
+  boss.on('error', () => undefined);
+  await boss.start();
+  // pg-boss 10 polls each worker no faster than every 0.5 s; several workers make the concurrency.
+  const workers = Math.max(1, Math.ceil(cfg.concurrency / 50));
+  for (let i = 0; i < workers; i++) {
+    await boss.work(cfg.queue, { batchSize: Math.min(50, cfg.concurrency), pollingIntervalSeconds: 0.5 }, async (jobs) => {
+      await Promise.all(jobs.map((j) => onJob(j.data as Record<string, unknown>)));
+    });
+  }
+}
+
+const start = { leasehold, 'graphile-off': () => graphile(false), 'graphile-on': () => graphile(true), pgboss }[cfg.system];
+start().then(
+  () => send({ type: 'ready' }),
+  (err: unknown) => {
+    send({ type: 'error', message: String((err as Error)?.stack ?? err) });
+    process.exit(1);
+  },
+);
+
+// A clean exit on SIGINT (so `--cpu-prof` can write its profile); the benchmark itself kills with SIGKILL.
+process.on('SIGINT', () => process.exit(0));
