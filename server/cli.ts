@@ -1,33 +1,26 @@
 /**
  * `leasehold`: the coordinator's command line. `serve` (what `npm start` runs), `migrate`
- * (what `npm run migrate` runs), and, on the database directly (the embedded one is shared with
- * a running coordinator): `agents add|list|revoke`, `keys add|list|revoke` (API keys with
- * scopes), `subscriptions add|list|remove` (per-queue notifications), `deliveries list|retry`
- * (the notification outbox) and `webhooks secret` (the notify_url signing secret). Those write
- * their answer to stdout and their logs to stderr.
+ * (what `npm run migrate` runs); through a running coordinator's API (`cli-remote.ts`, with
+ * `--url` and `--key`): `agents add|list|revoke|drain`, `keys add|list|revoke`,
+ * `jobs ls|show|requeue|cancel|purge|stale` and `stats`; and, on the database directly (the
+ * embedded one is shared with a running coordinator): `subscriptions add|list|remove`
+ * (per-queue notifications), `deliveries list|retry` (the notification outbox) and `webhooks
+ * secret` (the notify_url signing secret). Every command writes its answer to stdout and its
+ * logs and errors to stderr.
  */
 import { Command } from 'commander';
-import { ConfigError, loadConfig, type ConfigFlags } from './config.js';
+import type { ConfigFlags } from './config.js';
 import { createLogger } from './log.js';
-import {
-  agentCreate,
-  agentList,
-  agentRevoke,
-  deliveryList,
-  deliveryRetry,
-  keyCreate,
-  keyList,
-  keyRevoke,
-  migrateDatabase,
-  openDatabase,
-  signingSecretGet,
-  subscriptionCreate,
-  subscriptionList,
-  subscriptionRemove,
-  type Database,
-  type DeliveryView,
-} from './store/index.js';
-import { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES } from './store/schema.js';
+import { registerRemoteCommands } from './cli-remote.js';
+import { WEBHOOK_EVENT_TYPES } from './store/constants.js';
+import type { Database, DeliveryView } from './store/index.js';
+
+// The configuration (zod) and the store (Drizzle, pg) are loaded by the commands that use them,
+// so the API commands start without them.
+const loadConfig = async (flags: ConfigFlags) => (await import('./config.js')).loadConfig(flags);
+type Store = typeof import('./store/index.js');
+let S: Store;
+const loadStore = async () => (S ??= await import('./store/index.js'));
 
 const log = createLogger();
 /** The logger of the tool commands: stderr, so stdout holds only the answer. */
@@ -49,7 +42,7 @@ withDbFlags(
     .option('--grpc-addr <host:port>', 'gRPC listener (env LEASEHOLD_GRPC_ADDR, default 127.0.0.1:50051)')
     .option('--http-addr <host:port>', 'HTTP listener (env LEASEHOLD_HTTP_ADDR, default 127.0.0.1:8080)'),
 ).action(async (flags: ConfigFlags) => {
-  const config = loadConfig(flags);
+  const config = await loadConfig(flags);
   // Loaded here, not at the top: the tool commands need only the store, and start faster without
   // the transports.
   const { startCoordinator } = await import('./coordinator.js');
@@ -80,7 +73,8 @@ withDbFlags(
 
 withDbFlags(program.command('migrate').description('apply database migrations and exit')).action(
   async (flags: ConfigFlags) => {
-    const config = loadConfig(flags);
+    const config = await loadConfig(flags);
+    const { openDatabase, migrateDatabase } = await loadStore();
     const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log });
     try {
       const applied = await migrateDatabase(db.pool);
@@ -91,9 +85,12 @@ withDbFlags(program.command('migrate').description('apply database migrations an
   },
 );
 
+registerRemoteCommands(program);
+
 /** Runs `fn` on a migrated database, then closes it. */
 async function withDb<T>(flags: ConfigFlags, fn: (db: Database) => Promise<T>): Promise<T> {
-  const config = loadConfig(flags);
+  const config = await loadConfig(flags);
+  const { openDatabase, migrateDatabase } = await loadStore();
   const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log: toolLog(), max: 2 });
   try {
     await migrateDatabase(db.pool);
@@ -111,84 +108,12 @@ function failed(o: { outcome: string; message?: string; field?: string }): boole
   return true;
 }
 
-const agentsCmd = program.command('agents').description('agent identities: each agent connects with its own token');
-
-withDbFlags(agentsCmd.command('add <name>').description('create an agent and print its token (shown once)'))
-  .option('--json', 'print JSON')
-  .action((name: string, flags: ConfigFlags & { json?: boolean }) =>
-    withDb(flags, async (db) => {
-      const o = await agentCreate(db.pool, { agentId: name });
-      if (failed(o) || o.outcome !== 'ok') return;
-      if (flags.json) process.stdout.write(`${JSON.stringify(o.value)}\n`);
-      else process.stdout.write(`agent ${o.value.agentId} created; its token (shown once, keep it secret):\n${o.value.token}\n`);
-    }),
-  );
-
-withDbFlags(agentsCmd.command('list').description('list agents'))
-  .option('--json', 'print JSON')
-  .action((flags: ConfigFlags & { json?: boolean }) =>
-    withDb(flags, async (db) => {
-      const rows = await agentList(db.pool);
-      if (flags.json) {
-        process.stdout.write(`${JSON.stringify(rows.map(({ tokenHash: _, ...r }) => r))}\n`);
-        return;
-      }
-      const lines = rows.map((r) => [r.id, r.revokedAt ? 'revoked' : 'active', r.createdAt.toISOString(), r.lastSeenAt?.toISOString() ?? '-']);
-      for (const l of [['AGENT', 'STATE', 'CREATED', 'LAST SEEN'], ...lines]) process.stdout.write(`${l.map((c, i) => (i < 3 ? c.padEnd(i === 2 ? 26 : 24) : c)).join(' ')}\n`);
-    }),
-  );
-
-withDbFlags(agentsCmd.command('revoke <name>').description('revoke an agent: its token stops working'))
-  .action((name: string, flags: ConfigFlags) =>
-    withDb(flags, async (db) => {
-      const o = await agentRevoke(db.pool, { agentId: name });
-      if (!failed(o)) process.stdout.write(`agent ${name} revoked\n`);
-    }),
-  );
-
 /** Prints rows as aligned columns. */
 function table(rows: string[][]) {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
   for (const r of rows) process.stdout.write(`${r.map((c, i) => (i < r.length - 1 ? c.padEnd(widths[i]!) : c)).join('  ')}\n`);
 }
 const list = (s: string) => s.split(',').map((x) => x.trim()).filter(Boolean);
-
-const keysCmd = program.command('keys').description(`API keys for the HTTP gateway and gRPC callers; scopes: ${API_KEY_SCOPES.join(', ')}`);
-
-withDbFlags(keysCmd.command('add <name>').description('create a key and print it (shown once)'))
-  .requiredOption('--scope <scopes>', `comma-separated: ${API_KEY_SCOPES.join(', ')} (agent: the key acts as the agent <name>)`)
-  .option('--json', 'print JSON')
-  .option('--quiet', 'print only the key')
-  .action((name: string, flags: ConfigFlags & { scope: string; json?: boolean; quiet?: boolean }) =>
-    withDb(flags, async (db) => {
-      const o = await keyCreate(db.pool, { name, scopes: list(flags.scope) });
-      if (failed(o) || o.outcome !== 'ok') return;
-      if (flags.json) process.stdout.write(`${JSON.stringify(o.value)}\n`);
-      else if (flags.quiet) process.stdout.write(`${o.value.key}\n`);
-      else process.stdout.write(`key ${o.value.name} created with scopes ${o.value.scopes.join(',')}; the key (shown once, keep it secret):\n${o.value.key}\n`);
-    }),
-  );
-
-withDbFlags(keysCmd.command('list').description('list keys (never the keys themselves)'))
-  .option('--json', 'print JSON')
-  .action((flags: ConfigFlags & { json?: boolean }) =>
-    withDb(flags, async (db) => {
-      const rows = await keyList(db.pool);
-      if (flags.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
-      table([
-        ['KEY', 'SCOPES', 'STATE', 'CREATED', 'LAST USED'],
-        ...rows.map((r) => [r.name, r.scopes.join(','), r.revokedAt ? 'revoked' : 'active', r.createdAt.toISOString(), r.lastUsedAt?.toISOString() ?? '-']),
-      ]);
-    }),
-  );
-
-withDbFlags(keysCmd.command('revoke <name>').description('revoke a key: the next call with it is refused'))
-  .action((name: string, flags: ConfigFlags) =>
-    withDb(flags, async (db) => {
-      const o = await keyRevoke(db.pool, { name });
-      if (!failed(o)) process.stdout.write(`key ${name} revoked\n`);
-    }),
-  );
 
 const subsCmd = program.command('subscriptions').description('per-queue notifications: signed POSTs when jobs end');
 
@@ -197,7 +122,7 @@ withDbFlags(subsCmd.command('add <queue> <url>').description("subscribe url to a
   .option('--json', 'print JSON')
   .action((queue: string, url: string, flags: ConfigFlags & { events?: string; json?: boolean }) =>
     withDb(flags, async (db) => {
-      const o = await subscriptionCreate(db.pool, { queue, url, ...(flags.events ? { events: list(flags.events) } : {}) });
+      const o = await S.subscriptionCreate(db.pool, { queue, url, ...(flags.events ? { events: list(flags.events) } : {}) });
       if (failed(o) || o.outcome !== 'ok') return;
       if (flags.json) return void process.stdout.write(`${JSON.stringify(o.value)}\n`);
       process.stdout.write(
@@ -212,7 +137,7 @@ withDbFlags(subsCmd.command('list').description('list subscriptions'))
   .option('--show-secrets', 'include the signing secrets')
   .action((flags: ConfigFlags & { json?: boolean; showSecrets?: boolean }) =>
     withDb(flags, async (db) => {
-      const rows = await subscriptionList(db.pool, { withSecrets: Boolean(flags.showSecrets) });
+      const rows = await S.subscriptionList(db.pool, { withSecrets: Boolean(flags.showSecrets) });
       if (flags.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
       table([
         ['ID', 'QUEUE', 'EVENTS', 'URL', ...(flags.showSecrets ? ['SECRET'] : [])],
@@ -224,7 +149,7 @@ withDbFlags(subsCmd.command('list').description('list subscriptions'))
 withDbFlags(subsCmd.command('remove <id>').description('remove a subscription (its undelivered notifications are dropped)'))
   .action((id: string, flags: ConfigFlags) =>
     withDb(flags, async (db) => {
-      const o = await subscriptionRemove(db.pool, { id });
+      const o = await S.subscriptionRemove(db.pool, { id });
       if (!failed(o)) process.stdout.write(`subscription ${id} removed\n`);
     }),
   );
@@ -238,7 +163,7 @@ withDbFlags(deliveriesCmd.command('list').description('the newest deliveries'))
   .option('--json', 'print JSON')
   .action((flags: ConfigFlags & { status?: string; job?: string; limit?: string; json?: boolean }) =>
     withDb(flags, async (db) => {
-      const o = await deliveryList(db.pool, {
+      const o = await S.deliveryList(db.pool, {
         ...(flags.status ? { status: flags.status as DeliveryView['status'] } : {}),
         ...(flags.job ? { jobId: flags.job } : {}),
         ...(flags.limit ? { limit: Number(flags.limit) } : {}),
@@ -264,7 +189,7 @@ withDbFlags(deliveriesCmd.command('retry [id]').description('send failed deliver
         failed({ outcome: 'invalid', field: 'id', message: 'must be a delivery number (leasehold deliveries list --status failed)' });
         return;
       }
-      const o = await deliveryRetry(db.pool, id === undefined ? {} : { id: Number(id) });
+      const o = await S.deliveryRetry(db.pool, id === undefined ? {} : { id: Number(id) });
       if (failed(o) || o.outcome !== 'ok') return;
       process.stdout.write(`${o.value.ids.length} deliver${o.value.ids.length === 1 ? 'y' : 'ies'} queued again${o.value.ids.length ? `: ${o.value.ids.join(', ')}` : ''}\n`);
     }),
@@ -276,13 +201,13 @@ withDbFlags(webhooksCmd.command('secret').description('print the secret that sig
   .option('--rotate', 'replace it (deliveries sent from now on use the new one)')
   .action((flags: ConfigFlags & { rotate?: boolean }) =>
     withDb(flags, async (db) => {
-      process.stdout.write(`${await signingSecretGet(db.pool, { rotate: Boolean(flags.rotate) })}\n`);
+      process.stdout.write(`${await S.signingSecretGet(db.pool, { rotate: Boolean(flags.rotate) })}\n`);
     }),
   );
 
 program.parseAsync().catch((err: unknown) => {
-  if (err instanceof ConfigError) {
-    log.error(err.message);
+  if ((err as Error).name === 'ConfigError') {
+    log.error((err as Error).message);
     process.exitCode = 2;
   } else {
     log.error({ err }, (err as Error).message);

@@ -5,6 +5,7 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
+import { parseDuration } from './duration.js';
 
 export interface Config {
   /** `DATABASE_URL`; when absent an embedded PostgreSQL runs with its data under `dataDir`. */
@@ -17,6 +18,13 @@ export interface Config {
   claimTtlMs: number;
   heartbeatIntervalMs: number;
   reaperIntervalMs: number;
+  /**
+   * Finished jobs older than this are purged by the purger (`LEASEHOLD_RETENTION`, default 7
+   * days); `undefined` (`off` or `0`) keeps them forever.
+   */
+  retentionMs: number | undefined;
+  /** Time between purger runs (`LEASEHOLD_PURGE_INTERVAL`, default 10 minutes). */
+  purgeIntervalMs: number;
   /** The webhook deliverer: run interval, send timeout, sends per delivery, first retry delay. */
   webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number };
   /** Every dead-letter alert is also POSTed here (`LEASEHOLD_ALERT_URL`), signed with the notify secret. */
@@ -36,15 +44,7 @@ export class ConfigError extends Error {
   override readonly name = 'ConfigError';
 }
 
-const units: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
-
-/** Parses `250ms`, `2s`, `1.5m`, `1h` (or a bare number of milliseconds) into milliseconds. */
-export function parseDuration(text: string): number | undefined {
-  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(text);
-  if (!m) return undefined;
-  const ms = Number(m[1]) * units[m[2] ?? 'ms']!;
-  return Number.isFinite(ms) ? Math.round(ms) : undefined;
-}
+export { parseDuration } from './duration.js';
 
 const addr = z.string().regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'must be host:port, e.g. 127.0.0.1:50051');
 
@@ -88,6 +88,10 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
     heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
     reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
+    retentionMs: ['off', '0'].includes(env.LEASEHOLD_RETENTION?.trim() ?? '')
+      ? undefined
+      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, 7 * 86_400_000, 60_000),
+    purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
     webhook: {
       intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10),
       timeoutMs: duration('LEASEHOLD_WEBHOOK_TIMEOUT', env.LEASEHOLD_WEBHOOK_TIMEOUT, 10_000, 100),

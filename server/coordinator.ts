@@ -1,16 +1,21 @@
 /**
  * The coordinator process: opens the database (embedded or `DATABASE_URL`), applies migrations,
- * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer),
- * the agent hub and dispatcher, and the gRPC and HTTP listeners; stops them in the reverse order.
+ * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer,
+ * purger, session registry), the agent hub and dispatcher, the metrics, and the gRPC and HTTP
+ * listeners; stops them in the reverse order.
  */
 import type { Config } from './config.js';
+import { Activity } from './core/activity.js';
 import { AgentHub } from './core/agent-hub.js';
 import { Dispatcher } from './core/dispatcher.js';
+import { Purger } from './core/purger.js';
 import { Reaper } from './core/reaper.js';
+import { SessionRegistry } from './core/session-registry.js';
 import { WebhookDeliverer } from './core/webhook-deliverer.js';
 import type { Logger } from './log.js';
 import { keyBootstrap, Listener, migrateDatabase, openDatabase, signingSecretGet, type Database } from './store/index.js';
 import { listenHttp, type HttpServer } from './transport/http.js';
+import { createMetrics, type Metrics } from './transport/metrics.js';
 import { listenGrpc, type GrpcServer, type ServerDeps } from './transport/server.js';
 
 export interface Coordinator {
@@ -19,6 +24,13 @@ export interface Coordinator {
   hub: AgentHub;
   dispatcher: Dispatcher;
   deliverer: WebhookDeliverer;
+  /** Purges finished jobs past the retention; undefined when `LEASEHOLD_RETENTION=off`. */
+  purger: Purger | undefined;
+  /** Keeps `agent_sessions` in step with this process's streams; its `coordinatorId` names this process. */
+  registry: SessionRegistry;
+  /** What the unary routes did (metrics count it). */
+  activity: Activity;
+  metrics: Metrics;
   grpc: GrpcServer;
   http: HttpServer;
   /** Stops the listener, services, pool and embedded database, in that order. Safe to call twice. */
@@ -53,11 +65,18 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     dispatcher.start();
     cleanups.push(() => dispatcher.stop());
 
+    const registry = new SessionRegistry(db.pool, hub, log.child({ component: 'sessions' }));
+    registry.start();
+    cleanups.push(() => registry.stop());
+    log.info({ coordinatorId: registry.coordinatorId }, 'coordinator id (agent_sessions.coordinator_id of its streams)');
+
     const listener = new Listener(db.url, log.child({ component: 'listener' }));
     listener.on('jobs', (queue) => dispatcher.wake(queue));
     listener.on('connected', () => dispatcher.wake());
     listener.on('control', (m) => {
       if (m.type === 'cancel') hub.revoke(m.attemptIds, 'job canceled', 'cancel');
+      else if (m.type === 'drain') registry.drain(m.agentId);
+      else if (m.type === 'disconnect') registry.disconnect(m.agentId, m.reason);
     });
     await listener.start();
     cleanups.push(() => listener.stop());
@@ -86,12 +105,28 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     deliverer.start();
     cleanups.push(() => deliverer.stop());
 
+    let purger: Purger | undefined;
+    if (config.retentionMs !== undefined) {
+      purger = new Purger(db.pool, log.child({ component: 'purger' }), { retentionMs: config.retentionMs, intervalMs: config.purgeIntervalMs });
+      purger.start();
+      const p = purger;
+      cleanups.push(() => p.stop());
+    }
+
+    const activity = new Activity();
+    const metrics = createMetrics({ db: db.pool, hub, dispatcher, reaper, deliverer, purger, activity, log: log.child({ component: 'metrics' }) });
+    cleanups.push(async () => metrics.close());
+
     const deps: Omit<ServerDeps, 'log'> = {
       db: db.pool,
       hub,
       leaseTtlMs: config.leaseTtlMs,
       claimTtlMs: config.claimTtlMs,
       heartbeatIntervalMs: config.heartbeatIntervalMs,
+      activity,
+      retentionMs: config.retentionMs,
+      sessionStaleAfterMs: registry.staleAfterMs,
+      metrics,
     };
     const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());
@@ -99,7 +134,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, deliverer, grpc, http, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, deliverer, purger, registry, activity, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

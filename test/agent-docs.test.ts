@@ -29,9 +29,12 @@ it('the Linux walk-through of docs/agent.md runs as pasted', async () => {
   const walk = blocks.find((b) => b.includes('npx leasehold-agent --config ~/leasehold-demo/agent.json --check'))!;
   expect(walk).toBeDefined();
   home = await mkdtemp(path.join(os.tmpdir(), 'leasehold-home-'));
-  const { stdout, stderr } = await run('bash', ['-e', '-c', walk.replaceAll('127.0.0.1:50051', `127.0.0.1:${lh.port}`)], {
+  // Only the ports differ from what a user pastes: the test's coordinator listens on free ones.
+  const script = walk.replaceAll('127.0.0.1:50051', `127.0.0.1:${lh.port}`).replaceAll('http://127.0.0.1:8080', lh.httpUrl);
+  expect(script).toContain(lh.httpUrl);
+  const { stdout, stderr } = await run('bash', ['-e', '-c', script], {
     cwd: root,
-    env: { ...process.env, HOME: home, DATABASE_URL: t.url, LEASEHOLD_LOG_LEVEL: 'warn', PATH: `${path.join(root, 'node_modules/.bin')}:${process.env.PATH}` },
+    env: { ...process.env, HOME: home, LEASEHOLD_LOG_LEVEL: 'warn', PATH: `${path.join(root, 'node_modules/.bin')}:${process.env.PATH}` },
     timeout: 120_000,
   });
   expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);

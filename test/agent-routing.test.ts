@@ -2,7 +2,7 @@
  * Routing and leases at the level of the coordinator process: jobs go only to agents carrying
  * the labels they require; many agents' heartbeats are renewed by one UPDATE per tick; the
  * gRPC listener serves TLS when given a certificate; and `leasehold agents add` makes a token
- * that opens a stream.
+ * that opens a stream (and `agents revoke` ends it).
  */
 import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
@@ -75,7 +75,7 @@ describe('routing', () => {
 
 describe('agent tokens from the command line', () => {
   it('`leasehold agents add NAME --json` prints a token that opens a stream; `revoke` closes the door', async () => {
-    const env = { ...process.env, DATABASE_URL: t.url, LEASEHOLD_LOG_LEVEL: 'warn', LEASEHOLD_LOG_FORMAT: 'json' };
+    const env = { ...process.env, LEASEHOLD_URL: lh.httpUrl, LEASEHOLD_KEY: ADMIN_KEY, LEASEHOLD_LOG_LEVEL: 'warn', LEASEHOLD_LOG_FORMAT: 'json' };
     const root = path.resolve(import.meta.dirname, '..');
     const add = await run(process.execPath, ['--import', 'tsx', 'server/cli.ts', 'agents', 'add', 'cli-made', '--json'], { cwd: root, env });
     const { agentId, token } = JSON.parse(add.stdout) as { agentId: string; token: string };
@@ -87,6 +87,8 @@ describe('agent tokens from the command line', () => {
     expect(stored).not.toContain(token);
 
     await run(process.execPath, ['--import', 'tsx', 'server/cli.ts', 'agents', 'revoke', 'cli-made'], { cwd: root, env });
+    // The revoke ended the open stream too.
+    expect((await a.ended).code).toBe(grpc.status.UNAUTHENTICATED);
     const b = agent(`127.0.0.1:${lh.port}`, { agentId, token, queues: ['cli'], slots: 1 });
     expect((await b.ended).code).toBe(grpc.status.UNAUTHENTICATED);
     const dup = await run(process.execPath, ['--import', 'tsx', 'server/cli.ts', 'agents', 'add', 'cli-made'], { cwd: root, env }).catch((e: { code: number; stderr: string }) => e);

@@ -187,7 +187,7 @@ describe('leasehold-agent', () => {
     await waitFor('stream up', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'runner-restart'));
     // Silence the network as soon as the job is running, so the result cannot get out.
     const j = await enqueue('add', { a: 20, b: 3 });
-    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    await first.waitFor('command started');
     proxy.blackhole();
     const entry = await first.waitFor('handler finished');
     const file = path.join(c.outboxDir, `${String(entry.attemptId)}.json`);

@@ -70,7 +70,7 @@ describe('an agent killed with SIGKILL', () => {
     const job = await enqueue('crash1', { n: 5, workMs: 300 });
     const assigned = await a.waitFor((l) => l.msg === 'job assigned');
     const attemptId = String(assigned.attemptId);
-    await waitFor('running', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'running');
+    await a.waitFor((l) => l.msg === 'start confirmed; running the handler' && l.attemptId === attemptId);
     // The network goes silent: the result reaches the outbox but never the coordinator.
     proxy.blackhole();
     await waitFor('result in the outbox', () => existsSync(path.join(outbox, `${attemptId}.json`)));

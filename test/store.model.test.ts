@@ -213,7 +213,8 @@ class Start implements fc.AsyncCommand<Model, Real> {
       j.attemptsStarted++;
       const deadline = j.execTimeout === undefined ? undefined : m.now + j.execTimeout;
       j.current = { ...j.current!, deadline, lease: Math.min(m.now + TTL, deadline ?? Infinity) };
-    } else if (isCurrent(m, a) && j.status === 'running') {
+    } else if ((isCurrent(m, a) && j.status === 'running') || m.completions.has(a.id)) {
+      // Started already, or even reported (a report of a claimed attempt starts it): a repeat.
       expectOutcome(o, 'duplicate', 'start again');
     } else {
       expectOutcome(o, 'stale', 'start by a non-current attempt');

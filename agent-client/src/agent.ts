@@ -31,8 +31,11 @@ import { Outbox, type OutboxEntry } from './outbox.js';
 export type Handler = (job: JobInfo, ctx: JobContext) => unknown;
 
 export interface AgentOptions {
-  /** The coordinator's gRPC address: `http://127.0.0.1:50051`, `https://…`, or `host:port`. */
-  url: string;
+  /**
+   * The coordinator's gRPC address (`http://127.0.0.1:50051`, `https://…`, `host:port`), or a
+   * list of replicas: after a failure the agent reconnects to the next one and resumes there.
+   */
+  url: string | string[];
   /** The agent's token (`leasehold agents add NAME`). */
   token: string;
   /** The agent's name; default: the one the token belongs to. */
@@ -71,6 +74,8 @@ export interface AgentEvents {
 interface Running {
   job: JobInfo;
   attemptId: string;
+  /** The coordinator confirmed the start (a `Renewed` for it came): the handler runs. */
+  started: boolean;
   abort: AbortController;
   /** Local lease deadline (ms since epoch); Infinity before the first start is sent. */
   deadline: number;
@@ -79,6 +84,10 @@ interface Running {
   progress?: unknown;
   progressDirty?: boolean;
   done: Promise<void>;
+  /** Runs the handler (once the start is confirmed). */
+  begin?: () => void;
+  /** Gives the slot back without running the handler (revoked before it started). */
+  cancelBegin?: () => void;
 }
 
 /** Permanent refusals: retrying cannot help until someone changes the config or the token. */
@@ -89,7 +98,9 @@ export class Agent extends EventEmitter<AgentEvents> {
   private readonly handlers = new Map<string, Handler>();
   private readonly running = new Map<string, Running>();
   private readonly outbox: Outbox;
-  private channel: CoordinatorChannel | undefined;
+  private channels: CoordinatorChannel[] = [];
+  /** Index of the replica in use (or to try next). */
+  private current = 0;
   private call: ReturnType<CoordinatorChannel['connect']> | undefined;
   private connected = false;
   private leaseTtlMs = 30_000;
@@ -129,7 +140,9 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (!queues.length) throw new Error('no queues: call agent.handle(queue, fn) or pass queues');
     const replay = await this.outbox.open();
     if (replay.length) this.log.info({ entries: replay.length, dir: this.outbox.dir }, 'outbox holds reports from an earlier run: resending');
-    this.channel = new CoordinatorChannel(this.options.url, this.options.token, this.options.tls);
+    const urls = Array.isArray(this.options.url) ? this.options.url : [this.options.url];
+    if (!urls.length) throw new Error('url: give at least one coordinator address');
+    this.channels = urls.map((u) => new CoordinatorChannel(u, this.options.token, this.options.tls));
     this.watchdog = setInterval(() => this.checkDeadlines(), 100);
     if (this.options.handleSignals !== false) this.installSignals();
     let first: { resolve: () => void; reject: (e: Error) => void } | undefined;
@@ -170,7 +183,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.signalHandlers = [];
     this.call?.end();
     this.call?.cancel();
-    this.channel?.close();
+    for (const c of this.channels) c.close();
     this.wakeLoop?.();
   }
 
@@ -200,6 +213,8 @@ export class Agent extends EventEmitter<AgentEvents> {
         return;
       }
       failures = r.welcomed ? 1 : failures + 1;
+      // Another replica may be up: try the next address (a single one is simply retried).
+      this.current = (this.current + 1) % this.channels.length;
       const delay = Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
       this.log.warn({ delayMs: Math.round(delay), err: r.error && details(r.error) }, 'disconnected from the coordinator; reconnecting');
       await new Promise<void>((res) => {
@@ -217,7 +232,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   private session(queues: string[], onWelcome: () => void): Promise<{ welcomed: boolean; error?: grpc.ServiceError }> {
     return new Promise((resolve) => {
       let welcomed = false;
-      const call = this.channel!.connect();
+      const call = this.channels[this.current]!.connect();
       this.call = call;
       const resume = [...this.running.values()].filter((r) => !r.abort.signal.aborted).map((r) => r.attemptId);
       call.write(
@@ -278,6 +293,9 @@ export class Agent extends EventEmitter<AgentEvents> {
         this.heartbeat();
         if (this.draining) this.send({ kind: { case: 'bye', value: { drain: true } } });
         this.resendOutbox();
+        // Starts that were never confirmed (the stream dropped first) are asked for again.
+        const unconfirmed = [...this.running.values()].filter((r) => !r.started && !r.abort.signal.aborted).map((r) => r.attemptId);
+        if (unconfirmed.length) this.send({ kind: { case: 'started', value: { attemptIds: unconfirmed } } });
         this.emit('connected', { sessionId: k.value.sessionId });
         return;
       }
@@ -298,7 +316,13 @@ export class Agent extends EventEmitter<AgentEvents> {
         const deadline = Date.now() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
         for (const id of k.value.attemptIds) {
           const r = this.running.get(id);
-          if (r && !r.abort.signal.aborted) r.deadline = deadline;
+          if (!r || r.abort.signal.aborted) continue;
+          r.deadline = deadline;
+          if (!r.started) {
+            r.started = true;
+            this.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
+            r.begin?.();
+          }
         }
         return;
       }
@@ -325,14 +349,28 @@ export class Agent extends EventEmitter<AgentEvents> {
     const r: Running = {
       job,
       attemptId: c.attemptId,
+      started: false,
       abort,
       deadline: Date.now() + this.leaseTtlMs - this.heartbeatMs,
       done: Promise.resolve(),
     };
+    // The handler waits for the coordinator to confirm the start: until then the attempt is only
+    // claimed, and the step ledger (a separate call) would refuse it.
+    r.done = new Promise<void>((resolve) => {
+      r.begin = () => {
+        r.begin = undefined;
+        resolve(this.run(r));
+      };
+      r.cancelBegin = () => {
+        r.begin = undefined;
+        this.running.delete(r.attemptId);
+        if (!this.draining) this.grantCredit();
+        resolve();
+      };
+    });
     this.running.set(c.attemptId, r);
     this.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
     this.emit('assigned', { attemptId: c.attemptId, jobId: job.id, attemptNo: c.attemptNo });
-    r.done = this.run(r);
   }
 
   private async run(r: Running): Promise<void> {
@@ -341,7 +379,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       job: r.job,
       attemptId: r.attemptId,
       signal: r.abort.signal,
-      channel: this.channel!,
+      channel: () => this.channels[this.current]!,
       onProgress: (v) => {
         r.progress = v;
         r.progressDirty = true;
@@ -423,6 +461,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (r.abort.signal.aborted) return;
     r.abortedAt = Date.now();
     r.abort.abort(new Error(reason));
+    if (!r.started) r.cancelBegin?.(); // never ran: nothing to stop, nothing to report
     this.log.warn({ jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
     this.emit('aborted', { attemptId: r.attemptId, reason });
   }

@@ -91,7 +91,8 @@ export function createContext(opts: {
   job: JobInfo;
   attemptId: string;
   signal: AbortSignal;
-  channel: CoordinatorChannel;
+  /** The channel of the stream in use (it changes when the agent fails over to another replica). */
+  channel: () => CoordinatorChannel;
   onProgress: (v: unknown) => void;
   onLeaseLost: (why: string) => void;
 }): JobContext {
@@ -111,7 +112,7 @@ export function createContext(opts: {
     }
   };
   const record = async (name: string, output: unknown) => {
-    await call(() => channel.recordStep({ ...ref, step: name, output: toValue(output) }, signal));
+    await call(() => channel().recordStep({ ...ref, step: name, output: toValue(output) }, signal));
   };
 
   return {
@@ -122,7 +123,7 @@ export function createContext(opts: {
     idempotencyKey: key,
     async step(name, fn, stepOpts) {
       const idempotencyKey = key(name);
-      const r = await call(() => channel.reserveStep({ ...ref, step: name }, signal));
+      const r = await call(() => channel().reserveStep({ ...ref, step: name }, signal));
       const state = r.state;
       if (state.case === 'done') return (state.value.output ? toJson(ValueSchema, state.value.output) : null) as never;
       if (state.case === 'unknown') {

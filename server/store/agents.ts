@@ -57,12 +57,15 @@ const revokeSql = statement(
   `UPDATE agents SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING id, revoked_at`,
 );
 
-/** Revokes an agent: its token stops working at once (open streams are closed by the coordinator). */
-export async function agentRevoke(db: Queryable, p: { agentId: string }): Promise<Outcome<{ agentId: string }>> {
+/**
+ * Revokes an agent: its token stops working at once (AdminService.RevokeAgent also tells every
+ * coordinator to end the agent's open streams). `revokedAt` is the first revocation's time.
+ */
+export async function agentRevoke(db: Queryable, p: { agentId: string }): Promise<Outcome<{ agentId: string; revokedAt: Date }>> {
   const bad = check('agentId', schemas.agentId, p.agentId);
   if (bad) return bad;
-  const [row] = await run(db, revokeSql, [p.agentId]);
-  return row ? ok({ agentId: p.agentId }) : notFound(`agent ${p.agentId} not found`);
+  const [row] = await run<{ id: string; revoked_at: Date }>(db, revokeSql, [p.agentId]);
+  return row ? ok({ agentId: p.agentId, revokedAt: row.revoked_at }) : notFound(`agent ${p.agentId} not found`);
 }
 
 /** All agents, oldest first. */

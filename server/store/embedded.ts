@@ -37,6 +37,8 @@ export interface EmbeddedOptions {
   settings?: Record<string, string>;
   /** Delete the data directory on stop (tests). */
   ephemeral?: boolean;
+  /** Listen on this port instead of a free one (a restart that clients must find again). */
+  port?: number;
 }
 
 export interface EmbeddedDatabase {
@@ -89,7 +91,7 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
     await initdb(bin.initdb, pgdata, creds, runAs);
   }
 
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const settings: Record<string, string> = {
     listen_addresses: '127.0.0.1',
     unix_socket_directories: '',

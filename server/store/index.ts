@@ -13,3 +13,5 @@ export { migrateDatabase } from './migrate.js';
 export * from './keys.js';
 export * from './deliveries.js';
 export * from './ping.js';
+export * from './admin.js';
+export * from './agent-sessions.js';

@@ -1,7 +1,8 @@
 /**
  * LISTEN/NOTIFY between coordinators: `leasehold_jobs` carries a queue name when jobs become
  * due there (sent by the enqueue, requeue and rescue statements); `leasehold_control` carries
- * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain).
+ * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain, the end of
+ * a revoked agent's streams).
  */
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
@@ -14,7 +15,9 @@ export const CONTROL_CHANNEL = 'leasehold_control';
 /** A command for the coordinator that holds an agent's stream. */
 export type ControlMessage =
   | { type: 'cancel'; agentId: string; attemptIds: string[] }
-  | { type: 'drain'; agentId: string };
+  | { type: 'drain'; agentId: string }
+  /** The agent was revoked: end its open streams. */
+  | { type: 'disconnect'; agentId: string; reason: string };
 
 const controlSql = statement('controlNotify', `SELECT pg_notify('${CONTROL_CHANNEL}', $1)`);
 

@@ -24,6 +24,9 @@ import {
   uniqueIndex,
   uuid,
 } from 'drizzle-orm/pg-core';
+import { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES } from './constants.js';
+
+export { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES };
 
 /** Job states of DESIGN.md. `claimed` (holds a start deadline) and `running` (holds a lease) are the two held states. */
 export const jobStatus = pgEnum('job_status', [
@@ -187,8 +190,6 @@ export const agents = pgTable(
   ],
 );
 
-/** What an API key may do: `admin` implies `enqueue` and `read`, never `agent`. */
-export const API_KEY_SCOPES = ['enqueue', 'read', 'agent', 'admin'] as const;
 
 /**
  * Keys of gateway callers (`Authorization: Bearer <key>`): shown once at creation, stored as
@@ -216,8 +217,6 @@ export const apiKeys = pgTable(
   ],
 );
 
-/** The notification events of DESIGN.md: one per terminal transition of a job. */
-export const WEBHOOK_EVENT_TYPES = ['job.succeeded', 'job.failed', 'job.dead', 'job.canceled'] as const;
 export const webhookEventType = pgEnum('webhook_event_type', WEBHOOK_EVENT_TYPES);
 
 /**
@@ -342,23 +341,35 @@ export const jobEvents = pgTable(
   (t) => [
     // Serves jobGet's history and the rebuild of a job from its events.
     index('job_events_job_idx').on(t.jobId, t.id),
+    // Serves the per-minute counts of GetStats (recent events by time). BRIN: events are
+    // appended in time order, so a few block ranges hold the last minutes, and the index costs
+    // the transition statements next to nothing (a btree would add a write to every one).
+    index('job_events_at_brin').using('brin', t.at),
   ],
 );
 
-export const completions = pgTable('completions', {
-  /** One terminal report per attempt: a repeat is compared with it (`duplicate` or `conflict`). */
-  attemptId: uuid('attempt_id')
-    .primaryKey()
-    .references(() => attempts.id, { onDelete: 'cascade' }),
-  jobId: uuid('job_id')
-    .notNull()
-    .references(() => jobs.id, { onDelete: 'cascade' }),
-  kind: text('kind', { enum: ['completed', 'failed'] }).notNull(),
-  result: jsonb('result'),
-  error: jsonb('error'),
-  retryable: boolean('retryable'),
-  createdAt: tsz('created_at').notNull(),
-});
+export const completions = pgTable(
+  'completions',
+  {
+    /** One terminal report per attempt: a repeat is compared with it (`duplicate` or `conflict`). */
+    attemptId: uuid('attempt_id')
+      .primaryKey()
+      .references(() => attempts.id, { onDelete: 'cascade' }),
+    jobId: uuid('job_id')
+      .notNull()
+      .references(() => jobs.id, { onDelete: 'cascade' }),
+    kind: text('kind', { enum: ['completed', 'failed'] }).notNull(),
+    result: jsonb('result'),
+    error: jsonb('error'),
+    retryable: boolean('retryable'),
+    createdAt: tsz('created_at').notNull(),
+  },
+  (t) => [
+    // Serves the ON DELETE CASCADE from jobs when finished jobs are purged: without it, deleting
+    // a job scans the whole table for its completions.
+    index('completions_job_idx').on(t.jobId),
+  ],
+);
 
 export const steps = pgTable(
   'steps',
@@ -405,12 +416,45 @@ export const staleReports = pgTable(
   ],
 );
 
+/**
+ * The agent streams open on every coordinator (one row per session), so any replica can list
+ * them. A coordinator inserts a row when a stream opens and deletes it when it closes, and
+ * stamps `seen_at` on its rows every few seconds; rows not stamped for a while belong to a
+ * coordinator that died, and any replica deletes them. What a session holds is read from
+ * `attempts` (the truth), not kept here.
+ */
+export const agentSessions = pgTable(
+  'agent_sessions',
+  {
+    /** The session id of `Welcome`. */
+    id: uuid('id').primaryKey(),
+    agentId: text('agent_id').notNull(),
+    /** The coordinator process holding the stream (random at each start). */
+    coordinatorId: uuid('coordinator_id').notNull(),
+    queues: text('queues').array().notNull(),
+    labels: jsonb('labels').notNull().default({}),
+    slots: integer('slots').notNull(),
+    connectedAt: tsz('connected_at').notNull(),
+    /** Stamped by its coordinator while it lives. */
+    seenAt: tsz('seen_at').notNull().defaultNow(),
+    /** When an operator asked the agent to drain (DrainAgent). */
+    drainingSince: tsz('draining_since'),
+  },
+  (t) => [
+    // Serves listing an agent's sessions and draining them.
+    index('agent_sessions_agent_idx').on(t.agentId),
+    // Serves a coordinator stamping or removing its own rows.
+    index('agent_sessions_coordinator_idx').on(t.coordinatorId),
+  ],
+);
+
 export type JobRow = typeof jobs.$inferSelect;
 export type AttemptRow = typeof attempts.$inferSelect;
 export type JobEventRow = typeof jobEvents.$inferSelect;
 export type StepRow = typeof steps.$inferSelect;
 export type StaleReportRow = typeof staleReports.$inferSelect;
 export type AgentRow = typeof agents.$inferSelect;
+export type AgentSessionRow = typeof agentSessions.$inferSelect;
 export type ApiKeyRow = typeof apiKeys.$inferSelect;
 export type SubscriptionRow = typeof subscriptions.$inferSelect;
 export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;

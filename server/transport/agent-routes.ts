@@ -34,7 +34,11 @@ export function agentRoutes(deps: AgentRoutesDeps) {
 
 async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMessage>, ctx: HandlerContext): AsyncGenerator<ServerMessage> {
   const { hub, log } = deps;
-  const it = requests[Symbol.asyncIterator]();
+  const raw = requests[Symbol.asyncIterator]();
+  // A frame that does not decode is the agent's mistake: INVALID_ARGUMENT, not INTERNAL.
+  const it: AsyncIterator<AgentMessage> = {
+    next: () => raw.next().catch((err: unknown) => Promise.reject(asReadError(err))),
+  };
   const first = await it.next();
   if (first.done) return;
   if (first.value.kind.case !== 'hello') {
@@ -62,6 +66,7 @@ async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMess
   const session = opened.value;
 
   // Read the agent's messages in order while this generator writes the session's output.
+  let readingDone = false;
   const reading = (async () => {
     try {
       for (;;) {
@@ -78,6 +83,8 @@ async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMess
       } else {
         session.out.fail(err);
       }
+    } finally {
+      readingDone = true;
     }
   })();
 
@@ -87,8 +94,20 @@ async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMess
     lost = !session.draining;
   } finally {
     await hub.close(session, { lost, error: ctx.signal.aborted ? ctx.signal.reason : undefined });
-    await reading;
+    // When the server ended the stream (a revoked agent, a shutdown) the agent may still be
+    // sending: returning ends the call, which ends the reading; waiting for it would wait for
+    // the agent.
+    if (readingDone) await reading;
   }
+}
+
+/** Errors from decoding the agent's messages become INVALID_ARGUMENT; others pass through. */
+function asReadError(err: unknown): unknown {
+  const e = ConnectError.from(err);
+  if (e.code === Code.Internal && /parse|decode|illegal|wire|premature|invalid/i.test(e.rawMessage)) {
+    return new ConnectError(`malformed AgentMessage: ${e.rawMessage}`, Code.InvalidArgument);
+  }
+  return err;
 }
 
 function toInput(m: AgentMessage): AgentInput {

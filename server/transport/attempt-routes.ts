@@ -7,6 +7,7 @@ import { durationFromMs, timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { Code, ConnectError, type ConnectRouter } from '@connectrpc/connect';
 import { AttemptService, ReserveStepResponse_DoneSchema, ReserveStepResponse_ReservedSchema, ReserveStepResponse_UnknownSchema } from '../../gen/leasehold/v1/attempt_service_pb.js';
 import { Outcome } from '../../gen/leasehold/v1/job_pb.js';
+import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import {
   attemptComplete,
@@ -27,6 +28,7 @@ export interface AttemptRoutesDeps {
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
+  activity?: Activity | undefined;
 }
 
 const ref = (req: { jobId: string; attemptId: string }, agentId: string) => ({
@@ -51,12 +53,16 @@ export function attemptRoutes(deps: AttemptRoutesDeps) {
           }),
         );
         for (const c of value) log.info({ jobId: c.job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, agentId }, 'job claimed');
+        if (value.length) deps.activity?.emit('attempt:claim', { agentId, jobs: value.map((c) => c.job) });
         return { jobs: value.map(toPbClaimed) };
       },
       async startAttempt(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
-        const { value, outcome } = unwrap(await attemptStart(db, { ...ref(req, agentId), leaseTtlMs: deps.leaseTtlMs }));
-        log.info({ jobId: value.id, attemptId: req.attemptId, agentId }, 'attempt started');
+        const o = await attemptStart(db, { ...ref(req, agentId), leaseTtlMs: deps.leaseTtlMs });
+        deps.activity?.emit('attempt:start', { attemptId: req.attemptId, agentId, outcome: o });
+        if (o.outcome === 'stale') log.warn({ attemptId: req.attemptId, agentId, current: o.current }, 'late start rejected');
+        const { value, outcome } = unwrap(o);
+        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, attemptNo: value.attemptNo, agentId }, 'attempt started');
         return {
           outcome,
           job: toPbJob(value),
@@ -92,18 +98,20 @@ export function attemptRoutes(deps: AttemptRoutesDeps) {
       async completeAttempt(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
         const o = await attemptComplete(db, { ...ref(req, agentId), result: req.result ?? {} });
+        deps.activity?.emit('attempt:report', { kind: 'completed', attemptId: req.attemptId, agentId, outcome: o });
         if (o.outcome === 'stale') log.warn({ attemptId: req.attemptId, agentId, current: o.current }, 'late completion rejected');
         const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, agentId }, 'attempt completed');
+        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, attemptNo: value.attemptNo, agentId, status: value.status }, 'attempt completed');
         return { outcome, job: toPbJob(value) };
       },
       async failAttempt(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
         const error = { message: req.error?.message ?? '', ...(req.error?.details ? { details: req.error.details } : {}) };
         const o = await attemptFail(db, { ...ref(req, agentId), error, retryable: req.retryable });
+        deps.activity?.emit('attempt:report', { kind: 'failed', attemptId: req.attemptId, agentId, outcome: o });
         if (o.outcome === 'stale') log.warn({ attemptId: req.attemptId, agentId, current: o.current }, 'late failure rejected');
         const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, agentId, status: value.status }, 'attempt failed');
+        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, attemptNo: value.attemptNo, agentId, status: value.status }, 'attempt failed');
         return { outcome, job: toPbJob(value) };
       },
       async reserveStep(req, ctx) {

@@ -26,6 +26,8 @@ export const METHOD_SCOPES: Readonly<Record<string, ApiKeyScope>> = {
   'leasehold.v1.JobService/GetJob': 'read',
   'leasehold.v1.JobService/ListJobs': 'read',
   'leasehold.v1.AttemptService': 'agent',
+  // Every AdminService method (listed, not left to the default, so the table says it).
+  'leasehold.v1.AdminService': 'admin',
 };
 
 /** The scope a call needs. */

@@ -21,6 +21,7 @@ import {
   type ClaimedJob,
   type CurrentState as PbCurrentState,
   type Job as PbJob,
+  type StaleReport,
 } from '../../gen/leasehold/v1/job_pb.js';
 import type { CurrentState, Failure, Outcome } from '../core/outcomes.js';
 import type { Claimed, Job, JobDetail } from '../store/index.js';
@@ -128,21 +129,28 @@ export function toPbDetail(d: JobDetail) {
         finishedAt: ts(s.finishedAt),
       }),
     ),
-    staleReports: d.staleReports.map((r: StaleReportRow) =>
-      create(StaleReportSchema, {
-        id: BigInt(r.id),
-        jobId: r.jobId,
-        attemptId: r.attemptId,
-        agentId: r.agentId ?? '',
-        call: r.call,
-        currentAttemptId: r.currentAttemptId ?? '',
-        currentAttemptNo: r.currentAttemptNo,
-        currentStatus: jobStatus[r.currentStatus],
-        at: ts(r.at),
-      }),
-    ),
+    staleReports: d.staleReports.map(toPbStaleReport),
   };
 }
+
+export function toPbStaleReport(r: StaleReportRow): StaleReport {
+  return create(StaleReportSchema, {
+    id: BigInt(r.id),
+    jobId: r.jobId,
+    attemptId: r.attemptId,
+    agentId: r.agentId ?? '',
+    call: r.call,
+    currentAttemptId: r.currentAttemptId ?? '',
+    currentAttemptNo: r.currentAttemptNo,
+    currentStatus: jobStatus[r.currentStatus],
+    at: ts(r.at),
+  });
+}
+
+/** The protobuf `JobStatus` of a database status. */
+export const toPbStatus = (s: DbJobStatus): JobStatus => jobStatus[s];
+/** The protobuf `AttemptStatus` of a database attempt status. */
+export const toPbAttemptStatus = (s: AttemptRow['status']): AttemptStatus => attemptStatus[s];
 
 export function toPbCurrent(c: CurrentState): PbCurrentState {
   return create(CurrentStateSchema, {

@@ -1,7 +1,8 @@
 /**
  * The HTTP/1.1 listener: the gateway for n8n and scripts. It serves the same router as the gRPC
  * listener (`routes()`, same auth interceptor) in Connect's protocol — `POST
- * /leasehold.v1.<Service>/<Method>` with a JSON body — plus `GET /healthz`.
+ * /leasehold.v1.<Service>/<Method>` with a JSON body — plus `GET /healthz`, `GET /metrics`
+ * (Prometheus, with a `read` key) and the dashboard at `/` (`dashboard.ts`).
  *
  * What it adds to a plain Connect adapter, so an n8n IF node can branch on any answer:
  * - every error body is JSON: Connect's `code` / `message` / `details`, plus `status` (the HTTP
@@ -29,8 +30,9 @@ import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from
 import { CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
 import type { Failure } from '../core/outcomes.js';
 import { databasePing } from '../store/index.js';
-import { authInterceptor } from './auth.js';
+import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';
+import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
 import { routes, splitAddr, type ServerDeps, type TlsFiles } from './server.js';
 
@@ -63,7 +65,7 @@ const captureFailure: Interceptor = (next) => async (req) => {
 
 /** Listens on `addr` (`host:port`) with every service, over HTTP/1.1 (HTTPS when `tls` is given). */
 export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
-  const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService'] });
+  const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AdminService'] });
   const router = createConnectRouter({
     interceptors: [captureFailure, authInterceptor({ db: deps.db })],
     // Over the limit the request never reaches the router; this is a second guard.
@@ -123,6 +125,8 @@ async function handle(
 ): Promise<void> {
   const path = (req.url ?? '/').split('?', 1)[0]!;
   if (path === '/healthz') return healthz(deps, health, req, res);
+  if (path === '/metrics' && deps.metrics) return metrics(deps, req, res);
+  if (isDashboardPath(path)) return serveDashboard(path, req, res);
   const handler = handlers.get(path);
   if (!handler) {
     const rpc = /^\/[\w.]+\.[\w]+\/\w+$/.test(path);
@@ -249,6 +253,35 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
     return sendJson(res, 503, { status: 'database unreachable' });
   }
   return sendJson(res, 200, { status: 'ok' });
+}
+
+/**
+ * GET /metrics: Prometheus exposition. Needs a key with the `read` scope (or `admin`), like
+ * reading jobs does: the listener may face the internet (n8n Cloud), and queue names and volumes
+ * are the operator's business. Prometheus sends it with `authorization: {credentials: <key>}`.
+ */
+async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.ServerResponse) {
+  if (req.method !== 'GET' && req.method !== 'HEAD') {
+    res.setHeader('allow', 'GET');
+    return sendJson(res, 405, { code: 'unimplemented', message: 'use GET', status: 405, outcome: 'error' });
+  }
+  const token = bearer(new Headers({ authorization: req.headers.authorization ?? '' }));
+  if (!token) {
+    res.setHeader('www-authenticate', 'Bearer');
+    return sendJson(res, 401, { code: 'unauthenticated', message: 'missing "Authorization: Bearer <key>" (a key with the read scope)', status: 401, outcome: 'unauthenticated' });
+  }
+  try {
+    const principal = await authenticate(deps.db, token);
+    if (!hasScope(principal, 'read')) {
+      return sendJson(res, 403, { code: 'permission_denied', message: '/metrics needs the read scope', status: 403, outcome: 'forbidden' });
+    }
+  } catch (err) {
+    if (err instanceof ConnectError) return sendJson(res, 401, { code: 'unauthenticated', message: err.rawMessage, status: 401, outcome: 'unauthenticated' });
+    throw err;
+  }
+  const { contentType, body } = await deps.metrics!.render();
+  res.writeHead(200, { 'content-type': contentType, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+  res.end(req.method === 'HEAD' ? undefined : body);
 }
 
 /**

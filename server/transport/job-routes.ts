@@ -7,6 +7,7 @@ import { durationMs, timestampDate } from '@bufbuild/protobuf/wkt';
 import type { ConnectRouter } from '@connectrpc/connect';
 import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
 import { JobStatus } from '../../gen/leasehold/v1/job_pb.js';
+import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Queryable } from '../store/index.js';
 import { toDbStatus, toPbDetail, toPbJob, unwrap } from './codec.js';
@@ -14,6 +15,7 @@ import { toDbStatus, toPbDetail, toPbJob, unwrap } from './codec.js';
 export interface JobRoutesDeps {
   db: Queryable;
   log: Logger;
+  activity?: Activity | undefined;
 }
 
 export function jobRoutes(deps: JobRoutesDeps) {
@@ -33,7 +35,10 @@ export function jobRoutes(deps: JobRoutesDeps) {
           ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
         });
         const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
+        if (o.outcome === 'ok') {
+          log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
+          deps.activity?.emit('job:enqueued', value);
+        }
         return { job: toPbJob(value), outcome };
       },
       async getJob(req) {
@@ -56,7 +61,10 @@ export function jobRoutes(deps: JobRoutesDeps) {
         const { value, outcome } = unwrap(o);
         const held = value.canceledAttempt;
         if (held) await controlNotify(db, { type: 'cancel', agentId: held.agentId, attemptIds: [held.attemptId] });
-        if (o.outcome === 'ok') log.info({ jobId: value.job.id, attemptId: held?.attemptId, agentId: held?.agentId }, 'job canceled');
+        if (o.outcome === 'ok') {
+          log.info({ jobId: value.job.id, attemptId: held?.attemptId, agentId: held?.agentId }, 'job canceled');
+          deps.activity?.emit('job:canceled', value.job);
+        }
         return { job: toPbJob(value.job), outcome };
       },
     });

@@ -7,14 +7,17 @@ import http2 from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import type { ConnectRouter } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
+import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
+import { adminRoutes } from './admin-routes.js';
 import { agentRoutes } from './agent-routes.js';
 import { attemptRoutes } from './attempt-routes.js';
 import { authInterceptor } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
+import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
 
 export interface ServerDeps {
@@ -26,6 +29,14 @@ export interface ServerDeps {
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
+  /** What the unary routes did, for metrics; optional (tests build listeners without it). */
+  activity?: Activity | undefined;
+  /** AdminService.PurgeJobs without older_than purges past this (`LEASEHOLD_RETENTION`). */
+  retentionMs?: number | undefined;
+  /** Sessions of `agent_sessions` not stamped for this long belong to a dead coordinator. */
+  sessionStaleAfterMs?: number | undefined;
+  /** Served at GET /metrics on the HTTP listener when given. */
+  metrics?: Metrics | undefined;
 }
 
 export interface TlsFiles {
@@ -36,12 +47,13 @@ export interface TlsFiles {
 /** Largest message accepted (a Completed with many results); single documents are bounded lower. */
 export const READ_MAX_BYTES = 8 * 1024 * 1024;
 
-/** Every service on one router: JobService, AttemptService, AgentService, health, reflection. */
+/** Every service on one router: JobService, AttemptService, AgentService, AdminService, health, reflection. */
 export function routes(deps: ServerDeps, health: HealthController) {
   return (router: ConnectRouter) => {
     jobRoutes(deps)(router);
     attemptRoutes(deps)(router);
     agentRoutes(deps)(router);
+    adminRoutes(deps)(router);
     healthRoutes({ health })(router);
     reflectionRoutes({ sourceInfo: readDescriptorSet() })(router);
   };
@@ -58,9 +70,12 @@ export interface GrpcServer {
 /** Listens on `addr` (`host:port`) with every service. */
 export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<GrpcServer> {
   const health = createHealth({
-    services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService'],
+    services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService', 'leasehold.v1.AdminService'],
   });
   const handler = connectNodeAdapter({
+    // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
+    // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
+    acceptCompression: [],
     routes: routes(deps, health),
     interceptors: [authInterceptor({ db: deps.db })],
     readMaxBytes: READ_MAX_BYTES,

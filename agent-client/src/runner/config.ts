@@ -49,8 +49,11 @@ const command = z
 
 export const configSchema = z
   .object({
-    /** The coordinator's gRPC address. */
-    url: z.string().min(1, 'is required: the coordinator address, e.g. http://127.0.0.1:50051'),
+    /** The coordinator's gRPC address, or a list of replicas to fail over between. */
+    url: z.union(
+      [z.string().min(1, 'is required: the coordinator address, e.g. http://127.0.0.1:50051'), z.array(z.string().min(1)).min(1, 'must list at least one address')],
+      'must be an address or a list of addresses',
+    ),
     /** The agent token, or `tokenFile`, or the LEASEHOLD_TOKEN environment variable. */
     token: z.string().min(1).optional(),
     tokenFile: z.string().min(1).optional(),

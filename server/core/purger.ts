@@ -1,0 +1,118 @@
+/**
+ * The purger: deletes finished jobs (succeeded, failed, dead, canceled) older than the retention,
+ * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
+ * bounded. Each statement takes a batch FOR UPDATE SKIP LOCKED (`jobPurge`), so purgers on
+ * several replicas take different jobs and never wait for each other or for a transition; a full
+ * batch runs again at once. Runs are chained with a jittered `setTimeout`, so two runs never
+ * overlap. Jobs with a notification still to deliver are left for a later run.
+ */
+import { EventEmitter } from 'node:events';
+import { z } from 'zod';
+import type { Logger } from '../log.js';
+import { jobPurge, type Queryable } from '../store/index.js';
+
+export interface PurgerConfig {
+  /** Finished jobs older than this are deleted; default 7 days. */
+  retentionMs?: number;
+  /** Time between runs; default 10 minutes. */
+  intervalMs?: number;
+  /** Jobs per statement; default 1000. */
+  batchSize?: number;
+  /** Fraction of the interval added or removed at random; default 0.1. */
+  jitter?: number;
+}
+
+/** Counts of one run. */
+export interface PurgerRun {
+  purged: number;
+  /** Jobs that finished before this were purged. */
+  cutoff: Date | undefined;
+  /** Statements run. */
+  batches: number;
+}
+
+export interface PurgerEvents {
+  'purger:run': [PurgerRun];
+  'purger:error': [Error];
+}
+
+export const DEFAULT_RETENTION_MS = 7 * 86_400_000;
+
+const configSchema = z.object({
+  retentionMs: z.int().min(1000).default(DEFAULT_RETENTION_MS),
+  intervalMs: z.int().min(10).default(600_000),
+  batchSize: z.int().min(1).max(100_000).default(1000),
+  jitter: z.number().min(0).max(0.9).default(0.1),
+});
+
+/** Purges old finished jobs on a schedule; `runOnce()` for tests and tools. */
+export class Purger extends EventEmitter<PurgerEvents> {
+  readonly config: z.output<typeof configSchema>;
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<PurgerRun> | undefined;
+  private started = false;
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly log: Logger,
+    config: PurgerConfig = {},
+  ) {
+    super();
+    this.config = configSchema.parse(config);
+  }
+
+  /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
+  start(): void {
+    if (this.started) return;
+    this.started = true;
+    this.schedule();
+  }
+
+  /** Stops the schedule and waits for a run in progress. Calling it twice is harmless. */
+  async stop(): Promise<void> {
+    this.started = false;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.running?.catch(() => undefined);
+  }
+
+  /** Purges everything past the retention now (in batches) and returns the counts. */
+  runOnce(now?: Date): Promise<PurgerRun> {
+    this.running ??= this.drain(now).finally(() => {
+      this.running = undefined;
+    });
+    return this.running;
+  }
+
+  private async drain(now: Date | undefined): Promise<PurgerRun> {
+    const run: PurgerRun = { purged: 0, cutoff: undefined, batches: 0 };
+    for (;;) {
+      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, ...(now ? { now } : {}) });
+      if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
+      run.batches++;
+      run.purged += o.value.purged;
+      run.cutoff = o.value.cutoff;
+      if (o.value.purged < this.config.batchSize) break;
+    }
+    if (run.purged) this.log.info({ purged: run.purged, cutoff: run.cutoff, retentionMs: this.config.retentionMs }, 'finished jobs purged');
+    this.emit('purger:run', run);
+    return run;
+  }
+
+  private schedule(): void {
+    if (!this.started) {
+      this.timer = undefined;
+      return;
+    }
+    const { intervalMs, jitter } = this.config;
+    const delay = intervalMs * (1 - jitter + Math.random() * 2 * jitter);
+    this.timer = setTimeout(() => {
+      this.runOnce()
+        .catch((err: Error) => {
+          this.log.warn({ err }, 'purger run failed; retrying next interval');
+          this.emit('purger:error', err);
+        })
+        .finally(() => this.schedule());
+    }, delay);
+  }
+}

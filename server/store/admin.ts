@@ -1,0 +1,417 @@
+/**
+ * What operators read (AdminService, the CLI, the dashboard, the metrics gauges) and the one
+ * maintenance write they have: purging finished jobs. Every read here is read-only; none is on a
+ * hot path, and none added an index that the transition statements pay for, except BRIN on
+ * `job_events.at` (nearly free: events are appended in time order).
+ */
+import { z } from 'zod';
+import { invalid, ok, type Outcome } from '../core/outcomes.js';
+import { check, checkAll, schemas } from '../core/validation.js';
+import { camelRow, toJob, type Job } from './rows.js';
+import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
+
+/** The terminal statuses: the only ones a purge takes. */
+export const FINISHED_STATUSES = ['succeeded', 'failed', 'dead', 'canceled'] as const satisfies readonly JobStatus[];
+
+const statuses = z.array(z.enum(jobStatus.enumValues)).max(jobStatus.enumValues.length);
+const pageSize = z.int().min(1).max(500);
+
+/** Decodes a `created_us.id` page token (the format of jobList's). */
+function decodeJobToken(token: string): [number, string] | undefined {
+  const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(token, 'base64url').toString('utf8'));
+  return m ? [Number(m[1]), m[2]!] : undefined;
+}
+
+export interface JobSearchParams {
+  statuses?: JobStatus[];
+  queue?: string;
+  /** Jobs with an attempt by this agent. */
+  agentId?: string;
+  createdAfter?: Date;
+  createdBefore?: Date;
+  /** 1 to 500; default 50. */
+  pageSize?: number;
+  pageToken?: string;
+}
+
+// Newest first, paged by (created_at, id) like jobList, and served by jobs_created_idx: the
+// bound is a row comparison on the index's columns (the microseconds of the token turned back
+// into a timestamp exactly), so each page starts with an index seek. The agent filter probes
+// attempts_job_attempt_no_uq per job scanned; no index by agent is kept for it, so claims
+// (which insert attempts) pay nothing for this admin-only filter.
+const searchSql = statement(
+  'adminJobSearch',
+  `SELECT j.*, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
+   WHERE ($1::job_status[] IS NULL OR j.status = ANY($1::job_status[]))
+     AND ($2::text IS NULL OR j.queue = $2)
+     AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = $3))
+     AND ($4::timestamptz IS NULL OR j.created_at >= $4)
+     AND ($5::timestamptz IS NULL OR j.created_at < $5)
+     AND ($6::bigint IS NULL OR (j.created_at, j.id) < ('epoch'::timestamptz + $6::bigint * interval '1 microsecond', $7::uuid))
+   ORDER BY j.created_at DESC, j.id DESC
+   LIMIT $8`,
+);
+
+/** A page of jobs matching every filter given, newest first, and the next page's token. */
+export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.statuses === undefined ? undefined : check('statuses', statuses, p.statuses),
+    p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
+    p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId),
+    p.createdAfter === undefined ? undefined : check('createdAfter', schemas.date, p.createdAfter),
+    p.createdBefore === undefined ? undefined : check('createdBefore', schemas.date, p.createdBefore),
+    p.pageSize === undefined ? undefined : check('pageSize', pageSize, p.pageSize),
+  );
+  if (bad) return bad;
+  let after: [number, string] | [null, null] = [null, null];
+  if (p.pageToken) {
+    const t = decodeJobToken(p.pageToken);
+    if (!t) return invalid('pageToken', 'is not a token this server issued');
+    after = t;
+  }
+  const size = p.pageSize ?? 50;
+  const rows = await run<Record<string, unknown>>(db, searchSql, [
+    p.statuses?.length ? p.statuses : null,
+    p.queue ?? null,
+    p.agentId ?? null,
+    p.createdAfter ?? null,
+    p.createdBefore ?? null,
+    after[0],
+    after[1],
+    size + 1,
+  ]);
+  const page = rows.slice(0, size);
+  const last = page.at(-1);
+  return ok({
+    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
+    nextPageToken: rows.length > size && last ? Buffer.from(`${String(last.created_us)}.${String(last.id)}`).toString('base64url') : '',
+  });
+}
+
+export interface PurgeParams {
+  /** Jobs that finished longer ago than this are purged. At least 1 s. */
+  olderThanMs: number;
+  /** Terminal statuses to purge; default all four. */
+  statuses?: JobStatus[];
+  queue?: string;
+  /** Jobs per statement; default 1000. */
+  limit?: number;
+  /** Count, delete nothing. */
+  dryRun?: boolean;
+  now?: Date;
+}
+
+// Finished before the cutoff, of the statuses and queue asked for, and with nothing left for the
+// deliverer: a job whose notification is still to be delivered, or whose dead-letter alert was
+// not raised yet, is kept until the deliverer is done with it.
+const purgeWhere = `j.finished_at < w.cutoff AND j.status = ANY($2::job_status[]) AND ($3::text IS NULL OR j.queue = $3)
+       AND NOT EXISTS (SELECT 1 FROM webhook_events e JOIN webhook_deliveries d ON d.event_id = e.id
+                       WHERE e.job_id = j.id AND d.status IN ('pending', 'sending'))
+       AND NOT EXISTS (SELECT 1 FROM webhook_events e WHERE e.job_id = j.id AND e.type = 'job.dead' AND e.alerted_at IS NULL)`;
+const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval(secs => $1::float8 / 1000.0) AS cutoff)`;
+
+// One batch. Candidates come oldest first from jobs_finished_idx and are locked FOR UPDATE SKIP
+// LOCKED, so purgers on several replicas take different jobs, and an operator's requeue of the
+// same job either waits for the delete (and then finds nothing) or commits first (finished_at
+// is NULL then, and the recheck under the lock drops the row). The ON DELETE CASCADE takes the
+// job's attempts, events, completions, steps, stale reports and notifications.
+const purgeSql = statement(
+  'jobPurge',
+  `WITH ${cutoffCte}, c AS (
+     SELECT j.id FROM jobs j, w WHERE ${purgeWhere}
+     ORDER BY j.finished_at
+     LIMIT $5
+     FOR UPDATE OF j SKIP LOCKED
+   ), d AS (
+     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING 1
+   )
+   SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff`,
+);
+
+// A dry run: counts every job the purge would take, locking nothing.
+const purgeCountSql = statement(
+  'jobPurgeCount',
+  `WITH ${cutoffCte}
+   SELECT (SELECT count(*) FROM jobs j, w WHERE ${purgeWhere})::int AS n, (SELECT cutoff FROM w) AS cutoff`,
+);
+
+/**
+ * Deletes up to `limit` finished jobs older than the cutoff; returns how many and the cutoff.
+ * Callers repeat it until fewer than `limit` come back. A dry run counts them all and deletes
+ * nothing.
+ */
+export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{ purged: number; cutoff: Date }>> {
+  const bad = checkAll(
+    check('olderThanMs', z.int().min(1000, 'must be at least 1 second'), p.olderThanMs),
+    p.statuses === undefined
+      ? undefined
+      : check('statuses', z.array(z.enum(FINISHED_STATUSES, `must be one of ${FINISHED_STATUSES.join(', ')} (only finished jobs are purged)`)), p.statuses),
+    p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
+    p.limit === undefined ? undefined : check('limit', z.int().min(1).max(100_000), p.limit),
+  );
+  if (bad) return bad;
+  const params = [p.olderThanMs, p.statuses?.length ? p.statuses : FINISHED_STATUSES, p.queue ?? null, p.now ?? null];
+  const [row] = p.dryRun
+    ? await run<{ n: number; cutoff: Date }>(db, purgeCountSql, params)
+    : await run<{ n: number; cutoff: Date }>(db, purgeSql, [...params, p.limit ?? 1000]);
+  return ok({ purged: row!.n, cutoff: row!.cutoff });
+}
+
+/** How many jobs of a queue are in one status. */
+export interface QueueDepth {
+  queue: string;
+  status: JobStatus;
+  count: number;
+}
+
+/** The due queued jobs of a queue and the one waiting longest. */
+export interface QueueWait {
+  queue: string;
+  due: number;
+  oldestJobId: string;
+  oldestDueAt: Date;
+  oldestAgeMs: number;
+}
+
+// A scan of jobs, bounded by the purge retention. Grouped by the enum's order.
+const depthSql = statement('adminJobDepths', `SELECT queue, status::text AS status, count(*)::int8 AS count FROM jobs GROUP BY queue, status ORDER BY queue, status`);
+
+// Due queued jobs only (jobs_claim_idx holds exactly the queued ones).
+const waitSql = statement(
+  'adminQueueWaits',
+  `SELECT DISTINCT ON (queue) queue, id, run_at, count(*) OVER (PARTITION BY queue)::int8 AS due,
+     (extract(epoch FROM now() - run_at) * 1000)::float8 AS age_ms
+   FROM jobs WHERE status = 'queued' AND run_at <= now()
+   ORDER BY queue, run_at, id`,
+);
+
+/** Job counts per queue and status, and per queue the due jobs waiting and the oldest of them. */
+export async function jobDepths(db: Queryable): Promise<{ depths: QueueDepth[]; waiting: QueueWait[] }> {
+  return withTransaction(
+    db,
+    async (tx) => {
+      const depths = await run<{ queue: string; status: JobStatus; count: number }>(tx, depthSql, []);
+      const waits = await run<{ queue: string; id: string; run_at: Date; due: number; age_ms: number }>(tx, waitSql, []);
+      return {
+        depths,
+        waiting: waits.map((w) => ({ queue: w.queue, due: w.due, oldestJobId: w.id, oldestDueAt: w.run_at, oldestAgeMs: Math.max(0, Math.round(w.age_ms)) })),
+      };
+    },
+    { mode: 'REPEATABLE READ, READ ONLY' },
+  );
+}
+
+/** Transitions of one minute. */
+export interface MinuteCounts {
+  minute: Date;
+  succeeded: number;
+  failed: number;
+  retried: number;
+  dead: number;
+  canceled: number;
+  claimExpired: number;
+  leaseExpired: number;
+  timedOut: number;
+}
+
+const COUNTED = `('completed', 'failed', 'retry_scheduled', 'dead', 'canceled', 'claim_expired', 'lease_expired', 'timed_out')`;
+const countColumns = `
+     coalesce(sum(n) FILTER (WHERE kind = 'completed'), 0)::int AS succeeded,
+     coalesce(sum(n) FILTER (WHERE kind = 'failed'), 0)::int AS failed,
+     coalesce(sum(n) FILTER (WHERE kind = 'retry_scheduled'), 0)::int AS retried,
+     coalesce(sum(n) FILTER (WHERE kind = 'dead'), 0)::int AS dead,
+     coalesce(sum(n) FILTER (WHERE kind = 'canceled'), 0)::int AS canceled,
+     coalesce(sum(n) FILTER (WHERE kind = 'claim_expired'), 0)::int AS claim_expired,
+     coalesce(sum(n) FILTER (WHERE kind = 'lease_expired'), 0)::int AS lease_expired,
+     coalesce(sum(n) FILTER (WHERE kind = 'timed_out'), 0)::int AS timed_out`;
+
+// Whole minutes: the window's $1 minutes end with the current (partial) one. job_events_at_brin
+// serves the time range.
+const minutesSql = statement(
+  'adminMinuteCounts',
+  `WITH w AS (SELECT date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute' AS start),
+   c AS (
+     SELECT date_trunc('minute', e.at) AS minute, e.kind::text AS kind, count(*) AS n
+     FROM job_events e, w WHERE e.at >= w.start AND e.kind IN ${COUNTED}
+     GROUP BY 1, 2
+   )
+   SELECT m.minute, ${countColumns}
+   FROM w, generate_series(w.start, date_trunc('minute', now()), interval '1 minute') AS m(minute)
+   LEFT JOIN c ON c.minute = m.minute
+   GROUP BY m.minute ORDER BY m.minute`,
+);
+
+// The exact window [now - $1 minutes, now], for the rates.
+const windowSql = statement(
+  'adminWindowCounts',
+  `WITH c AS (
+     SELECT e.kind::text AS kind, count(*) AS n FROM job_events e
+     WHERE e.at >= now() - $1::int * interval '1 minute' AND e.kind IN ${COUNTED} GROUP BY 1
+   )
+   SELECT ${countColumns},
+     (SELECT count(*) FROM stale_reports WHERE at >= now() - $1::int * interval '1 minute')::int8 AS stale_reports,
+     now() AS now
+   FROM c`,
+);
+
+/** What GetStats answers. */
+export interface Stats {
+  depths: QueueDepth[];
+  waiting: QueueWait[];
+  minutes: MinuteCounts[];
+  /** Counts over the exact window. */
+  window: Omit<MinuteCounts, 'minute'>;
+  windowMinutes: number;
+  staleReports: number;
+  now: Date;
+}
+
+/** Depths, waits and per-minute counts over the last `windowMinutes` (default 15), from one snapshot. */
+export async function statsGet(db: Queryable, p: { windowMinutes?: number } = {}): Promise<Outcome<Stats>> {
+  const bad = p.windowMinutes === undefined ? undefined : check('windowMinutes', z.int().min(1).max(1440), p.windowMinutes);
+  if (bad) return bad;
+  const windowMinutes = p.windowMinutes ?? 15;
+  return withTransaction(
+    db,
+    async (tx) => {
+      const { depths, waiting } = await jobDepths(tx);
+      const minutes = (await run<Record<string, unknown>>(tx, minutesSql, [windowMinutes])).map((r) => camelRow<MinuteCounts>(r));
+      const [w] = await run<Record<string, unknown>>(tx, windowSql, [windowMinutes]);
+      const { staleReports, now, ...window } = camelRow<Omit<MinuteCounts, 'minute'> & { staleReports: number; now: Date }>(w!);
+      return ok({ depths, waiting, minutes, window, windowMinutes, staleReports, now });
+    },
+    { mode: 'REPEATABLE READ, READ ONLY' },
+  );
+}
+
+// Newest first, paged by id (the primary key; stale_reports_job_idx serves the job filter).
+const staleSql = statement(
+  'adminStaleReports',
+  `SELECT * FROM stale_reports
+   WHERE ($1::uuid IS NULL OR job_id = $1) AND ($2::text IS NULL OR agent_id = $2) AND ($3::bigint IS NULL OR id < $3)
+   ORDER BY id DESC LIMIT $4`,
+);
+
+/** A page of stale reports, newest first. */
+export async function staleReportList(
+  db: Queryable,
+  p: { jobId?: string; agentId?: string; pageSize?: number; pageToken?: string },
+): Promise<Outcome<{ reports: StaleReportRow[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.jobId === undefined ? undefined : check('jobId', schemas.id, p.jobId),
+    p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId),
+    p.pageSize === undefined ? undefined : check('pageSize', pageSize, p.pageSize),
+  );
+  if (bad) return bad;
+  let before: number | null = null;
+  if (p.pageToken) {
+    const m = /^s(\d{1,15})$/.exec(Buffer.from(p.pageToken, 'base64url').toString('utf8'));
+    if (!m) return invalid('pageToken', 'is not a token this server issued');
+    before = Number(m[1]);
+  }
+  const size = p.pageSize ?? 50;
+  const rows = await run<Record<string, unknown>>(db, staleSql, [p.jobId ?? null, p.agentId ?? null, before, size + 1]);
+  const page = rows.slice(0, size).map((r) => camelRow<StaleReportRow>(r));
+  const last = page.at(-1);
+  return ok({ reports: page, nextPageToken: rows.length > size && last ? Buffer.from(`s${last.id}`).toString('base64url') : '' });
+}
+
+/** An attempt an agent holds now. */
+export interface HeldAttempt {
+  attemptId: string;
+  jobId: string;
+  queue: string;
+  agentId: string;
+  attemptNo: number;
+  status: Extract<AttemptStatus, 'claimed' | 'running'>;
+  claimedAt: Date;
+  startedAt: Date | null;
+  leaseExpiresAt: Date | null;
+  suspectSince: Date | null;
+}
+
+/** An agent, its open streams and what it holds. */
+export interface AgentOverview {
+  agentId: string;
+  /** False: a key with the agent scope holding attempts (no agents row). */
+  registered: boolean;
+  createdAt: Date | null;
+  revokedAt: Date | null;
+  lastSeenAt: Date | null;
+  sessions: AgentSessionRow[];
+  attempts: HeldAttempt[];
+}
+
+const agentsSql = statement('adminAgents', `SELECT * FROM agents WHERE ($1::text IS NULL OR id = $1) ORDER BY created_at, id`);
+const sessionsSql = statement(
+  'adminAgentSessions',
+  `SELECT * FROM agent_sessions
+   WHERE ($1::text IS NULL OR agent_id = $1) AND seen_at >= now() - make_interval(secs => $2::float8 / 1000.0)
+   ORDER BY connected_at, id`,
+);
+// attempts_live_agent_idx holds exactly the live attempts (claimed, running).
+const heldSql = statement(
+  'adminHeldAttempts',
+  `SELECT a.id AS attempt_id, a.job_id, j.queue, a.agent_id, a.attempt_no, a.status::text AS status, a.claimed_at,
+     a.started_at, j.lease_expires_at, a.suspect_since
+   FROM attempts a JOIN jobs j ON j.id = a.job_id
+   WHERE a.status IN ('claimed', 'running') AND ($1::text IS NULL OR a.agent_id = $1)
+   ORDER BY a.claimed_at, a.id`,
+);
+
+/**
+ * Every agent (or one) with its live streams (rows stamped within `staleAfterMs`) and the
+ * attempts it holds; revoked agents that hold nothing only with `includeRevoked`. Agents that
+ * hold attempts through an API key (no agents row) come last.
+ */
+export async function agentOverview(
+  db: Queryable,
+  p: { agentId?: string; includeRevoked?: boolean; staleAfterMs: number },
+): Promise<Outcome<AgentOverview[]>> {
+  const bad = p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId);
+  if (bad) return bad;
+  return withTransaction(
+    db,
+    async (tx) => {
+      const id = p.agentId ?? null;
+      const agents = await run<Record<string, unknown>>(tx, agentsSql, [id]);
+      const sessions = (await run<Record<string, unknown>>(tx, sessionsSql, [id, p.staleAfterMs])).map((r) => camelRow<AgentSessionRow>(r));
+      const held = (await run<Record<string, unknown>>(tx, heldSql, [id])).map((r) => camelRow<HeldAttempt>(r));
+      const out = new Map<string, AgentOverview>();
+      for (const a of agents) {
+        out.set(a.id as string, {
+          agentId: a.id as string,
+          registered: true,
+          createdAt: a.created_at as Date,
+          revokedAt: (a.revoked_at as Date | null) ?? null,
+          lastSeenAt: (a.last_seen_at as Date | null) ?? null,
+          sessions: [],
+          attempts: [],
+        });
+      }
+      const entry = (agentId: string) => {
+        let e = out.get(agentId);
+        if (!e) {
+          e = { agentId, registered: false, createdAt: null, revokedAt: null, lastSeenAt: null, sessions: [], attempts: [] };
+          out.set(agentId, e);
+        }
+        return e;
+      };
+      for (const s of sessions) entry(s.agentId).sessions.push(s);
+      for (const h of held) entry(h.agentId).attempts.push(h);
+      return ok(
+        [...out.values()].filter((a) => p.includeRevoked || !a.revokedAt || a.attempts.length > 0 || a.sessions.length > 0),
+      );
+    },
+    { mode: 'REPEATABLE READ, READ ONLY' },
+  );
+}
+
+const nowSql = statement('dbNow', `SELECT now() AS now`);
+
+/** The database's clock (the one every lease and timestamp is on). */
+export async function dbNow(db: Queryable): Promise<Date> {
+  const [r] = await run<{ now: Date }>(db, nowSql, []);
+  return r!.now;
+}

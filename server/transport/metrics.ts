@@ -1,0 +1,235 @@
+/**
+ * Prometheus metrics (prom-client), served at GET /metrics on the HTTP listener. Counters and
+ * the latency histogram count what this process did, from the events the services already emit
+ * (hub, dispatcher, reaper, deliverer, purger, and the unary routes' `Activity`); nothing is
+ * counted on a hot path but an increment. Gauges of jobs by state and queue are read from the
+ * database when scraped (cached for a second, so several scrapers cost one read): they are the
+ * same on every replica (aggregate them with max, not sum). Connected agents and streams are
+ * this process's. The default process metrics (CPU, memory, event loop lag, GC) come with them.
+ */
+import type { EventEmitter } from 'node:events';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { Activity } from '../core/activity.js';
+import type { AgentHub, HubEvents } from '../core/agent-hub.js';
+import type { Dispatcher } from '../core/dispatcher.js';
+import type { Purger } from '../core/purger.js';
+import type { Reaper } from '../core/reaper.js';
+import type { WebhookDeliverer } from '../core/webhook-deliverer.js';
+import type { Logger } from '../log.js';
+import { jobDepths, type Queryable } from '../store/index.js';
+
+/** The services whose events are counted. */
+export interface MetricsSources {
+  db: Queryable;
+  hub: AgentHub;
+  dispatcher?: Dispatcher | undefined;
+  reaper?: Reaper | undefined;
+  deliverer?: WebhookDeliverer | undefined;
+  purger?: Purger | undefined;
+  activity?: Activity | undefined;
+  log: Logger;
+}
+
+export interface Metrics {
+  readonly registry: Registry;
+  /** The exposition text of every metric (reads the database for the job gauges). */
+  render(): Promise<{ contentType: string; body: string }>;
+  /** Unsubscribes from every service. */
+  close(): void;
+}
+
+/** Enqueue-to-start latency buckets, in seconds: from a few ms (an idle agent) to an hour (a backlog). */
+const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
+
+/** Creates a registry fed by `src`'s events. */
+export function createMetrics(src: MetricsSources): Metrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const r = [registry];
+  const offs: Array<() => void> = [];
+  /** Subscribes `fn` to `event` of `emitter` (when there is one) until `close()`. */
+  const on = (emitter: EventEmitter<any> | undefined, event: string, fn: (...args: any[]) => void) => {
+    if (!emitter) return;
+    emitter.on(event, fn);
+    offs.push(() => emitter.off(event, fn));
+  };
+
+  // ── from the database, on scrape ──
+  let cached: { at: number; value: Promise<Awaited<ReturnType<typeof jobDepths>> | undefined> } | undefined;
+  const collectErrors = new Counter({ name: 'leasehold_metrics_collect_errors_total', help: 'Scrapes whose job gauges could not be read from the database.', registers: r });
+  const depths = () => {
+    if (!cached || Date.now() - cached.at > 1000) {
+      cached = {
+        at: Date.now(),
+        value: jobDepths(src.db).catch((err: unknown) => {
+          collectErrors.inc();
+          src.log.warn({ err }, 'metrics: could not read job counts');
+          return undefined;
+        }),
+      };
+    }
+    return cached.value;
+  };
+  new Gauge({
+    name: 'leasehold_jobs',
+    help: 'Jobs by queue and status (from the database; the same on every replica).',
+    labelNames: ['queue', 'status'],
+    registers: r,
+    async collect() {
+      const d = await depths();
+      this.reset();
+      for (const x of d?.depths ?? []) this.set({ queue: x.queue, status: x.status }, x.count);
+    },
+  });
+  new Gauge({
+    name: 'leasehold_queue_due_jobs',
+    help: 'Queued jobs that are due (run_at passed) and wait for an agent, by queue.',
+    labelNames: ['queue'],
+    registers: r,
+    async collect() {
+      const d = await depths();
+      this.reset();
+      for (const w of d?.waiting ?? []) this.set({ queue: w.queue }, w.due);
+    },
+  });
+  new Gauge({
+    name: 'leasehold_queue_oldest_age_seconds',
+    help: 'How long the oldest due queued job of each queue has waited (since its run_at).',
+    labelNames: ['queue'],
+    registers: r,
+    async collect() {
+      const d = await depths();
+      this.reset();
+      for (const w of d?.waiting ?? []) this.set({ queue: w.queue }, w.oldestAgeMs / 1000);
+    },
+  });
+
+  // ── this process's agents ──
+  new Gauge({
+    name: 'leasehold_agent_streams',
+    help: 'Agent streams open on this coordinator.',
+    registers: r,
+    collect() {
+      this.set(src.hub.sessions.size);
+    },
+  });
+  new Gauge({
+    name: 'leasehold_agents_connected',
+    help: 'Distinct agents with a stream open on this coordinator.',
+    registers: r,
+    collect() {
+      this.set(new Set([...src.hub.sessions].map((s) => s.agentId)).size);
+    },
+  });
+  new Gauge({
+    name: 'leasehold_agent_slots',
+    help: 'Slots of the agent streams on this coordinator, and how many hold an attempt.',
+    labelNames: ['state'],
+    registers: r,
+    collect() {
+      let slots = 0;
+      let held = 0;
+      for (const s of src.hub.sessions) {
+        slots += s.slots;
+        held += s.held.size;
+      }
+      this.set({ state: 'total' }, slots);
+      this.set({ state: 'held' }, held);
+    },
+  });
+  const sessions = new Counter({ name: 'leasehold_agent_sessions_total', help: 'Agent streams opened and closed (lost: without Bye, or with work held).', labelNames: ['event'], registers: r });
+  on(src.hub, 'session:open', () => sessions.inc({ event: 'opened' }));
+  on(src.hub, 'session:close', (_s: unknown, why: { lost: boolean }) => sessions.inc({ event: why.lost ? 'lost' : 'closed' }));
+
+  // ── claims, starts, reports ──
+  const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });
+  on(src.dispatcher, 'dispatch:round', (x: { claimed: number }) => claims.inc({ via: 'stream' }, x.claimed));
+  on(src.activity, 'attempt:claim', (x: { jobs: unknown[] }) => claims.inc({ via: 'gateway' }, x.jobs.length));
+  const rounds = new Counter({ name: 'leasehold_dispatch_rounds_total', help: 'Dispatch rounds that had waiting agents.', registers: r });
+  on(src.dispatcher, 'dispatch:round', () => rounds.inc());
+
+  const latency = new Histogram({
+    name: 'leasehold_job_start_latency_seconds',
+    help: 'From when a job was due (run_at: its enqueue, or its retry time) to the start of the attempt that ran it, by queue.',
+    labelNames: ['queue'],
+    buckets: LATENCY_BUCKETS,
+    registers: r,
+  });
+  const starts = new Counter({ name: 'leasehold_attempts_started_total', help: 'Attempts started.', labelNames: ['via'], registers: r });
+  const stale = new Counter({ name: 'leasehold_stale_reports_total', help: 'Late calls refused because their attempt was no longer current (each is a stale_reports row).', labelNames: ['call'], registers: r });
+  const onStart = (via: string) => (x: HubEvents['attempt:start'][0]) => {
+    const o = x.outcome;
+    if (o.outcome === 'stale') stale.inc({ call: 'start' });
+    if (o.outcome !== 'ok') return;
+    starts.inc({ via });
+    // Both times are the database's: run_at, and updated_at set by the start.
+    latency.observe({ queue: o.value.queue }, Math.max(0, (o.value.updatedAt.getTime() - o.value.runAt.getTime()) / 1000));
+  };
+  on(src.hub, 'attempt:start', onStart('stream'));
+  on(src.activity, 'attempt:start', onStart('gateway'));
+
+  const reports = new Counter({ name: 'leasehold_reports_total', help: 'Completed and Failed reports by outcome (ok, duplicate, stale, conflict, ...).', labelNames: ['kind', 'outcome'], registers: r });
+  const outcomes = new Counter({
+    name: 'leasehold_job_outcomes_total',
+    help: 'What became of jobs: succeeded, failed, retried (a retryable failure), dead, canceled, requeued (by an operator).',
+    labelNames: ['queue', 'outcome'],
+    registers: r,
+  });
+  const onReport = (x: HubEvents['attempt:report'][0]) => {
+    const o = x.outcome;
+    reports.inc({ kind: x.kind, outcome: o.outcome });
+    if (o.outcome === 'stale') stale.inc({ call: x.kind === 'completed' ? 'complete' : 'fail' });
+    if (o.outcome !== 'ok') return;
+    const s = o.value.status;
+    outcomes.inc({ queue: o.value.queue, outcome: s === 'queued' ? 'retried' : s });
+  };
+  on(src.hub, 'attempt:report', onReport);
+  on(src.activity, 'attempt:report', onReport);
+  on(src.activity, 'job:canceled', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'canceled' }));
+  on(src.activity, 'job:requeued', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'requeued' }));
+  const enqueued = new Counter({ name: 'leasehold_jobs_enqueued_total', help: 'Jobs enqueued through JobService (duplicates not counted), by queue.', labelNames: ['queue'], registers: r });
+  on(src.activity, 'job:enqueued', (j: { queue: string }) => enqueued.inc({ queue: j.queue }));
+
+  // ── leases ──
+  const expiries = new Counter({ name: 'leasehold_lease_expiries_total', help: 'Attempts ended by the reaper: claim_expired, lease_expired, timed_out.', labelNames: ['reason'], registers: r });
+  const reaperRuns = new Counter({ name: 'leasehold_reaper_runs_total', help: 'Reaper runs, and those that failed.', labelNames: ['result'], registers: r });
+  on(src.reaper, 'reaper:run', (run: { rescued: Array<{ reason: string; status: string; queue: string }> }) => {
+    reaperRuns.inc({ result: 'ok' });
+    for (const x of run.rescued) {
+      expiries.inc({ reason: x.reason });
+      if (x.status === 'dead') outcomes.inc({ queue: x.queue, outcome: 'dead' });
+    }
+  });
+  on(src.reaper, 'reaper:error', () => reaperRuns.inc({ result: 'error' }));
+  const revocations = new Counter({ name: 'leasehold_lease_revocations_total', help: 'Attempts taken away from agent streams (Revoke or Cancel sent), by reason.', labelNames: ['reason'], registers: r });
+  on(src.hub, 'lease:revoked', (x: { attemptIds: string[]; reason: string }) => revocations.inc({ reason: x.reason }, x.attemptIds.length));
+  const renewals = new Counter({ name: 'leasehold_lease_renewals_total', help: 'Leases renewed by coalesced heartbeats, and heartbeats for attempts no longer held (lost).', labelNames: ['result'], registers: r });
+  on(src.hub, 'lease:tick', (x: { renewed: number; lost: number }) => {
+    renewals.inc({ result: 'renewed' }, x.renewed);
+    renewals.inc({ result: 'lost' }, x.lost);
+  });
+
+  // ── webhooks, purges ──
+  const sends = new Counter({
+    name: 'leasehold_webhook_sends_total',
+    help: 'Webhook sends by what became of the delivery: delivered, retried (will be sent again), failed (gave up at the cap), lost (taken back).',
+    labelNames: ['result'],
+    registers: r,
+  });
+  on(src.deliverer, 'webhook:sent', (x: { status: string }) => sends.inc({ result: x.status === 'pending' ? 'retried' : x.status }));
+  const alerts = new Counter({ name: 'leasehold_dead_letter_alerts_total', help: 'Dead-letter alerts raised.', registers: r });
+  on(src.deliverer, 'alert', () => alerts.inc());
+  const purged = new Counter({ name: 'leasehold_jobs_purged_total', help: 'Finished jobs deleted by the purger and by operators.', registers: r });
+  on(src.purger, 'purger:run', (x: { purged: number }) => purged.inc(x.purged));
+  on(src.activity, 'jobs:purged', (x: { purged: number }) => purged.inc(x.purged));
+
+  return {
+    registry,
+    async render() {
+      return { contentType: registry.contentType, body: await registry.metrics() };
+    },
+    close() {
+      for (const off of offs.splice(0)) off();
+    },
+  };
+}
