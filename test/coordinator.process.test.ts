@@ -4,74 +4,23 @@
  * stopped, exit 0), recovers a database left running by a SIGKILLed coordinator, and refuses a
  * bad setting with exit code 2.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { killAll, serve as spawnServe, type Proc } from './helpers/serve.js';
 
 const root = path.resolve(import.meta.dirname, '..');
 const run = promisify(execFile);
 let dataDir: string;
-const children = new Set<ChildProcess>();
 
-interface Proc {
-  child: ChildProcess;
-  lines: Array<Record<string, unknown>>;
-  /** Resolves with the first log line whose msg matches. */
-  waitFor(msg: RegExp): Promise<Record<string, unknown>>;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-}
-
+/** `leasehold serve` (or another command) on this file's data directory, gRPC and HTTP on free ports. */
 function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}): Proc {
-  // As `npm start` runs it: one node process with the tsx loader, so signals reach the coordinator.
-  const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
-    cwd: root,
-    env: { ...process.env, DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, LEASEHOLD_LOG_FORMAT: 'json', LEASEHOLD_LOG_LEVEL: 'info', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.add(child);
-  const lines: Array<Record<string, unknown>> = [];
-  const waiters: Array<{ re: RegExp; resolve: (l: Record<string, unknown>) => void }> = [];
-  const onLine = (text: string) => {
-    let l: Record<string, unknown>;
-    try {
-      l = JSON.parse(text) as Record<string, unknown>;
-    } catch {
-      l = { msg: text };
-    }
-    lines.push(l);
-    for (const w of [...waiters]) {
-      if (w.re.test(String(l.msg))) {
-        waiters.splice(waiters.indexOf(w), 1);
-        w.resolve(l);
-      }
-    }
-  };
-  createInterface({ input: child.stdout! }).on('line', onLine);
-  createInterface({ input: child.stderr! }).on('line', onLine);
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.on('exit', (code, signal) => {
-      children.delete(child);
-      resolve({ code, signal });
-    }),
-  );
-  return {
-    child,
-    lines,
-    exited,
-    waitFor: (re) =>
-      new Promise((resolve, reject) => {
-        const hit = lines.find((l) => re.test(String(l.msg)));
-        if (hit) return resolve(hit);
-        waiters.push({ re, resolve });
-        exited.then(({ code }) => reject(new Error(`exited (${code}) before ${re}: ${JSON.stringify(lines.slice(-8))}`)));
-      }),
-  };
+  return spawnServe(args, { DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, ...env });
 }
 
 function postmasterPid(): number | undefined {
@@ -90,9 +39,7 @@ const alive = (pid: number) => {
 beforeAll(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-serve-'));
 });
-afterEach(() => {
-  for (const c of children) c.kill('SIGKILL');
-});
+afterEach(() => killAll());
 afterAll(async () => {
   const pid = postmasterPid();
   if (pid && alive(pid)) process.kill(pid, 'SIGINT');

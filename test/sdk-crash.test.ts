@@ -6,11 +6,9 @@
  * across kills, including a step left unknown on purpose.
  */
 import { existsSync } from 'node:fs';
-import http from 'node:http';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import type { AddressInfo } from 'node:net';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
@@ -19,6 +17,7 @@ import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-proc
 import { useTestDb } from './helpers/db.js';
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
+import { startSink } from './helpers/sink.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
 
 const t = useTestDb();
@@ -145,37 +144,19 @@ describe('steps against a downstream sink', () => {
   it('applies every effect exactly once across kills, and reconciles a step left unknown on purpose', async () => {
     const token = await lh.agent('stepper');
     const outbox = await outboxDir();
-    const applies = new Map<string, number>();
-    const outputs = new Map<string, unknown>();
-    let statusQueries = 0;
     let killOnKey: string | undefined;
     let current: AgentProcess | undefined;
-    const sink = http.createServer((req, res) => {
-      const url = new URL(req.url!, 'http://sink');
-      if (req.method === 'GET' && url.pathname === '/status') {
-        statusQueries++;
-        const key = url.searchParams.get('key')!;
-        res.end(JSON.stringify({ applied: applies.has(key), output: outputs.get(key) ?? null }));
-        return;
-      }
-      let body = '';
-      req.on('data', (c) => (body += c));
-      req.on('end', () => {
-        const { key, value } = JSON.parse(body) as { key: string; value: number };
-        applies.set(key, (applies.get(key) ?? 0) + 1);
-        outputs.set(key, { applied: value, key });
-        if (key === killOnKey) {
-          // The effect happened; the agent dies before it hears so or records it: unknown.
-          killOnKey = undefined;
-          void current?.kill();
-          return;
-        }
-        res.end(JSON.stringify(outputs.get(key)));
-      });
+    const sink = await startSink((key) => {
+      if (key !== killOnKey) return true;
+      // The effect happened; the agent dies before it hears so or records it: unknown.
+      killOnKey = undefined;
+      void current?.kill();
+      return false;
     });
-    await new Promise<void>((r) => sink.listen(0, '127.0.0.1', () => r()));
+    const { applies } = sink;
+
     try {
-      const env = { LH_URL: lh.url, LH_TOKEN: token, LH_OUTBOX: outbox, LH_QUEUE: 'steps', LH_MODE: 'sink', LH_SINK: `http://127.0.0.1:${(sink.address() as AddressInfo).port}` };
+      const env = { LH_URL: lh.url, LH_TOKEN: token, LH_OUTBOX: outbox, LH_QUEUE: 'steps', LH_MODE: 'sink', LH_SINK: sink.url };
       const jobs = [];
       for (let i = 1; i <= 6; i++) jobs.push(await enqueue('steps', { n: i }));
       killOnKey = `${jobs[0]!.id}:charge`;
@@ -198,7 +179,7 @@ describe('steps against a downstream sink', () => {
         expect(applies.get(`${j.id}:charge`), `charge of ${j.id}`).toBe(1);
         expect(applies.get(`${j.id}:email`), `email of ${j.id}`).toBe(1);
       }
-      expect(statusQueries).toBeGreaterThanOrEqual(1);
+      expect(sink.statusQueries).toBeGreaterThanOrEqual(1);
       const first = (await t.pool.query(`SELECT result, attempt_no FROM jobs WHERE id = $1`, [jobs[0]!.id])).rows[0];
       expect(first.attempt_no).toBeGreaterThanOrEqual(2);
       expect(first.result.charge).toEqual({ applied: 1, key: `${jobs[0]!.id}:charge` });
@@ -207,7 +188,7 @@ describe('steps against a downstream sink', () => {
       expect(step.reservations).toBeGreaterThanOrEqual(2);
       await checkInvariants(t.pool);
     } finally {
-      await new Promise((r) => sink.close(r));
+      await sink.close();
     }
   }, 120_000);
 });

@@ -7,6 +7,7 @@
  * overlap. Jobs with a notification still to deliver are left for a later run.
  */
 import { EventEmitter } from 'node:events';
+import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
 import { jobPurge, type Queryable } from '../store/index.js';
@@ -48,9 +49,7 @@ const configSchema = z.object({
 /** Purges old finished jobs on a schedule; `runOnce()` for tests and tools. */
 export class Purger extends EventEmitter<PurgerEvents> {
   readonly config: z.output<typeof configSchema>;
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<PurgerRun> | undefined;
-  private started = false;
+  private readonly schedule: Schedule<PurgerRun>;
 
   constructor(
     private readonly db: Queryable,
@@ -59,29 +58,31 @@ export class Purger extends EventEmitter<PurgerEvents> {
   ) {
     super();
     this.config = configSchema.parse(config);
+    this.schedule = new Schedule(
+      {
+        ...this.config,
+        onError: (err) => {
+          this.log.warn({ err }, 'purger run failed; retrying next interval');
+          this.emit('purger:error', err);
+        },
+      },
+      () => this.drain(undefined),
+    );
   }
 
   /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
   start(): void {
-    if (this.started) return;
-    this.started = true;
-    this.schedule();
+    this.schedule.start();
   }
 
   /** Stops the schedule and waits for a run in progress. Calling it twice is harmless. */
-  async stop(): Promise<void> {
-    this.started = false;
-    clearTimeout(this.timer);
-    this.timer = undefined;
-    await this.running?.catch(() => undefined);
+  stop(): Promise<void> {
+    return this.schedule.stop();
   }
 
-  /** Purges everything past the retention now (in batches) and returns the counts. */
+  /** Purges everything past the retention now (in batches) and returns the counts; joins a run in progress. */
   runOnce(now?: Date): Promise<PurgerRun> {
-    this.running ??= this.drain(now).finally(() => {
-      this.running = undefined;
-    });
-    return this.running;
+    return this.schedule.runOnce(() => this.drain(now));
   }
 
   private async drain(now: Date | undefined): Promise<PurgerRun> {
@@ -97,22 +98,5 @@ export class Purger extends EventEmitter<PurgerEvents> {
     if (run.purged) this.log.info({ purged: run.purged, cutoff: run.cutoff, retentionMs: this.config.retentionMs }, 'finished jobs purged');
     this.emit('purger:run', run);
     return run;
-  }
-
-  private schedule(): void {
-    if (!this.started) {
-      this.timer = undefined;
-      return;
-    }
-    const { intervalMs, jitter } = this.config;
-    const delay = intervalMs * (1 - jitter + Math.random() * 2 * jitter);
-    this.timer = setTimeout(() => {
-      this.runOnce()
-        .catch((err: Error) => {
-          this.log.warn({ err }, 'purger run failed; retrying next interval');
-          this.emit('purger:error', err);
-        })
-        .finally(() => this.schedule());
-    }, delay);
   }
 }

@@ -5,6 +5,7 @@
  * run one on the same database, as the statement skips rows another holds.
  */
 import { EventEmitter } from 'node:events';
+import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
 import { jobRescueExpired, type Backoff, type Queryable, type Rescued } from '../store/index.js';
@@ -48,9 +49,7 @@ const configSchema = z.object({
 /** Recovers expired attempts on a schedule; `runOnce()` for tests and tools. */
 export class Reaper extends EventEmitter<ReaperEvents> {
   readonly config: z.output<typeof configSchema>;
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<ReaperRun> | undefined;
-  private started = false;
+  private readonly schedule: Schedule<ReaperRun>;
 
   constructor(
     private readonly db: Queryable,
@@ -59,35 +58,30 @@ export class Reaper extends EventEmitter<ReaperEvents> {
   ) {
     super();
     this.config = configSchema.parse(config);
+    this.schedule = new Schedule({ ...this.config, onError: (err) => {
+      this.log.warn({ err }, 'reaper run failed; retrying next interval');
+      this.emit('reaper:error', err);
+    } }, () => this.drain(undefined));
   }
 
   /** Whether a next run is scheduled (false before `start()` and after `stop()`). */
   get scheduled(): boolean {
-    return this.timer !== undefined;
+    return this.schedule.scheduled;
   }
 
   /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
   start(): void {
-    if (this.started) return;
-    this.started = true;
-    this.schedule();
+    this.schedule.start();
   }
 
   /** Stops the schedule and waits for a run in progress. Calling it twice is harmless. */
-  async stop(): Promise<void> {
-    this.started = false;
-    clearTimeout(this.timer);
-    this.timer = undefined;
-    await this.running?.catch(() => undefined);
+  stop(): Promise<void> {
+    return this.schedule.stop();
   }
 
-  /** Rescues every expired attempt now (in batches) and returns the counts. */
+  /** Rescues every expired attempt now (in batches) and returns the counts; joins a run in progress. */
   runOnce(now?: Date): Promise<ReaperRun> {
-    // A run requested while one is in progress joins it rather than overlapping it.
-    this.running ??= this.drain(now).finally(() => {
-      this.running = undefined;
-    });
-    return this.running;
+    return this.schedule.runOnce(() => this.drain(now));
   }
 
   private async drain(now: Date | undefined): Promise<ReaperRun> {
@@ -118,22 +112,5 @@ export class Reaper extends EventEmitter<ReaperEvents> {
     }
     this.emit('reaper:run', run);
     return run;
-  }
-
-  private schedule(): void {
-    if (!this.started) {
-      this.timer = undefined;
-      return;
-    }
-    const { intervalMs, jitter } = this.config;
-    const delay = intervalMs * (1 - jitter + Math.random() * 2 * jitter);
-    this.timer = setTimeout(() => {
-      this.runOnce()
-        .catch((err: Error) => {
-          this.log.warn({ err }, 'reaper run failed; retrying next interval');
-          this.emit('reaper:error', err);
-        })
-        .finally(() => this.schedule());
-    }, delay);
   }
 }

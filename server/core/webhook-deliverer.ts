@@ -17,6 +17,7 @@
  */
 import { createHmac, randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
 import {
@@ -112,9 +113,7 @@ const configSchema = z.object({
 /** Sends the outbox on a schedule; `runOnce()` for tests and tools. */
 export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   readonly config: z.output<typeof configSchema>;
-  private timer: NodeJS.Timeout | undefined;
-  private running: Promise<DelivererRun> | undefined;
-  private started = false;
+  private readonly schedule: Schedule<DelivererRun>;
   /** Aborts sends in flight when the deliverer stops. */
   private abort = new AbortController();
 
@@ -125,31 +124,34 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   ) {
     super();
     this.config = configSchema.parse(config);
+    this.schedule = new Schedule(
+      {
+        ...this.config,
+        onError: (err) => {
+          this.log.warn({ err }, 'webhook deliverer run failed; retrying next interval');
+          this.emit('webhook:error', err);
+        },
+      },
+      () => this.drain(),
+    );
   }
 
   /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
   start(): void {
-    if (this.started) return;
-    this.started = true;
-    this.schedule();
+    this.schedule.start();
   }
 
   /** Stops the schedule, cuts sends in flight (they are retried later) and waits for the run. Safe twice. */
   async stop(): Promise<void> {
-    this.started = false;
-    clearTimeout(this.timer);
-    this.timer = undefined;
+    const stopping = this.schedule.stop();
     this.abort.abort(new Error('the deliverer stopped'));
-    await this.running?.catch(() => undefined);
+    await stopping;
     this.abort = new AbortController();
   }
 
-  /** Sweeps, raises alerts and sends everything due now; returns the counts. */
+  /** Sweeps, raises alerts and sends everything due now; returns the counts; joins a run in progress. */
   runOnce(): Promise<DelivererRun> {
-    this.running ??= this.drain().finally(() => {
-      this.running = undefined;
-    });
-    return this.running;
+    return this.schedule.runOnce();
   }
 
   private async drain(): Promise<DelivererRun> {
@@ -261,22 +263,5 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       const why = e.name === 'TimeoutError' ? `no answer within ${this.config.timeoutMs} ms` : (e.cause?.code ?? e.cause?.message ?? e.message);
       return { ok: false, error: why };
     }
-  }
-
-  private schedule(): void {
-    if (!this.started) {
-      this.timer = undefined;
-      return;
-    }
-    const { intervalMs, jitter } = this.config;
-    const delay = intervalMs * (1 - jitter + Math.random() * 2 * jitter);
-    this.timer = setTimeout(() => {
-      this.runOnce()
-        .catch((err: Error) => {
-          this.log.warn({ err }, 'webhook deliverer run failed; retrying next interval');
-          this.emit('webhook:error', err);
-        })
-        .finally(() => this.schedule());
-    }, delay);
   }
 }

@@ -44,7 +44,7 @@ import {
 } from '../store/index.js';
 import type { JobStatus } from '../store/schema.js';
 import { principalKey } from './auth.js';
-import { toDbStatus, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, unwrap } from './codec.js';
+import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, unwrap } from './codec.js';
 
 export interface AdminRoutesDeps {
   db: Queryable;
@@ -63,7 +63,7 @@ const who = (ctx: HandlerContext) => {
   const p = ctx.values.get(principalKey);
   return p?.kind === 'key' ? p.name : p?.agentId;
 };
-const dbStatuses = (s: PbJobStatus[]): JobStatus[] => s.map((x) => toDbStatus(x)).filter((x): x is JobStatus => x !== undefined);
+const dbStatuses = (s: PbJobStatus[]): JobStatus[] => s.map((x, i) => statusFilter(x, `statuses.${i}`)).filter((x): x is JobStatus => x !== undefined);
 
 export function adminRoutes(deps: AdminRoutesDeps) {
   const { db, log } = deps;

@@ -41,8 +41,16 @@ const jobStatus: Record<DbJobStatus, JobStatus> = {
 };
 const dbJobStatus = Object.fromEntries(Object.entries(jobStatus).map(([k, v]) => [v, k])) as Record<JobStatus, DbJobStatus>;
 
-/** The database status of a protobuf `JobStatus` (undefined for UNSPECIFIED). */
-export const toDbStatus = (s: JobStatus): DbJobStatus | undefined => dbJobStatus[s];
+/**
+ * A status filter from a request: undefined for UNSPECIFIED (no filter); a value the enum does
+ * not have (proto3 lets unknown numbers through) is INVALID_ARGUMENT naming `field`.
+ */
+export function statusFilter(s: JobStatus, field: string): DbJobStatus | undefined {
+  if (s === JobStatus.UNSPECIFIED) return undefined;
+  const db = dbJobStatus[s];
+  if (!db) throw new ConnectError(`${field} ${s} is not a job status`, Code.InvalidArgument);
+  return db;
+}
 
 const attemptStatus: Record<AttemptRow['status'], AttemptStatus> = {
   claimed: AttemptStatus.CLAIMED,

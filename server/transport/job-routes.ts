@@ -6,11 +6,10 @@
 import { durationMs, timestampDate } from '@bufbuild/protobuf/wkt';
 import type { ConnectRouter } from '@connectrpc/connect';
 import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
-import { JobStatus } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Queryable } from '../store/index.js';
-import { toDbStatus, toPbDetail, toPbJob, unwrap } from './codec.js';
+import { statusFilter, toPbDetail, toPbJob, unwrap } from './codec.js';
 
 export interface JobRoutesDeps {
   db: Queryable;
@@ -45,7 +44,7 @@ export function jobRoutes(deps: JobRoutesDeps) {
         return toPbDetail(unwrap(await jobGet(db, { jobId: req.jobId })).value);
       },
       async listJobs(req) {
-        const status = req.status === JobStatus.UNSPECIFIED ? undefined : toDbStatus(req.status);
+        const status = statusFilter(req.status, 'status');
         const { value } = unwrap(
           await jobList(db, {
             ...(req.queue ? { queue: req.queue } : {}),

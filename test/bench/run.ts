@@ -34,6 +34,8 @@ export interface BenchOptions {
   leaseMs: number;
   streams: number;
   warmupSeconds: number;
+  /** Give up waiting for a recovery after this long (default: 4 leases, at least 20 s). */
+  recoveryCapMs?: number;
   systems: SystemName[];
   scenarios: string[];
   out?: string;
@@ -294,7 +296,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       }
     }
     if (o.scenarios.includes('recovery')) {
-      const cap = Math.max(20_000, 4 * o.leaseMs);
+      const cap = o.recoveryCapMs ?? Math.max(20_000, 4 * o.leaseMs);
       for (const s of systems) {
         const times: number[] = [];
         let lost = 0;

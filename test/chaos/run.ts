@@ -34,6 +34,7 @@ import { agentCreate, migrateDatabase, signingSecretGet, subscriptionCreate } fr
 import { signDelivery, WEBHOOK_HEADERS } from '../../server/core/webhook-deliverer.js';
 import { agentBundle } from '../helpers/agent-process.js';
 import { checkInvariants } from '../helpers/invariants.js';
+import { startSink } from '../helpers/sink.js';
 import { startFaultProxy, type FaultProxy } from './fault-proxy.js';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
@@ -170,25 +171,10 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     let subSecret = '';
     const subServer = receiver('sub', () => subSecret);
     const notifyServer = receiver('notify', () => notifySecret);
-    const applies = new Map<string, number>();
-    const outputs = new Map<string, unknown>();
-    const sink = http.createServer((req, res) => {
-      const u = new URL(req.url!, 'http://sink');
-      if (u.pathname === '/status') {
-        const key = u.searchParams.get('key')!;
-        res.end(JSON.stringify({ applied: applies.has(key), output: outputs.get(key) ?? null }));
-        return;
-      }
-      let body = '';
-      req.on('data', (c) => (body += c));
-      req.on('end', () => {
-        const { key, value } = JSON.parse(body) as { key: string; value: number };
-        applies.set(key, (applies.get(key) ?? 0) + 1);
-        outputs.set(key, { applied: value, key });
-        res.end(JSON.stringify(outputs.get(key)));
-      });
-    });
-    for (const s of [subServer, notifyServer, sink]) {
+    const sink = await startSink();
+    cleanup.push(() => sink.close());
+    const { applies } = sink;
+    for (const s of [subServer, notifyServer]) {
       await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
       cleanup.push(() => new Promise((r) => s.close(r)));
     }
@@ -262,7 +248,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
       a.proc = startProc(
         process.execPath,
         [bundle],
-        { LH_URL: a.urls.join(','), LH_TOKEN: a.token, LH_OUTBOX: a.outbox, LH_QUEUE: QUEUE, LH_MODE: 'sink', LH_SLOTS: '2', LH_SINK: `http://127.0.0.1:${portOf(sink)}`, LEASEHOLD_LOG_LEVEL: 'info' },
+        { LH_URL: a.urls.join(','), LH_TOKEN: a.token, LH_OUTBOX: a.outbox, LH_QUEUE: QUEUE, LH_MODE: 'sink', LH_SLOTS: '2', LH_SINK: sink.url, LEASEHOLD_LOG_LEVEL: 'info' },
         a.log,
       );
     };

@@ -1,0 +1,60 @@
+/**
+ * A downstream system that counts effects by idempotency key, as a payment API or a mailer
+ * would see them: `POST /apply {key, value}` applies (and counts every call, so a test can
+ * assert each key was applied exactly once); `GET /status?key=` says whether a key was applied
+ * and with what output (what `onUnknown` asks when a step's outcome is unknown).
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export interface Sink {
+  url: string;
+  /** Apply calls per key (every call, duplicates included). */
+  readonly applies: Map<string, number>;
+  readonly outputs: Map<string, unknown>;
+  /** How many status queries came (reconciliations). */
+  readonly statusQueries: number;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts a sink. `onApply` runs after a key is applied and before the answer: return `false` to
+ * send no answer (the caller never learns the effect happened).
+ */
+export async function startSink(onApply?: (key: string) => boolean | void): Promise<Sink> {
+  const applies = new Map<string, number>();
+  const outputs = new Map<string, unknown>();
+  let statusQueries = 0;
+  const server = http.createServer((req, res) => {
+    const u = new URL(req.url!, 'http://sink');
+    if (req.method === 'GET' && u.pathname === '/status') {
+      statusQueries++;
+      const key = u.searchParams.get('key')!;
+      res.end(JSON.stringify({ applied: applies.has(key), output: outputs.get(key) ?? null }));
+      return;
+    }
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      const { key, value } = JSON.parse(body) as { key: string; value: number };
+      applies.set(key, (applies.get(key) ?? 0) + 1);
+      outputs.set(key, { applied: value, key });
+      if (onApply?.(key) === false) return;
+      res.end(JSON.stringify(outputs.get(key)));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    applies,
+    outputs,
+    get statusQueries() {
+      return statusQueries;
+    },
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
+}
