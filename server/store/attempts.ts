@@ -94,22 +94,32 @@ export interface Claimed {
 
 // Safe under any number of concurrent claimers: each candidate row is locked FOR UPDATE and
 // rows another claimer holds are skipped (SKIP LOCKED), so no job is claimed twice and no
-// claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC, run_at,
-// id) WHERE status = 'queued': the ORDER BY matches it, so with one queue it is an index scan
-// stopped by the LIMIT. The n-th candidate goes to the n-th slot: its agent, and its attempt id
+// claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC NULLS
+// LAST, run_at, id) WHERE status = 'queued': one ordered index scan per queue, stopped by the
+// LIMIT, whatever the table holds (test/store.claim-plan.test.ts holds the plan to that). The n-th candidate goes to the n-th slot: its agent, and its attempt id
 // (128 CSPRNG bits each, made by the caller). Only jobs whose required labels the agents carry
 // ($7, jsonb containment) are candidates.
-const claimSql = statement(
+export const claimSql = statement(
   'jobClaim',
   `WITH c AS (
-     SELECT id FROM jobs
-     WHERE status = 'queued' AND queue = ANY($1::text[]) AND run_at <= coalesce($6::timestamptz, now())
-       AND labels <@ $7::jsonb
-     ORDER BY priority DESC NULLS LAST, run_at, id
+     -- Per queue, the first $2 claimable jobs in index order (locked, others' locks skipped);
+     -- of those, the first $2 overall. Unclaimed extras are unlocked when the statement commits.
+     SELECT k.id, k.priority, k.run_at FROM unnest($1::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+       SELECT id, priority, run_at FROM jobs
+       WHERE status = 'queued' AND queue = q.name AND run_at <= coalesce($6::timestamptz, now())
+         -- '{}' <@ anything; spelled out so the planner sees (from the column's statistics)
+         -- that most jobs need no labels, rather than guessing containment is rare and
+         -- choosing a sort of every queued job over the index.
+         AND (labels = '{}'::jsonb OR labels <@ $7::jsonb)
+       ORDER BY priority DESC NULLS LAST, run_at, id
+       LIMIT $2
+       FOR UPDATE SKIP LOCKED
+     ) k
+     ORDER BY k.priority DESC NULLS LAST, k.run_at, k.id
      LIMIT $2
-     FOR UPDATE SKIP LOCKED
    ), n AS (
-     SELECT c.id, row_number() OVER () AS rn FROM c
+     SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c
    ), u AS (
      -- The n-th candidate gets the n-th slot's attempt id and agent, by array subscript.
      UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = ($3::uuid[])[n.rn],
@@ -117,7 +127,9 @@ const claimSql = statement(
        lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
        updated_at = coalesce($6::timestamptz, now())
      FROM n
-     WHERE j.id = n.id
+     -- The id list as well as the join, so the rows are fetched by primary key however many
+     -- the planner guesses (a join alone can turn into a hash join over the whole table).
+     WHERE j.id = ANY (ARRAY(SELECT id FROM c)) AND j.id = n.id
      RETURNING j.*, n.rn AS slot
    ), a AS (
      INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
