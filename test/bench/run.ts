@@ -115,7 +115,7 @@ async function throughputRep(s: System, o: BenchOptions, n: number) {
     const before = await commits(s.pool, s.database);
     const t0 = performance.now();
     await s.bulkEnqueue(n);
-    const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000);
+    const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000, 100);
     const ms = performance.now() - t0;
     if (!ok) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
     await stopWorker(w);
