@@ -28,6 +28,14 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   const throughput = rows.filter((r) => r.scenario.startsWith('throughput'));
   expect(throughput.map((r) => r.system)).toEqual(['Leasehold', 'graphile-worker (batching off)', 'graphile-worker (batching on)', 'pg-boss']);
   for (const r of throughput) expect(r.figures[0]!.median, r.system).toBeGreaterThan(0);
+  if (process.platform === 'linux') {
+    // Every job costs PostgreSQL and the workers some CPU: a zero means the /proc reading broke.
+    for (const r of throughput) {
+      for (const unit of ['CPU ms/job: workers', 'CPU ms/job: PostgreSQL']) {
+        expect(r.figures.find((x) => x.unit === unit)?.median, `${r.system}: ${unit}`).toBeGreaterThan(0);
+      }
+    }
+  }
   const recovery = rows.find((r) => r.scenario.startsWith('recovery') && r.system === 'Leasehold')!;
   expect(recovery.figures.length, 'Leasehold recovered the SIGKILLed worker\'s jobs').toBeGreaterThan(0);
   expect(md).toMatch(/# Benchmark results/);

@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { Outcome } from '../server/core/outcomes.js';
-import { claimSql, jobClaim } from '../server/store/attempts.js';
+import { claimSql, jobClaim, jobClaimSlots } from '../server/store/attempts.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';
 
@@ -37,7 +37,7 @@ describe('claim plan', () => {
       await c.query('SET plan_cache_mode = force_generic_plan');
       await c.query(`PREPARE claim_plan AS ${claimSql.text}`);
       const { rows } = await c.query(
-        `EXPLAIN (FORMAT JSON) EXECUTE claim_plan('{plan-a,plan-b}', 256, NULL, NULL, 30000, NULL, '{}')`,
+        `EXPLAIN (FORMAT JSON) EXECUTE claim_plan('{plan-a,plan-b}', 256, NULL, NULL, 30000, NULL, '{}', NULL)`,
       );
       const onJobs = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => n['Relation Name'] === 'jobs');
       const reads = onJobs.filter((n) => n['Node Type'] !== 'ModifyTable');
@@ -67,5 +67,26 @@ describe('claim plan', () => {
       agentId: 'plan-2', queues: ['q2', 'q1'], limit: 10, claimTtlMs: 30_000, labels: { gpu: 'yes', os: 'windows' },
     });
     expect(value(gpu).map((x) => x.job.id)).toEqual([low.id]);
+  });
+
+  it('fills interleaved slots of several agents: each job goes to its slot\'s agent, with a fresh attempt id', async () => {
+    await makeQueuedJobs(db.pool, 5, 'slots');
+    const slots = ['slot-a', 'slot-b', 'slot-a', 'slot-c', 'slot-b', 'slot-a', 'slot-c'];
+    const claimed = value(await jobClaimSlots(db.pool, { slots, queues: ['slots'], claimTtlMs: 30_000 }));
+    expect(claimed.map((c) => c.slot)).toEqual([0, 1, 2, 3, 4]);
+    expect(claimed.map((c) => c.agentId)).toEqual(slots.slice(0, 5));
+    const { rows } = await db.pool.query(`SELECT id::text, agent_id, job_id::text FROM attempts WHERE agent_id LIKE 'slot-%'`);
+    expect(new Map(rows.map((r) => [r.id, r.agent_id]))).toEqual(new Map(claimed.map((c) => [c.attemptId, c.agentId])));
+    const ids = claimed.map((c) => c.attemptId);
+    expect(new Set(ids).size).toBe(5);
+    // Fresh per statement: the same slot positions in the next claim get other ids.
+    await makeQueuedJobs(db.pool, 5, 'slots');
+    const again = value(await jobClaimSlots(db.pool, { slots, queues: ['slots'], claimTtlMs: 30_000 }));
+    expect(again.map((c) => c.attemptId).filter((id) => ids.includes(id))).toEqual([]);
+  });
+
+  it('refuses a bad agent id among the slots, and a batch over the limit, before touching the database', async () => {
+    expect((await jobClaimSlots(db.pool, { slots: ['ok', ''], queues: ['slots'], claimTtlMs: 30_000 })).outcome).toBe('invalid');
+    expect((await jobClaimSlots(db.pool, { slots: Array(100_000).fill('ok'), queues: ['slots'], claimTtlMs: 30_000 })).outcome).toBe('invalid');
   });
 });

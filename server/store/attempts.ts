@@ -96,9 +96,12 @@ export interface Claimed {
 // rows another claimer holds are skipped (SKIP LOCKED), so no job is claimed twice and no
 // claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC NULLS
 // LAST, run_at, id) WHERE status = 'queued': one ordered index scan per queue, stopped by the
-// LIMIT, whatever the table holds (test/store.claim-plan.test.ts holds the plan to that). The n-th candidate goes to the n-th slot: its agent, and its attempt id
-// (128 CSPRNG bits each, made by the caller). Only jobs whose required labels the agents carry
-// ($7, jsonb containment) are candidates.
+// LIMIT, whatever the table holds (test/store.claim-plan.test.ts holds the plan to that). The
+// n-th candidate goes to the n-th slot: its agent ($4, indexed by $8) and its attempt id, the
+// first 128 bits of SHA-256(key ‖ n) under a 256-bit key ($3) fresh from the caller's CSPRNG and
+// never stored: unpredictable and unique like 128 random bits, without sending one id per free
+// slot (a round offers up to 512 slots for what is often a single job). Only jobs whose
+// required labels the agents carry ($7, jsonb containment) are candidates.
 export const claimSql = statement(
   'jobClaim',
   `WITH c AS (
@@ -119,11 +122,12 @@ export const claimSql = statement(
      ORDER BY k.priority DESC NULLS LAST, k.run_at, k.id
      LIMIT $2
    ), n AS (
-     SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c
+     SELECT c.id, c.rn, encode(substring(sha256($3::bytea || int4send(c.rn::int)) FROM 1 FOR 16), 'hex')::uuid AS attempt_id
+     FROM (SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c) c
    ), u AS (
-     -- The n-th candidate gets the n-th slot's attempt id and agent, by array subscript.
-     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = ($3::uuid[])[n.rn],
-       last_attempt_id = ($3::uuid[])[n.rn], agent_id = ($4::text[])[n.rn], progress = NULL,
+     -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id.
+     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = n.attempt_id,
+       last_attempt_id = n.attempt_id, agent_id = ($4::text[])[($8::int2[])[n.rn]], progress = NULL,
        lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
        updated_at = coalesce($6::timestamptz, now())
      FROM n
@@ -167,21 +171,31 @@ export async function jobClaim(db: Queryable, p: ClaimParams): Promise<Outcome<C
  */
 export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise<Outcome<Claimed[]>> {
   const bad = checkAll(
-    check('slots', z.array(schemas.agentId).min(1, 'must hold at least one slot').max(limits.claimBatch), p.slots),
+    check('slots', z.array(z.string()).min(1, 'must hold at least one slot').max(limits.claimBatch), p.slots),
+    check('slots', z.array(schemas.agentId), [...new Set(p.slots)]),
     check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
     check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
     p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
   );
   if (bad) return bad;
-  const ids = p.slots.map(newAttemptId);
+  // The slots as distinct agents and, per slot, the 1-based index of its agent: a few names and
+  // a short list of numbers instead of one name per slot.
+  const agents: string[] = [];
+  const index = new Map<string, number>();
+  const slotAgent = p.slots.map((a) => {
+    let i = index.get(a);
+    if (i === undefined) index.set(a, (i = agents.push(a)));
+    return i;
+  });
   const rows = await run<Record<string, unknown>>(db, claimSql, [
     p.queues,
     p.slots.length,
-    ids,
-    p.slots,
+    randomBytes(32),
+    agents,
     p.claimTtlMs,
     p.now ?? null,
     JSON.stringify(p.labels ?? {}),
+    slotAgent,
   ]);
   return ok(
     rows.map(({ slot, ...r }) => {

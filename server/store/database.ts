@@ -56,7 +56,8 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
 /** A pool whose idle-client errors (a server restart, a killed backend) are logged, not thrown. */
 export function createPool(url: string, max: number, log?: Logger): pg.Pool {
   const pool = new pg.Pool({ connectionString: url, max, application_name: 'leasehold' });
-  pool.on('error', (err) => log?.warn({ err }, 'idle database connection failed'));
+  // pg attaches the client to the error; logging it would dump the connection and its statements.
+  pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
   return pool;
 }
 

@@ -65,7 +65,9 @@ const enqueueSql = statement(
      RETURNING *
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
-     SELECT n.id, 'enqueued', n.created_at, job_event_delta(to_jsonb(n), '{}'::jsonb) FROM n
+     -- job_event_delta(to_jsonb(n), '{}') spelled out (every column but the untracked ones):
+     -- the same value without planning the function's query on every call.
+     SELECT n.id, 'enqueued', n.created_at, to_jsonb(n) - '{updated_at,heartbeat_at,progress}'::text[] FROM n
    )
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
    SELECT n.*, (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.run_at <= now()) AS notified FROM n`,

@@ -150,7 +150,7 @@ export const jobs = pgTable(
 export const attempts = pgTable(
   'attempts',
   {
-    /** The fencing token: 128 random bits (crypto.randomBytes), written as a UUID. */
+    /** The fencing token: 128 unpredictable bits (see jobClaimSlots), written as a UUID. */
     id: uuid('id').primaryKey(),
     jobId: uuid('job_id')
       .notNull()

@@ -16,6 +16,7 @@ import { Command } from 'commander';
 import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
+import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
 import { latencySvg, markdown, type Figure, type Row } from './report.js';
 import type { WorkerConfig } from './worker.js';
@@ -113,14 +114,24 @@ async function throughputRep(s: System, o: BenchOptions, n: number) {
   const w = await forkWorker(await s.worker('drain', o.concurrency));
   try {
     const before = await commits(s.pool, s.database);
+    const pm = await postmasterPid(s.pool);
+    const cpu0 = { main: process.cpuUsage(), worker: processCpu(w.child.pid!), db: pm && postgresCpu(pm) };
     const t0 = performance.now();
     await s.bulkEnqueue(n);
     const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000, 100);
     const ms = performance.now() - t0;
     if (!ok) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
+    const main = process.cpuUsage(cpu0.main);
+    const worker = processCpu(w.child.pid!);
+    const db = pm && postgresCpu(pm);
     await stopWorker(w);
     const after = await commits(s.pool, s.database);
-    return { jobsPerSec: (n / ms) * 1000, commitsPerJob: (after - before) / n };
+    const perJob = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? undefined : ((b - a) * 1000) / n);
+    return {
+      jobsPerSec: (n / ms) * 1000,
+      commitsPerJob: (after - before) / n,
+      cpuMsPerJob: { main: (main.user + main.system) / 1000 / n, worker: perJob(cpu0.worker, worker), db: perJob(cpu0.db, db) },
+    };
   } finally {
     await stopWorker(w);
   }
@@ -258,19 +269,41 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
     // Warm-up: a discarded load (these machines run slower for their first ~30 s of work).
     const warmEnd = Date.now() + o.warmupSeconds * 1000;
     while (Date.now() < warmEnd) for (const s of systems) if (Date.now() < warmEnd) await throughputRep(s, o, Math.min(o.jobs, 2000));
-    log(`warm-up done (${o.warmupSeconds} s)`);
+    // The one-by-one enqueue path (for Leasehold a gRPC call) is cold after a bulk warm-up: a
+    // discarded few seconds of the latency load, for every system alike.
+    if (o.warmupSeconds > 0 && o.scenarios.includes('latency')) for (const s of systems) await latencyRep(s, { ...o, seconds: Math.min(o.seconds, 3) });
+    log(`warm-up done (${o.warmupSeconds} s${o.scenarios.includes('latency') ? ', then 3 s of the latency load per system' : ''})`);
 
     if (o.scenarios.includes('throughput')) {
       for (const s of systems) {
         const jps: number[] = [];
         const cpj: number[] = [];
+        const cpu = { main: [] as number[], worker: [] as number[], db: [] as number[] };
         for (let r = 0; r < o.reps; r++) {
           const x = await throughputRep(s, o, o.jobs);
           jps.push(x.jobsPerSec);
           cpj.push(x.commitsPerJob);
-          log(`throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job`);
+          cpu.main.push(x.cpuMsPerJob.main);
+          if (x.cpuMsPerJob.worker !== undefined) cpu.worker.push(x.cpuMsPerJob.worker);
+          if (x.cpuMsPerJob.db !== undefined) cpu.db.push(x.cpuMsPerJob.db);
+          const c = x.cpuMsPerJob;
+          log(
+            `throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
+              `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
+          );
         }
-        rows.push({ scenario: `throughput (${o.jobs} no-op jobs, concurrency ${o.concurrency})`, system: s.label, figures: [{ ...fig(jps), unit: 'jobs/s' }, { ...fig(cpj, 2), unit: 'commits/job' }] });
+        const cpuFig = (xs: number[], unit: string) => (xs.length === o.reps ? [{ ...fig(xs, 2), unit }] : []);
+        rows.push({
+          scenario: `throughput (${o.jobs} no-op jobs, concurrency ${o.concurrency})`,
+          system: s.label,
+          figures: [
+            { ...fig(jps), unit: 'jobs/s' },
+            { ...fig(cpj, 2), unit: 'commits/job' },
+            ...cpuFig(cpu.main, 'CPU ms/job: coordinator (Leasehold) or client'),
+            ...cpuFig(cpu.worker, 'CPU ms/job: workers'),
+            ...cpuFig(cpu.db, 'CPU ms/job: PostgreSQL'),
+          ],
+        });
       }
     }
     if (o.scenarios.includes('latency')) {

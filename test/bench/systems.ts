@@ -2,17 +2,14 @@
  * The systems under benchmark, each on its own database of one PostgreSQL server: Leasehold (an
  * in-process coordinator, agents over gRPC streams in a worker process), graphile-worker 0.17
  * with batching off and on, and pg-boss 10. Each can bulk-enqueue, enqueue one job the way a
- * client would, count what is done (as the database sees it), and be reset between repetitions.
+ * client would (for Leasehold: n8n's way, a JSON POST to the HTTP gateway), count what is done (as the database sees it), and be reset between repetitions.
  */
-import type { JsonObject } from '@bufbuild/protobuf';
-import { createClient } from '@connectrpc/connect';
-import { createGrpcTransport } from '@connectrpc/connect-node';
+import http from 'node:http';
 import pg from 'pg';
 import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
 import { agentCreate, migrateDatabase } from '../../server/store/index.js';
-import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { WorkerConfig } from './worker.js';
 
 export type SystemName = WorkerConfig['system'];
@@ -71,7 +68,28 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
   (globalThis as { coordinator?: Coordinator }).coordinator = c;
   const pool = new pg.Pool({ connectionString: url, max: 4 });
   const grpcUrl = `http://127.0.0.1:${c.grpc.address.port}`;
-  const client = createClient(JobService, createGrpcTransport({ baseUrl: grpcUrl }));
+  // What n8n's HTTP Request node does: JSON over HTTP/1.1 with keep-alive.
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+  const enqueue = (body: string) =>
+    new Promise<void>((resolve, reject) => {
+      const req = http.request(
+        {
+          host: '127.0.0.1',
+          port: c.http.address.port,
+          method: 'POST',
+          path: '/leasehold.v1.JobService/EnqueueJob',
+          agent,
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN}`, 'content-length': Buffer.byteLength(body) },
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (b: Buffer) => chunks.push(b));
+          res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`EnqueueJob: HTTP ${res.statusCode} ${Buffer.concat(chunks).toString()}`))));
+        },
+      );
+      req.on('error', reject);
+      req.end(body);
+    });
   let n = 0;
   return {
     name: 'leasehold',
@@ -92,7 +110,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
       await pool.query(`SELECT pg_notify('leasehold_jobs', $1)`, [QUEUE]);
     },
     async enqueueOne(payload) {
-      await client.enqueueJob({ queue: QUEUE, payload: payload as JsonObject }, { headers: { authorization: `Bearer ${ADMIN}` } });
+      await enqueue(JSON.stringify({ queue: QUEUE, payload }));
     },
     async remaining() {
       // Served by the partial indexes on the held and queued states: cheap however many are done.
@@ -111,6 +129,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
       return { system: 'leasehold', mode, concurrency, url: grpcUrl, tokens, queue: QUEUE };
     },
     async close() {
+      agent.destroy();
       await pool.end();
       await c.stop();
     },
