@@ -30,7 +30,10 @@ export interface BenchOptions {
   reps: number;
   rate: number;
   seconds: number;
+  /** Jobs a system runs at once (agent slots, worker concurrency), unless `concurrencyOf` names it. */
   concurrency: number;
+  /** Per system, where its best concurrency differs (graphile-worker without batching slows down as it grows). */
+  concurrencyOf?: Partial<Record<SystemName, number>>;
   recoveryJobs: number;
   leaseMs: number;
   streams: number;
@@ -107,11 +110,13 @@ const pct = (xs: number[], p: number) => {
 };
 const fig = (values: number[], digits = 0): Omit<Figure, 'unit'> => ({ median: median(values), min: Math.min(...values), max: Math.max(...values), digits, n: values.length });
 
+const concurrencyOf = (s: System, o: BenchOptions) => o.concurrencyOf?.[s.name] ?? o.concurrency;
+
 /** One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained. */
 async function throughputRep(s: System, o: BenchOptions, n: number) {
   await s.reset();
   await settle(s.pool);
-  const w = await forkWorker(await s.worker('drain', o.concurrency));
+  const w = await forkWorker(await s.worker('drain', concurrencyOf(s, o)));
   try {
     const before = await commits(s.pool, s.database);
     const pm = await postmasterPid(s.pool);
@@ -141,7 +146,7 @@ async function throughputRep(s: System, o: BenchOptions, n: number) {
 async function latencyRep(s: System, o: BenchOptions) {
   await s.reset();
   await settle(s.pool);
-  const w = await forkWorker(await s.worker('latency', o.concurrency));
+  const w = await forkWorker(await s.worker('latency', concurrencyOf(s, o)));
   try {
     const sent = new Map<number, number>();
     const total = Math.round(o.rate * o.seconds);
@@ -294,8 +299,9 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         }
         const cpuFig = (xs: number[], unit: string) => (xs.length === o.reps ? [{ ...fig(xs, 2), unit }] : []);
         rows.push({
-          scenario: `throughput (${o.jobs} no-op jobs, concurrency ${o.concurrency})`,
+          scenario: `throughput (${o.jobs} no-op jobs)`,
           system: s.label,
+          note: `concurrency ${concurrencyOf(s, o)}`,
           figures: [
             { ...fig(jps), unit: 'jobs/s' },
             { ...fig(cpj, 2), unit: 'commits/job' },
@@ -324,6 +330,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         rows.push({
           scenario: `dispatch latency, enqueue → handler start (${o.rate} jobs/s for ${o.seconds} s)`,
           system: s.label,
+          note: `concurrency ${concurrencyOf(s, o)}`,
           figures: [{ ...fig(p50), unit: 'ms p50' }, { ...fig(p95), unit: 'ms p95' }, { ...fig(p99), unit: 'ms p99' }],
         });
       }
@@ -401,6 +408,20 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
   }
 }
 
+/** `256,graphile-off=16` → a default of 256, and 16 for graphile-off. */
+function concurrency(list: string): Pick<BenchOptions, 'concurrency' | 'concurrencyOf'> {
+  const o: Pick<BenchOptions, 'concurrency' | 'concurrencyOf'> = { concurrency: 256, concurrencyOf: {} };
+  for (const item of list.split(',')) {
+    const [a, b] = item.split('=');
+    const n = Number(b ?? a);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`--concurrency: ${item} is not a positive whole number`);
+    if (b === undefined) o.concurrency = n;
+    else if (['leasehold', 'graphile-off', 'graphile-on', 'pgboss'].includes(a!)) o.concurrencyOf![a as SystemName] = n;
+    else throw new Error(`--concurrency: no system ${a} (leasehold, graphile-off, graphile-on, pgboss)`);
+  }
+  return o;
+}
+
 const isMain = process.argv[1] && path.resolve(process.argv[1]) === path.resolve(new URL(import.meta.url).pathname);
 if (isMain) {
   const program = new Command()
@@ -411,15 +432,26 @@ if (isMain) {
     .option('--systems <list>', 'leasehold,graphile-off,graphile-on,pgboss', 'leasehold,graphile-off,graphile-on,pgboss')
     .option('--scenarios <list>', 'throughput,latency,recovery,heartbeats,pgbench', 'throughput,latency,recovery,heartbeats,pgbench')
     .option('--warmup <seconds>', 'discarded load before measuring', '30')
+    .option(
+      '--concurrency <list>',
+      'jobs a system runs at once (slots, worker concurrency): a default, then system=n exceptions',
+      '256,graphile-off=16',
+    )
     .parse();
-  const f = program.opts<{ quick?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string }>();
+  const f = program.opts<{ quick?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();
   const quick = Boolean(f.quick);
   const o: BenchOptions = {
     jobs: quick ? 300 : Number(f.jobs),
     reps: quick ? 1 : Number(f.reps),
     rate: quick ? 100 : 200,
     seconds: quick ? 2 : 10,
-    concurrency: quick ? 32 : 256,
+    ...(() => {
+      try {
+        return concurrency(quick ? '32' : f.concurrency);
+      } catch (err) {
+        return program.error((err as Error).message);
+      }
+    })(),
     recoveryJobs: quick ? 10 : 100,
     leaseMs: quick ? 2000 : 5000,
     streams: quick ? 50 : 2000,
