@@ -66,6 +66,8 @@ it(`${AGENTS} agents × ${SLOTS} slots drain ${JOBS} jobs: within their slots, e
       async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE status = 'succeeded'`)).rows[0].n === JOBS,
       60_000,
     );
+    // Acks follow the commit on the stream: the last ones may still be on their way.
+    await waitFor('every ack received', () => stats.reduce((n, s) => n + s.done, 0) >= JOBS, 10_000);
   } finally {
     sampling = false;
     await sampler;
