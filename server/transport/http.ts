@@ -34,7 +34,7 @@ import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
-import { routes, splitAddr, type ServerDeps, type TlsFiles } from './server.js';
+import { listenOn, routes, type ServerDeps, type TlsFiles } from './server.js';
 
 /** Largest request body the gateway reads (documents inside are bounded lower, 256 KiB). */
 export const HTTP_READ_MAX_BYTES = 1024 * 1024;
@@ -90,15 +90,7 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
     ? https.createServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) }, onRequest)
     : http.createServer(onRequest);
   server.requestTimeout = 60_000;
-  const [host, port] = splitAddr(addr);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  const address = server.address() as AddressInfo;
+  const address = await listenOn(server, addr);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'HTTP listening');
   let closing: Promise<void> | undefined;
   return {

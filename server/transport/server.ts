@@ -4,7 +4,7 @@
  */
 import { readFileSync } from 'node:fs';
 import http2 from 'node:http2';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Server } from 'node:net';
 import type { ConnectRouter } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Activity } from '../core/activity.js';
@@ -88,15 +88,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     sessions.add(s);
     s.on('close', () => sessions.delete(s));
   });
-  const [host, port] = splitAddr(addr);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  const address = server.address() as AddressInfo;
+  const address = await listenOn(server, addr);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'gRPC listening');
   let closing: Promise<void> | undefined;
   return {
@@ -121,4 +113,17 @@ export function splitAddr(addr: string): [string, number] {
   const m = /^\[?([^\]]+?)\]?:(\d+)$/.exec(addr);
   if (!m) throw new Error(`not host:port: ${addr}`);
   return [m[1]!, Number(m[2])];
+}
+
+/** Listens on `host:port` (a port of 0 picks one); resolves with the bound address, rejects on a listen error. */
+export async function listenOn(server: Server, addr: string): Promise<AddressInfo> {
+  const [host, port] = splitAddr(addr);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  return server.address() as AddressInfo;
 }
