@@ -19,8 +19,8 @@ const run = promisify(execFile);
 let dataDir: string;
 
 /** `leasehold serve` (or another command) on this file's data directory, gRPC and HTTP on free ports. */
-function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}): Proc {
-  return spawnServe(args, { DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, ...env });
+function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}, opts: { group?: boolean } = {}): Proc {
+  return spawnServe(args, { DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, ...env }, opts);
 }
 
 function postmasterPid(): number | undefined {
@@ -86,6 +86,19 @@ describe('leasehold serve', () => {
     p.child.kill('SIGTERM');
     expect(await p.exited).toEqual({ code: 0, signal: null });
     expect(postmasterPid()).toBeUndefined();
+  });
+
+  it.skipIf(process.platform === 'win32')('stops cleanly on Ctrl-C in a terminal (SIGINT to its whole process group)', async () => {
+    const p = serve(undefined, {}, { group: true });
+    await p.waitFor(/leasehold coordinator ready/);
+    const pgPid = postmasterPid()!;
+    const before = p.lines.length;
+    process.kill(-p.child.pid!, 'SIGINT');
+    expect(await p.exited).toEqual({ code: 0, signal: null });
+    expect(alive(pgPid)).toBe(false);
+    // The database stops after the coordinator, not with it: no connection lost on the way out.
+    expect(p.lines.slice(before).filter((l) => Number(l.level) >= 40)).toEqual([]);
+    expect(p.lines.slice(before).some((l) => /embedded PostgreSQL stopped/.test(String(l.msg)))).toBe(true);
   });
 
   it('stops a database left running by a SIGKILLed coordinator and starts again', async () => {

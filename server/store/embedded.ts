@@ -102,6 +102,10 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
     ...runAs,
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, LC_MESSAGES: 'C' },
+    // A process group of its own: Ctrl-C in a terminal signals the whole foreground group, and
+    // the server must stop after the coordinator (which stops it), not at the same moment.
+    // Windows has no process groups for signals; pg_ctl stops the server there.
+    detached: process.platform !== 'win32',
   });
   await ready(child, log).catch((err: unknown) => {
     child.kill('SIGKILL');

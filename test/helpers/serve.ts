@@ -19,12 +19,17 @@ export interface Proc {
 
 const children = new Set<ChildProcess>();
 
-/** Starts `node --import tsx server/cli.ts <args>` with `env` added to this process's. */
-export function serve(args: string[], env: Record<string, string>): Proc {
+/**
+ * Starts `node --import tsx server/cli.ts <args>` with `env` added to this process's. With
+ * `group`, in a process group of its own, as a shell runs a foreground command: a signal to
+ * `-pid` then reaches it and everything it started, as Ctrl-C in a terminal does.
+ */
+export function serve(args: string[], env: Record<string, string>, opts: { group?: boolean } = {}): Proc {
   const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
     cwd: root,
     env: { ...process.env, LEASEHOLD_LOG_FORMAT: 'json', LEASEHOLD_LOG_LEVEL: 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    detached: Boolean(opts.group),
   });
   children.add(child);
   const lines: Array<Record<string, unknown>> = [];
