@@ -167,13 +167,16 @@ describe('leasehold-agent', () => {
     const c = await config('runner-revoke', { long: { command: node('tree.mjs'), killGrace: '300ms' } });
     startRunner(c.file);
     const pidFile = path.join(work, 'revoke-pids.json');
-    const j = await enqueue('long', { pidFile });
+    // One attempt only: the rescued job goes dead instead of starting again on this runner (an
+    // attempt 2 would outlive the test when the runner is SIGKILLed after it).
+    const j = await enqueue('long', { pidFile }, { maxAttempts: 1 });
     const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
     await waitFor('running', async () => (await job(j.id)).status === 'running');
     // As if the lease had run out: the reaper takes the job back and revokes the attempt.
     await lh.c.reaper.stop(); // so the run below is ours, not one already going with the real clock
     const rescued = await lh.c.reaper.runOnce(new Date(Date.now() + 3_600_000)).finally(() => lh.c.reaper.start());
     expect(rescued.rescued.map((x) => x.jobId)).toContain(j.id);
+    expect((await job(j.id)).status).toBe('dead');
     await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
   });
 
