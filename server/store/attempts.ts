@@ -39,12 +39,6 @@ import { currentOf, toJob, type Job } from './rows.js';
 import type { JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
-/** A fresh fencing token: 128 bits from the CSPRNG, written as a UUID. */
-export function newAttemptId(): string {
-  const h = randomBytes(16).toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
-
 /** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */
 export interface Backoff {
   baseMs: number;
@@ -122,8 +116,8 @@ export const claimSql = statement(
      ORDER BY k.priority DESC NULLS LAST, k.run_at, k.id
      LIMIT $2
    ), n AS (
-     SELECT c.id, c.rn, encode(substring(sha256($3::bytea || int4send(c.rn::int)) FROM 1 FOR 16), 'hex')::uuid AS attempt_id
-     FROM (SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c) c
+     SELECT r.id, r.rn, encode(substring(sha256($3::bytea || int4send(r.rn::int)) FROM 1 FOR 16), 'hex')::uuid AS attempt_id
+     FROM (SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c) r
    ), u AS (
      -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id.
      UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = n.attempt_id,

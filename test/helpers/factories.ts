@@ -5,7 +5,6 @@
  */
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
-import { newAttemptId } from '../../server/store/attempts.js';
 import { toJob, type Job } from '../../server/store/rows.js';
 import type { JobStatus } from '../../server/store/schema.js';
 
@@ -30,7 +29,7 @@ export interface MakeJob {
 export async function makeJob(db: pg.Pool | pg.PoolClient, o: MakeJob = {}): Promise<Job> {
   const status = o.status ?? 'queued';
   const held = status === 'claimed' || status === 'running';
-  const attemptId = held ? newAttemptId() : null;
+  const attemptId = held ? randomUUID() : null;
   const agentId = held ? (o.agentId ?? 'agent-1') : null;
   const lease = held ? (o.leaseExpiresAt ?? new Date(Date.now() + 60_000)) : null;
   const id = randomUUID();
