@@ -6,6 +6,7 @@
  */
 import { expect, it } from 'vitest';
 import { bench } from './bench/run.js';
+import { results } from './bench/report.js';
 
 it('npm run bench --quick: every system, every scenario, a report', async () => {
   const lines: string[] = [];
@@ -21,7 +22,7 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
     streams: 50,
     warmupSeconds: 0,
     systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'],
-    scenarios: ['throughput', 'latency', 'recovery', 'heartbeats', 'pgbench'],
+    scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'pgbench'],
     log: (l) => lines.push(l),
   });
   console.log(md);
@@ -36,6 +37,17 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
       }
     }
   }
+  // results.json: the figures scripts compare, by metric name, for every system.
+  const json = results(rows, 'abc1234');
+  const metric = (scenario: string, system: string, m: string) => json.find((r) => r.scenario === scenario && r.system === system && r.metric === m);
+  for (const system of ['leasehold', 'graphile-off', 'graphile-on', 'pg-boss']) {
+    expect(metric('throughput', system, 'jobs_per_s')?.median, system).toBeGreaterThan(0);
+    expect(metric('latency', system, 'p50_ms'), system).toBeDefined();
+    // Every job is at least inserted and then changed or removed, and that is logged.
+    expect(metric('writes', system, 'rows_per_job')?.median, system).toBeGreaterThanOrEqual(2);
+    expect(metric('writes', system, 'wal_bytes_per_job')?.median, system).toBeGreaterThan(100);
+  }
+  expect(metric('ceiling', 'postgresql', 'tps') ?? metric('heartbeats', 'leasehold', 'commits_per_s')).toBeDefined();
   const recovery = rows.find((r) => r.scenario.startsWith('recovery') && r.system === 'Leasehold')!;
   expect(recovery.figures.length, 'Leasehold recovered the SIGKILLed worker\'s jobs').toBeGreaterThan(0);
   expect(md).toMatch(/# Benchmark results/);

@@ -2,7 +2,24 @@
  * The benchmark report: a markdown table (median, min–max over the repetitions) and an SVG of
  * the dispatch latency distributions (percentile against latency, log scale).
  */
+/** The names `results.json` uses (scripts read these, not the markdown). */
+export type ScenarioKey = 'throughput' | 'latency' | 'writes' | 'recovery' | 'heartbeats' | 'ceiling';
+export type SystemKey = 'leasehold' | 'graphile-on' | 'graphile-off' | 'pg-boss' | 'postgresql';
+export type MetricKey =
+  | 'jobs_per_s'
+  | 'cpu_ms_per_job'
+  | 'p50_ms'
+  | 'p95_ms'
+  | 'p99_ms'
+  | 'rows_per_job'
+  | 'wal_bytes_per_job'
+  | 'lease_multiple'
+  | 'commits_per_s'
+  | 'tps';
+
 export interface Figure {
+  /** Set for the figures that go to `results.json`. */
+  metric?: MetricKey;
   median: number;
   min: number;
   max: number;
@@ -12,6 +29,8 @@ export interface Figure {
 }
 
 export interface Row {
+  scenarioKey: ScenarioKey;
+  systemKey: SystemKey;
   scenario: string;
   system: string;
   figures: Figure[];
@@ -53,6 +72,26 @@ export function markdown(rows: Row[], info: RunInfo): string {
     out.push('');
   }
   return out.join('\n');
+}
+
+/** One line of `results.json`. */
+export interface Result {
+  scenario: ScenarioKey;
+  system: SystemKey;
+  metric: MetricKey;
+  median: number;
+  min: number;
+  max: number;
+  commit: string;
+}
+
+/** The figures that carry a metric name, flat, for `results.json`. */
+export function results(rows: Row[], commit: string): Result[] {
+  return rows.flatMap((r) =>
+    r.figures.flatMap((x) =>
+      x.metric ? [{ scenario: r.scenarioKey, system: r.systemKey, metric: x.metric, median: x.median, min: x.min, max: x.max, commit }] : [],
+    ),
+  );
 }
 
 const COLORS = ['#1b7837', '#2166ac', '#b2182b', '#e08214', '#762a83'];

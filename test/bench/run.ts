@@ -18,7 +18,7 @@ import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
-import { latencySvg, markdown, type Figure, type Row } from './report.js';
+import { latencySvg, markdown, results, type Figure, type MetricKey, type Row } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
 const run = promisify(execFile);
@@ -43,6 +43,8 @@ export interface BenchOptions {
   systems: SystemName[];
   scenarios: string[];
   out?: string;
+  /** `results.json`: every figure scripts compare, as `{scenario, system, metric, median, min, max, commit}`. */
+  json?: string;
   svg?: string;
   log: (line: string) => void;
 }
@@ -89,10 +91,39 @@ async function until(what: string, check: () => Promise<boolean>, ms: number, ev
   return undefined;
 }
 
-async function commits(pool: pg.Pool, db: string): Promise<number> {
-  // Statistics are flushed by backends within a second of going idle.
-  await new Promise((r) => setTimeout(r, 1100));
-  return Number((await pool.query(`SELECT xact_commit FROM pg_stat_database WHERE datname = $1`, [db])).rows[0].xact_commit);
+/** What the database counted for one database: commits, and rows inserted + updated + deleted. */
+interface DbCounters {
+  commits: number;
+  rows: number;
+}
+
+async function dbCounters(pool: pg.Pool, db: string): Promise<DbCounters> {
+  const read = async (): Promise<DbCounters> => {
+    const r = (
+      await pool.query(
+        `SELECT xact_commit::bigint AS commits, (tup_inserted + tup_updated + tup_deleted)::bigint AS rows
+         FROM pg_stat_database WHERE datname = $1`,
+        [db],
+      )
+    ).rows[0] as { commits: string; rows: string };
+    return { commits: Number(r.commits), rows: Number(r.rows) };
+  };
+  // Backends flush their statistics within about a second of going idle: read until two reads
+  // a flush interval apart agree (our own read commits too, so allow for that one).
+  let a = await read();
+  for (let i = 0; i < 10; i++) {
+    await new Promise((r) => setTimeout(r, 1100));
+    const b = await read();
+    if (b.rows === a.rows && b.commits - a.commits <= 1) return b;
+    a = b;
+  }
+  return a;
+}
+
+/** The server's WAL insert position, in bytes. */
+async function walBytes(pool: pg.Pool): Promise<bigint> {
+  const r = await pool.query(`SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text AS b`);
+  return BigInt((r.rows[0] as { b: string }).b.split('.')[0]!);
 }
 
 async function settle(pool: pg.Pool) {
@@ -112,30 +143,51 @@ const fig = (values: number[], digits = 0): Omit<Figure, 'unit'> => ({ median: m
 
 const concurrencyOf = (s: System, o: BenchOptions) => o.concurrencyOf?.[s.name] ?? o.concurrency;
 
-/** One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained. */
+/** CPU seconds so far of this process, a worker process and the PostgreSQL server. */
+function cpuNow(worker: Worker, pm: number | undefined) {
+  return { main: process.cpuUsage(), worker: processCpu(worker.child.pid!), db: pm && postgresCpu(pm) };
+}
+
+/** CPU ms per job since `c0`, per process and in all (undefined parts where /proc is missing). */
+function cpuPerJob(c0: ReturnType<typeof cpuNow>, worker: Worker, pm: number | undefined, n: number) {
+  const main = process.cpuUsage(c0.main);
+  const w = processCpu(worker.child.pid!);
+  const db = pm && postgresCpu(pm);
+  const perJob = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? undefined : ((b - a) * 1000) / n);
+  const parts = { main: (main.user + main.system) / 1000 / n, worker: perJob(c0.worker, w), db: perJob(c0.db || undefined, db || undefined) };
+  return { ...parts, total: parts.worker === undefined || parts.db === undefined ? undefined : parts.main + parts.worker + parts.db };
+}
+
+/**
+ * One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained.
+ * Also what the drain wrote: rows inserted + updated + deleted in the system's database
+ * (`pg_stat_database`) and WAL bytes (the server's WAL position before the enqueue and when the
+ * last job is done), per job.
+ */
 async function throughputRep(s: System, o: BenchOptions, n: number) {
   await s.reset();
   await settle(s.pool);
   const w = await forkWorker(await s.worker('drain', concurrencyOf(s, o)));
   try {
-    const before = await commits(s.pool, s.database);
+    const before = await dbCounters(s.pool, s.database);
     const pm = await postmasterPid(s.pool);
-    const cpu0 = { main: process.cpuUsage(), worker: processCpu(w.child.pid!), db: pm && postgresCpu(pm) };
+    const wal0 = await walBytes(s.pool);
+    const cpu0 = cpuNow(w, pm);
     const t0 = performance.now();
     await s.bulkEnqueue(n);
     const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000, 100);
     const ms = performance.now() - t0;
     if (!ok) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
-    const main = process.cpuUsage(cpu0.main);
-    const worker = processCpu(w.child.pid!);
-    const db = pm && postgresCpu(pm);
+    const cpu = cpuPerJob(cpu0, w, pm, n);
+    const wal1 = await walBytes(s.pool);
     await stopWorker(w);
-    const after = await commits(s.pool, s.database);
-    const perJob = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? undefined : ((b - a) * 1000) / n);
+    const after = await dbCounters(s.pool, s.database);
     return {
       jobsPerSec: (n / ms) * 1000,
-      commitsPerJob: (after - before) / n,
-      cpuMsPerJob: { main: (main.user + main.system) / 1000 / n, worker: perJob(cpu0.worker, worker), db: perJob(cpu0.db, db) },
+      commitsPerJob: (after.commits - before.commits) / n,
+      rowsPerJob: (after.rows - before.rows) / n,
+      walBytesPerJob: Number(wal1 - wal0) / n,
+      cpuMsPerJob: cpu,
     };
   } finally {
     await stopWorker(w);
@@ -150,6 +202,8 @@ async function latencyRep(s: System, o: BenchOptions) {
   try {
     const sent = new Map<number, number>();
     const total = Math.round(o.rate * o.seconds);
+    const pm = await postmasterPid(s.pool);
+    const cpu0 = cpuNow(w, pm);
     const t0 = Date.now();
     const pending: Promise<void>[] = [];
     for (let i = 0; i < total; i++) {
@@ -162,7 +216,10 @@ async function latencyRep(s: System, o: BenchOptions) {
     await Promise.all(pending);
     const ok = await until('all started', async () => w.started.size >= total, 60_000);
     if (!ok) throw new Error(`${s.label}: only ${w.started.size} of ${total} jobs started`);
-    return [...w.started].map(([id, t]) => t - sent.get(id as number)!);
+    // Every job started; its handler returns at once and its completion follows within moments.
+    await until('all done', async () => (await s.remaining()) === 0, 10_000);
+    const cpu = cpuPerJob(cpu0, w, pm, total);
+    return { latencies: [...w.started].map(([id, t]) => t - sent.get(id as number)!), cpu };
   } finally {
     await stopWorker(w);
   }
@@ -283,31 +340,54 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       for (const s of systems) {
         const jps: number[] = [];
         const cpj: number[] = [];
-        const cpu = { main: [] as number[], worker: [] as number[], db: [] as number[] };
+        const cpu = { main: [] as number[], worker: [] as number[], db: [] as number[], total: [] as number[] };
         for (let r = 0; r < o.reps; r++) {
           const x = await throughputRep(s, o, o.jobs);
           jps.push(x.jobsPerSec);
           cpj.push(x.commitsPerJob);
-          cpu.main.push(x.cpuMsPerJob.main);
-          if (x.cpuMsPerJob.worker !== undefined) cpu.worker.push(x.cpuMsPerJob.worker);
-          if (x.cpuMsPerJob.db !== undefined) cpu.db.push(x.cpuMsPerJob.db);
           const c = x.cpuMsPerJob;
+          cpu.main.push(c.main);
+          if (c.worker !== undefined) cpu.worker.push(c.worker);
+          if (c.db !== undefined) cpu.db.push(c.db);
+          if (c.total !== undefined) cpu.total.push(c.total);
           log(
             `throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
               `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
           );
         }
-        const cpuFig = (xs: number[], unit: string) => (xs.length === o.reps ? [{ ...fig(xs, 2), unit }] : []);
+        const cpuFig = (xs: number[], unit: string, metric?: MetricKey) =>
+          xs.length === o.reps ? [{ ...fig(xs, 2), unit, ...(metric ? { metric } : {}) }] : [];
         rows.push({
+          scenarioKey: 'throughput',
+          systemKey: s.key,
           scenario: `throughput (${o.jobs} no-op jobs)`,
           system: s.label,
           note: `concurrency ${concurrencyOf(s, o)}`,
           figures: [
-            { ...fig(jps), unit: 'jobs/s' },
+            { ...fig(jps), unit: 'jobs/s', metric: 'jobs_per_s' },
             { ...fig(cpj, 2), unit: 'commits/job' },
+            ...cpuFig(cpu.total, 'CPU ms/job: all processes', 'cpu_ms_per_job'),
             ...cpuFig(cpu.main, 'CPU ms/job: coordinator (Leasehold) or client'),
             ...cpuFig(cpu.worker, 'CPU ms/job: workers'),
             ...cpuFig(cpu.db, 'CPU ms/job: PostgreSQL'),
+          ],
+        });
+      }
+    }
+    if (o.scenarios.includes('writes')) {
+      // What a job writes does not depend on the machine: one drain per system.
+      for (const s of systems) {
+        const x = await throughputRep(s, o, o.jobs);
+        log(`writes ${s.label}: ${x.rowsPerJob.toFixed(2)} rows/job, ${x.walBytesPerJob.toFixed(0)} B of WAL/job`);
+        rows.push({
+          scenarioKey: 'writes',
+          systemKey: s.key,
+          scenario: `writes: one drain of ${o.jobs} no-op jobs, enqueue to completion`,
+          system: s.label,
+          note: 'rows: inserted + updated + deleted in its database (pg_stat_database); WAL: the whole server',
+          figures: [
+            { ...fig([x.rowsPerJob], 2), unit: 'rows/job', metric: 'rows_per_job' },
+            { ...fig([x.walBytesPerJob]), unit: 'WAL bytes/job', metric: 'wal_bytes_per_job' },
           ],
         });
       }
@@ -317,21 +397,33 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         const p50: number[] = [];
         const p95: number[] = [];
         const p99: number[] = [];
+        const cpu: number[] = [];
         const all: number[] = [];
         for (let r = 0; r < o.reps; r++) {
-          const l = await latencyRep(s, o);
+          const { latencies: l, cpu: c } = await latencyRep(s, o);
           p50.push(pct(l, 50));
           p95.push(pct(l, 95));
           p99.push(pct(l, 99));
+          if (c.total !== undefined) cpu.push(c.total);
           all.push(...l);
-          log(`latency ${s.label} rep ${r + 1}: p50 ${pct(l, 50)} ms, p95 ${pct(l, 95)} ms, p99 ${pct(l, 99)} ms`);
+          log(
+            `latency ${s.label} rep ${r + 1}: p50 ${pct(l, 50)} ms, p95 ${pct(l, 95)} ms, p99 ${pct(l, 99)} ms; ` +
+              `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator and HTTP client' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
+          );
         }
         latencies.set(s.label, all);
         rows.push({
+          scenarioKey: 'latency',
+          systemKey: s.key,
           scenario: `dispatch latency, enqueue → handler start (${o.rate} jobs/s for ${o.seconds} s)`,
           system: s.label,
           note: `concurrency ${concurrencyOf(s, o)}`,
-          figures: [{ ...fig(p50), unit: 'ms p50' }, { ...fig(p95), unit: 'ms p95' }, { ...fig(p99), unit: 'ms p99' }],
+          figures: [
+            { ...fig(p50), unit: 'ms p50', metric: 'p50_ms' },
+            { ...fig(p95), unit: 'ms p95', metric: 'p95_ms' },
+            { ...fig(p99), unit: 'ms p99', metric: 'p99_ms' },
+            ...(cpu.length === o.reps ? [{ ...fig(cpu, 2), unit: 'CPU ms/job: all processes', metric: 'cpu_ms_per_job' as const }] : []),
+          ],
         });
       }
     }
@@ -348,10 +440,12 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         }
         const note = s.leaseMs ? `lease ${s.leaseMs / 1000} s` : 'no lease: a dead worker\'s jobs stay locked (4 h)';
         rows.push({
+          scenarioKey: 'recovery',
+          systemKey: s.key,
           scenario: `recovery: SIGKILL a worker holding ${o.recoveryJobs} running jobs, until all run elsewhere`,
           system: s.label,
           figures: times.length
-            ? [{ ...fig(times), unit: 'ms' }, ...(s.leaseMs ? [{ ...fig(times.map((t) => t / s.leaseMs!), 2), unit: '× lease' }] : [])]
+            ? [{ ...fig(times), unit: 'ms' }, ...(s.leaseMs ? [{ ...fig(times.map((t) => t / s.leaseMs!), 2), unit: '× lease', metric: 'lease_multiple' as const }] : [])]
             : [],
           note: lost ? `${lost}/${o.reps} not recovered within ${cap / 1000} s; ${note}` : note,
         });
@@ -370,9 +464,11 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         log(`heartbeats rep ${r + 1}: coordinator ${h.cpuPercent.toFixed(1)}% CPU, ${h.commitsPerSec.toFixed(1)} commits/s, ${h.rowsRenewedPerSec.toFixed(0)} leases renewed/s`);
       }
       rows.push({
+        scenarioKey: 'heartbeats',
+        systemKey: 'leasehold',
         scenario: `heartbeat scale: ${o.streams} agent streams, one running job each, heartbeat every ${o.leaseMs / 5000} s`,
         system: 'Leasehold',
-        figures: [{ ...fig(cpu, 1), unit: '% CPU (coordinator)' }, { ...fig(cps, 1), unit: 'commits/s' }, { ...fig(rps), unit: 'leases renewed/s' }],
+        figures: [{ ...fig(cpu, 1), unit: '% CPU (coordinator)' }, { ...fig(cps, 1), unit: 'commits/s', metric: 'commits_per_s' }, { ...fig(rps), unit: 'leases renewed/s' }],
       });
     }
     if (o.scenarios.includes('pgbench')) {
@@ -384,27 +480,43 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         log(`pgbench rep ${r + 1}: ${t.toFixed(0)} tps`);
       }
       rows.push({
+        scenarioKey: 'ceiling',
+        systemKey: 'postgresql',
         scenario: 'ceiling: pgbench, single-row UPDATE, 16 clients',
         system: 'PostgreSQL',
-        figures: tps.length ? [{ ...fig(tps), unit: 'transactions/s' }] : [],
+        figures: tps.length ? [{ ...fig(tps), unit: 'transactions/s', metric: 'tps' }] : [],
         note: tps.length ? undefined : 'pgbench not found (apt-get install postgresql-client-15 or postgresql-15)',
       });
     }
+    const commit = await commitOf();
     const md = markdown(rows, {
       date: new Date().toISOString(),
       machine: `${os.cpus().length} × ${os.cpus()[0]?.model ?? 'cpu'}, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, ${os.platform()} ${os.release()}`,
       node: process.version,
       postgres: `PostgreSQL ${version} (embedded, fsync and synchronous_commit on)`,
-      commit: await run('git', ['rev-parse', '--short', 'HEAD'], { cwd: root }).then((r) => r.stdout.trim(), () => 'unknown'),
+      commit,
       reps: o.reps,
     });
     if (o.out) await writeFile(o.out, md);
+    if (o.json) await writeFile(o.json, `${JSON.stringify(results(rows, commit), null, 1)}\n`);
     if (o.svg && latencies.size) await writeFile(o.svg, latencySvg(latencies));
     return { rows, md };
   } finally {
     for (const s of systems) await s.close().catch(() => undefined);
     await db.stop();
     await rm(dataDir, { recursive: true, force: true });
+  }
+}
+
+/** The commit measured: its short hash, `+dirty` when the tree differs from it (the bench's own outputs aside). */
+async function commitOf(): Promise<string> {
+  try {
+    const head = (await run('git', ['rev-parse', '--short', 'HEAD'], { cwd: root })).stdout.trim();
+    const outputs = ['results.md', 'results.json', 'latency.svg'].map((f) => `:!test/bench/${f}`);
+    const dirty = (await run('git', ['status', '--porcelain', '--', '.', ...outputs], { cwd: root })).stdout.trim();
+    return dirty ? `${head}+dirty` : head;
+  } catch {
+    return 'unknown';
   }
 }
 
@@ -430,7 +542,11 @@ if (isMain) {
     .option('--jobs <n>', 'jobs per throughput repetition', '20000')
     .option('--reps <n>', 'repetitions per figure', '3')
     .option('--systems <list>', 'leasehold,graphile-off,graphile-on,pgboss', 'leasehold,graphile-off,graphile-on,pgboss')
-    .option('--scenarios <list>', 'throughput,latency,recovery,heartbeats,pgbench', 'throughput,latency,recovery,heartbeats,pgbench')
+    .option(
+      '--scenarios <list>',
+      'throughput,writes,latency,recovery,heartbeats,pgbench (pgbench is the ceiling)',
+      'throughput,writes,latency,recovery,heartbeats,pgbench',
+    )
     .option('--warmup <seconds>', 'discarded load before measuring', '30')
     .option(
       '--concurrency <list>',
@@ -440,6 +556,11 @@ if (isMain) {
     .parse();
   const f = program.opts<{ quick?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();
   const quick = Boolean(f.quick);
+  const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'pgbench', 'ceiling'] };
+  for (const [flag, list] of [['systems', f.systems], ['scenarios', f.scenarios]] as const) {
+    const bad = list.split(',').filter((x) => !known[flag].includes(x));
+    if (bad.length) program.error(`--${flag}: unknown ${bad.join(', ')} (one of ${known[flag].join(', ')})`);
+  }
   const o: BenchOptions = {
     jobs: quick ? 300 : Number(f.jobs),
     reps: quick ? 1 : Number(f.reps),
@@ -457,8 +578,9 @@ if (isMain) {
     streams: quick ? 50 : 2000,
     warmupSeconds: quick ? 0 : Number(f.warmup),
     systems: f.systems.split(',') as SystemName[],
-    scenarios: f.scenarios.split(','),
+    scenarios: f.scenarios.split(',').map((x) => (x === 'ceiling' ? 'pgbench' : x)),
     out: quick ? undefined : path.join(here, 'results.md'),
+    json: quick ? undefined : path.join(here, 'results.json'),
     svg: quick ? undefined : path.join(here, 'latency.svg'),
     log: (l) => process.stdout.write(`${l}\n`),
   };

@@ -10,12 +10,15 @@ import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
 import { agentCreate, migrateDatabase } from '../../server/store/index.js';
+import type { SystemKey } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
 export type SystemName = WorkerConfig['system'];
 
 export interface System {
   name: SystemName;
+  /** The name in `results.json`. */
+  key: SystemKey;
   label: string;
   /** The database this system uses (for commit counts). */
   database: string;
@@ -93,6 +96,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
   let n = 0;
   return {
     name: 'leasehold',
+    key: 'leasehold',
     label: 'Leasehold',
     database: 'bench_leasehold',
     pool,
@@ -147,6 +151,7 @@ export async function graphile(adminUrl: string, batching: boolean): Promise<Sys
   const pool = new pg.Pool({ connectionString: url, max: 4 });
   return {
     name: batching ? 'graphile-on' : 'graphile-off',
+    key: batching ? 'graphile-on' : 'graphile-off',
     label: `graphile-worker (batching ${batching ? 'on' : 'off'})`,
     database: name,
     pool,
@@ -187,6 +192,7 @@ export async function pgboss(adminUrl: string, opts: { expireMs: number }): Prom
   const pool = new pg.Pool({ connectionString: url, max: 4 });
   return {
     name: 'pgboss',
+    key: 'pg-boss',
     label: 'pg-boss',
     database: 'bench_pgboss',
     pool,
