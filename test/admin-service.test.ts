@@ -142,8 +142,8 @@ describe('jobs', () => {
 
     // The maintenance service: two purgers on one database take different batches.
     const many = await t.pool.query(
-      `WITH j AS (INSERT INTO jobs (queue, payload, status, finished_at) SELECT 'adm-purge-many', '{}', 'succeeded', now() - interval '10 days' FROM generate_series(1, 250) RETURNING *)
-       INSERT INTO job_events (job_id, kind, at, data) SELECT j.id, 'enqueued', j.created_at, job_event_delta(to_jsonb(j), '{}'::jsonb) FROM j RETURNING job_id`,
+      `INSERT INTO jobs (queue, payload, status, result, finished_at)
+       SELECT 'adm-purge-many', '{}', 'succeeded', '{}', now() - interval '10 days' FROM generate_series(1, 250) RETURNING id`,
     );
     expect(many.rowCount).toBe(250);
     const log = pino({ level: 'silent' });
@@ -151,7 +151,7 @@ describe('jobs', () => {
     const [r1, r2] = await Promise.all([p1.runOnce(), p2.runOnce()]);
     expect(r1.purged + r2.purged).toBe(250);
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'adm-purge-many'`)).rows[0].n).toBe(0);
-    // (No invariant check here: the factories' finished jobs have no completions to match.)
+    // (No invariant check here: the 250 rows above have no history.)
     await t.pool.query(`DELETE FROM jobs WHERE queue = 'adm-purge'`);
   });
 });

@@ -76,7 +76,7 @@ async function enqueue(queue: string, payload: Record<string, unknown>, extra: R
   if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
   return o.value;
 }
-const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
+const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, job_error(id, status) AS error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0);

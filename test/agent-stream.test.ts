@@ -115,13 +115,13 @@ describe('AgentService.Connect', () => {
     const closed = new Promise((r) => lh.c.hub.once('session:close', (_s, why) => r(why)));
     proxy.cutAll();
     expect(await closed).toEqual({ lost: true });
-    const suspect = (await t.pool.query('SELECT suspect_since FROM attempts WHERE id = $1', [c.attemptId])).rows[0].suspect_since;
+    const suspect = (await t.pool.query('SELECT suspect_since FROM jobs WHERE current_attempt_id = $1', [c.attemptId])).rows[0].suspect_since;
     expect(suspect).toBeInstanceOf(Date);
 
     const b = agent({ agentId: 'flaky', token, queues: ['cut'], slots: 1, resume: [c.attemptId] }, via);
     await b.next('welcome');
     heartbeat(b);
-    await waitFor('suspect cleared', async () => (await t.pool.query('SELECT suspect_since FROM attempts WHERE id = $1', [c.attemptId])).rows[0].suspect_since === null);
+    await waitFor('suspect cleared', async () => (await t.pool.query('SELECT suspect_since FROM jobs WHERE current_attempt_id = $1', [c.attemptId])).rows[0].suspect_since === null);
     expect(b.all('revoke')).toEqual([]);
     b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ resumed: true }) }] } });
     expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
@@ -169,7 +169,7 @@ describe('AgentService.Connect', () => {
     const item = (await b.next('ack')).ack.items[0];
     expect(item).toMatchObject({ attemptId: c.attemptId, outcome: 'OUTCOME_DUPLICATE' });
     expect(fromStruct(item.storedResult)).toEqual({ answer: 42 });
-    expect((await t.pool.query('SELECT count(*)::int AS n FROM completions WHERE job_id = $1', [job.id])).rows[0].n).toBe(1);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1 AND status = 'succeeded'`, [job.id])).rows[0].n).toBe(1);
   });
 
   it('pushes Cancel to the agent holding a job canceled through JobService', async () => {

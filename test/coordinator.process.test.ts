@@ -66,8 +66,8 @@ describe('leasehold serve', () => {
     const creds = JSON.parse(readFileSync(path.join(dataDir, 'credentials.json'), 'utf8'));
     const c = new pg.Client({ host: '127.0.0.1', port: Number(started.port), user: creds.user, password: creds.password, database: 'postgres' });
     await c.connect();
-    const { rows } = await c.query(`SELECT count(*)::int AS n FROM information_schema.tables WHERE table_name IN ('jobs','attempts','job_events','completions','steps','stale_reports')`);
-    expect(rows[0].n).toBe(6);
+    const { rows } = await c.query(`SELECT count(*)::int AS n FROM information_schema.tables WHERE table_name IN ('jobs','attempts','job_events','steps','stale_reports')`);
+    expect(rows[0].n).toBe(5);
     await c.end();
 
     const pgPid = postmasterPid()!;

@@ -12,7 +12,7 @@ import { grpc } from './helpers/raw-agent.js';
 
 const t = useTestDb();
 const lh = useCoordinator(t);
-const TABLES = ['jobs', 'attempts', 'job_events', 'completions', 'steps', 'stale_reports'];
+const TABLES = ['jobs', 'attempts', 'job_events', 'steps', 'stale_reports'];
 const RUNS = Number(process.env.LEASEHOLD_FUZZ_RUNS ?? 150);
 
 async function counts() {

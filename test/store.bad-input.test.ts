@@ -20,7 +20,7 @@ import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
 
 const t = useTestDb();
-const TABLES = ['jobs', 'attempts', 'job_events', 'completions', 'steps', 'stale_reports'];
+const TABLES = ['jobs', 'attempts', 'job_events', 'steps', 'stale_reports'];
 let running: { attemptId: string; jobId: string };
 
 async function counts() {

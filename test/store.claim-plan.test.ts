@@ -75,7 +75,7 @@ describe('claim plan', () => {
     const claimed = value(await jobClaimSlots(db.pool, { slots, queues: ['slots'], claimTtlMs: 30_000 }));
     expect(claimed.map((c) => c.slot)).toEqual([0, 1, 2, 3, 4]);
     expect(claimed.map((c) => c.agentId)).toEqual(slots.slice(0, 5));
-    const { rows } = await db.pool.query(`SELECT id::text, agent_id, job_id::text FROM attempts WHERE agent_id LIKE 'slot-%'`);
+    const { rows } = await db.pool.query(`SELECT current_attempt_id::text AS id, agent_id FROM jobs WHERE agent_id LIKE 'slot-%'`);
     expect(new Map(rows.map((r) => [r.id, r.agent_id]))).toEqual(new Map(claimed.map((c) => [c.attemptId, c.agentId])));
     const ids = claimed.map((c) => c.attemptId);
     expect(new Set(ids).size).toBe(5);

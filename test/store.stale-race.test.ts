@@ -38,16 +38,18 @@ it(`${ROUNDS} rounds of a late and a current completion racing: the current one 
     expect(second!.attemptNo).toBe(2);
 
     // Both report at once on separate connections; which reaches the database first varies.
-    const late = () => attemptComplete(a, { attemptId: first!.attemptId, agentId: 'old', result: { by: 'old' } });
-    const current = () => attemptComplete(b, { attemptId: second!.attemptId, agentId: 'new', result: { by: 'new' } });
+    const late = () => attemptComplete(a, { attemptId: first!.attemptId, agentId: 'old', result: { by: 'old' }, now: now(TTL + 3) });
+    const current = () => attemptComplete(b, { attemptId: second!.attemptId, agentId: 'new', result: { by: 'new' }, now: now(TTL + 3) });
     const [lo, co] = round % 2 ? await Promise.all([late(), current()]) : (await Promise.all([current(), late()])).reverse();
     expect(co!.outcome).toBe('ok');
     expect(lo).toMatchObject({
       outcome: 'stale',
       current: { jobId: job.id, attemptNo: 2 },
     });
-    const row = (await t.pool.query('SELECT status::text, result, last_attempt_id FROM jobs WHERE id = $1', [job.id])).rows[0];
-    expect(row).toEqual({ status: 'succeeded', result: { by: 'new' }, last_attempt_id: second!.attemptId });
+    const row = (
+      await t.pool.query(`SELECT j.status::text, j.result, a.id AS succeeded_by FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.status = 'succeeded' WHERE j.id = $1`, [job.id])
+    ).rows;
+    expect(row).toEqual([{ status: 'succeeded', result: { by: 'new' }, succeeded_by: second!.attemptId }]);
     t0 += 10 * TTL;
   }
   const reports = (await t.pool.query('SELECT attempt_id, current_attempt_id, current_attempt_no, call FROM stale_reports')).rows;
@@ -74,7 +76,7 @@ it(`${ROUNDS} rounds of a completion racing the reaper: exactly one of them take
     must(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'agent', leaseTtlMs: TTL, now: now(0) }));
     // The lease has passed: the agent's completion and the reaper race for the job.
     const [co, ro] = await Promise.all([
-      attemptComplete(a, { attemptId: c!.attemptId, agentId: 'agent', result: { round } }),
+      attemptComplete(a, { attemptId: c!.attemptId, agentId: 'agent', result: { round }, now: now(TTL + 1) }),
       jobRescueExpired(b, { limit: 10, now: now(TTL + 1) }),
     ]);
     const rescued = must(ro).filter((r) => r.jobId === job.id).length;

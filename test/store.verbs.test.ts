@@ -24,7 +24,8 @@ import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
 
 const t = useTestDb();
-const T0 = new Date('2030-01-01T00:00:00Z');
+// In the past, so calls that do not pin the clock (database time) come after the pinned ones.
+const T0 = new Date('2020-01-01T00:00:00Z');
 const at = (ms: number) => new Date(T0.getTime() + ms);
 const TTL = 30_000;
 
@@ -329,11 +330,14 @@ describe('steps', () => {
 
 describe('jobRescueExpired', () => {
   it('requeues an unstarted claim without counting it, a lost lease at once, and dead-letters at the cap', async () => {
-    const claimed = await makeJob(t.pool, { status: 'claimed', leaseExpiresAt: at(-1) });
-    const running = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(-1), maxAttempts: 3, attemptsStarted: 1 });
-    const capped = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(-1), maxAttempts: 2, attemptsStarted: 2 });
-    const live = await makeJob(t.pool, { status: 'running', leaseExpiresAt: at(1000) });
-    const out = value(await jobRescueExpired(t.pool, { limit: 100, now: T0 }));
+    // The factories write at database time: the clock of this test starts a minute after it.
+    const now = new Date(Date.now() + 60_000);
+    const from = (ms: number) => new Date(now.getTime() + ms);
+    const claimed = await makeJob(t.pool, { status: 'claimed', leaseExpiresAt: from(-1) });
+    const running = await makeJob(t.pool, { status: 'running', leaseExpiresAt: from(-1), maxAttempts: 3, attemptsStarted: 1 });
+    const capped = await makeJob(t.pool, { status: 'running', leaseExpiresAt: from(-1), maxAttempts: 2, attemptsStarted: 2 });
+    const live = await makeJob(t.pool, { status: 'running', leaseExpiresAt: from(1000) });
+    const out = value(await jobRescueExpired(t.pool, { limit: 100, now }));
     const by = new Map(out.map((r) => [r.jobId, r]));
     expect(by.get(claimed.id)).toMatchObject({ reason: 'claim_expired', status: 'queued' });
     expect(by.get(running.id)).toMatchObject({ reason: 'lease_expired', status: 'queued' });
@@ -343,7 +347,7 @@ describe('jobRescueExpired', () => {
     const row = (id: string) => rows.find((r) => r.id === id);
     expect(row(claimed.id)).toMatchObject({ status: 'queued', attempts_started: 0, run_at: claimed.runAt });
     expect(row(running.id)).toMatchObject({ status: 'queued', attempts_started: 1 });
-    await checkInvariants(t.pool, { rescuedAt: T0 });
+    await checkInvariants(t.pool, { rescuedAt: now });
   });
 
   it('fails a job past its execution timeout as retryable, with a backoff', async () => {

@@ -26,7 +26,7 @@ import {
   attemptsMarkSuspect,
   attemptsResume,
   type Claimed,
-  type Job,
+  type JobSummary,
   type Queryable,
 } from '../store/index.js';
 import { ReportBatcher } from './batcher.js';
@@ -131,9 +131,9 @@ export interface HubEvents {
   'session:open': [Session];
   'session:close': [Session, { lost: boolean }];
   /** A `Started` item was answered (metrics: starts, enqueue-to-start latency, stale reports). */
-  'attempt:start': [{ attemptId: string; agentId: string; outcome: Outcome<Job> }];
+  'attempt:start': [{ attemptId: string; agentId: string; outcome: Outcome<JobSummary> }];
   /** A `Completed` / `Failed` item was answered (metrics: outcomes, stale reports). */
-  'attempt:report': [{ kind: 'completed' | 'failed'; attemptId: string; agentId: string; outcome: Outcome<Job> }];
+  'attempt:report': [{ kind: 'completed' | 'failed'; attemptId: string; agentId: string; outcome: Outcome<JobSummary> }];
 }
 
 const helloSchema = z.object({
@@ -396,7 +396,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.emit('credit', s);
     const items = await Promise.all(
       calls.map(async ({ attemptId, run }): Promise<AckItem> => {
-        const o: Outcome<Job> = await run().finally(() => s.reporting.delete(attemptId));
+        const o: Outcome<JobSummary> = await run().finally(() => s.reporting.delete(attemptId));
         this.emit('attempt:report', { kind: m.type, attemptId, agentId: s.agentId, outcome: o });
         // A refused report (a result too large, say) leaves the attempt running: hold it again.
         const h = was.get(attemptId);
@@ -413,7 +413,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
   }
 }
 
-function ackItem(attemptId: string, o: Outcome<Job>, kind: 'completed' | 'failed', agentId: string, log: Logger): AckItem {
+function ackItem(attemptId: string, o: Outcome<JobSummary>, kind: 'completed' | 'failed', agentId: string, log: Logger): AckItem {
   switch (o.outcome) {
     case 'ok':
       log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');

@@ -14,7 +14,7 @@ import {
   attemptStartMany,
   type CompleteParams,
   type FailParams,
-  type Job,
+  type JobSummary,
   type Queryable,
 } from '../store/index.js';
 import type { Outcome } from './outcomes.js';
@@ -23,7 +23,7 @@ import { limits } from './validation.js';
 /** Flushes allowed at once (each holds a pool connection for its statements). */
 const MAX_IN_FLIGHT = 3;
 
-type Pending<P> = { p: P; at: number; resolve: (o: Outcome<Job>) => void; reject: (e: unknown) => void };
+type Pending<P> = { p: P; at: number; resolve: (o: Outcome<JobSummary>) => void; reject: (e: unknown) => void };
 type StartItem = { attemptId: string; agentId: string };
 
 export interface BatcherStats {
@@ -49,15 +49,15 @@ export class ReportBatcher {
     private readonly leaseTtlMs: number,
   ) {}
 
-  start(p: StartItem): Promise<Outcome<Job>> {
+  start(p: StartItem): Promise<Outcome<JobSummary>> {
     return this.add(this.starts, p);
   }
 
-  complete(p: CompleteParams): Promise<Outcome<Job>> {
+  complete(p: CompleteParams): Promise<Outcome<JobSummary>> {
     return this.add(this.completes, p);
   }
 
-  fail(p: FailParams): Promise<Outcome<Job>> {
+  fail(p: FailParams): Promise<Outcome<JobSummary>> {
     return this.add(this.fails, p);
   }
 
@@ -69,7 +69,7 @@ export class ReportBatcher {
     }
   }
 
-  private add<P>(queue: Array<Pending<P>>, p: P): Promise<Outcome<Job>> {
+  private add<P>(queue: Array<Pending<P>>, p: P): Promise<Outcome<JobSummary>> {
     return new Promise((resolve, reject) => {
       queue.push({ p, at: performance.now(), resolve, reject });
       this.schedule();
@@ -105,7 +105,7 @@ export class ReportBatcher {
     if (fails.length) await this.settle(fails, () => Promise.all(fails.map((f) => attemptFail(this.db, f.p))));
   }
 
-  private async settle<P>(chunk: Array<Pending<P>>, run: () => Promise<Array<Outcome<Job>>>): Promise<void> {
+  private async settle<P>(chunk: Array<Pending<P>>, run: () => Promise<Array<Outcome<JobSummary>>>): Promise<void> {
     try {
       const t0 = performance.now();
       for (const c of chunk) this.stats.queuedMs += t0 - c.at;

@@ -7,7 +7,7 @@
 import { z } from 'zod';
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, schemas } from '../core/validation.js';
-import { camelRow, toJob, type Job } from './rows.js';
+import { camelRow, jobColumns, toJob, type Job } from './rows.js';
 import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
@@ -37,15 +37,16 @@ export interface JobSearchParams {
 
 // Newest first, paged by (created_at, id) like jobList, and served by jobs_created_idx: the
 // bound is a row comparison on the index's columns (the microseconds of the token turned back
-// into a timestamp exactly), so each page starts with an index seek. The agent filter probes
-// attempts_job_attempt_no_uq per job scanned; no index by agent is kept for it, so claims
-// (which insert attempts) pay nothing for this admin-only filter.
+// into a timestamp exactly), so each page starts with an index seek. The agent filter looks at
+// the live attempt in the row and probes attempts_job_attempt_no_uq per job scanned for the
+// ended ones; no index by agent is kept for it, so the transitions pay nothing for this
+// admin-only filter.
 const searchSql = statement(
   'adminJobSearch',
-  `SELECT j.*, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
+  `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
    WHERE ($1::job_status[] IS NULL OR j.status = ANY($1::job_status[]))
      AND ($2::text IS NULL OR j.queue = $2)
-     AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = $3))
+     AND ($3::text IS NULL OR j.agent_id = $3 OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = $3))
      AND ($4::timestamptz IS NULL OR j.created_at >= $4)
      AND ($5::timestamptz IS NULL OR j.created_at < $5)
      AND ($6::bigint IS NULL OR (j.created_at, j.id) < ('epoch'::timestamptz + $6::bigint * interval '1 microsecond', $7::uuid))
@@ -115,7 +116,7 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // LOCKED, so purgers on several replicas take different jobs, and an operator's requeue of the
 // same job either waits for the delete (and then finds nothing) or commits first (finished_at
 // is NULL then, and the recheck under the lock drops the row). The ON DELETE CASCADE takes the
-// job's attempts, events, completions, steps, stale reports and notifications.
+// job's attempts, events, steps, stale reports and notifications.
 const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
@@ -215,7 +216,6 @@ export interface MinuteCounts {
   timedOut: number;
 }
 
-const COUNTED = `('completed', 'failed', 'retry_scheduled', 'dead', 'canceled', 'claim_expired', 'lease_expired', 'timed_out')`;
 const countColumns = `
      coalesce(sum(n) FILTER (WHERE kind = 'completed'), 0)::int AS succeeded,
      coalesce(sum(n) FILTER (WHERE kind = 'failed'), 0)::int AS failed,
@@ -226,14 +226,28 @@ const countColumns = `
      coalesce(sum(n) FILTER (WHERE kind = 'lease_expired'), 0)::int AS lease_expired,
      coalesce(sum(n) FILTER (WHERE kind = 'timed_out'), 0)::int AS timed_out`;
 
-// Whole minutes: the window's $1 minutes end with the current (partial) one. job_events_at_brin
-// serves the time range.
+/**
+ * What ended in the window starting at `start` (SQL), as (at, kind) rows with the kinds the
+ * counts use: attempts that ended (attempts_ended_brin serves the time range) and cancels of
+ * queued jobs (job_events_at_brin). A transition that made a job dead counts as `dead` only.
+ */
+const endedSince = (start: string) => `
+     SELECT a.ended_at AS at,
+       CASE WHEN a.job_status = 'dead' THEN 'dead'
+            WHEN a.status = 'succeeded' THEN 'completed'
+            WHEN a.status = 'failed' AND a.job_status = 'queued' THEN 'retry_scheduled'
+            ELSE a.status::text END AS kind
+     FROM attempts a WHERE a.ended_at >= ${start}
+     UNION ALL
+     SELECT e.at, e.kind::text FROM job_events e WHERE e.at >= ${start} AND e.kind = 'canceled'`;
+
+// Whole minutes: the window's $1 minutes end with the current (partial) one.
 const minutesSql = statement(
   'adminMinuteCounts',
   `WITH w AS (SELECT date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute' AS start),
    c AS (
-     SELECT date_trunc('minute', e.at) AS minute, e.kind::text AS kind, count(*) AS n
-     FROM job_events e, w WHERE e.at >= w.start AND e.kind IN ${COUNTED}
+     SELECT date_trunc('minute', x.at) AS minute, x.kind, count(*) AS n
+     FROM (${endedSince('(SELECT start FROM w)')}) x
      GROUP BY 1, 2
    )
    SELECT m.minute, ${countColumns}
@@ -246,8 +260,7 @@ const minutesSql = statement(
 const windowSql = statement(
   'adminWindowCounts',
   `WITH c AS (
-     SELECT e.kind::text AS kind, count(*) AS n FROM job_events e
-     WHERE e.at >= now() - $1::int * interval '1 minute' AND e.kind IN ${COUNTED} GROUP BY 1
+     SELECT x.kind, count(*) AS n FROM (${endedSince("now() - $1::int * interval '1 minute'")}) x GROUP BY 1
    )
    SELECT ${countColumns},
      (SELECT count(*) FROM stale_reports WHERE at >= now() - $1::int * interval '1 minute')::int8 AS stale_reports,
@@ -350,14 +363,14 @@ const sessionsSql = statement(
    WHERE ($1::text IS NULL OR agent_id = $1) AND seen_at >= now() - make_interval(secs => $2::float8 / 1000.0)
    ORDER BY connected_at, id`,
 );
-// attempts_live_agent_idx holds exactly the live attempts (claimed, running).
+// Live attempts are held jobs' rows; jobs_current_attempt_uq holds exactly those.
 const heldSql = statement(
   'adminHeldAttempts',
-  `SELECT a.id AS attempt_id, a.job_id, j.queue, a.agent_id, a.attempt_no, a.status::text AS status, a.claimed_at,
-     a.started_at, j.lease_expires_at, a.suspect_since
-   FROM attempts a JOIN jobs j ON j.id = a.job_id
-   WHERE a.status IN ('claimed', 'running') AND ($1::text IS NULL OR a.agent_id = $1)
-   ORDER BY a.claimed_at, a.id`,
+  `SELECT j.current_attempt_id AS attempt_id, j.id AS job_id, j.queue, j.agent_id, j.attempt_no, j.status::text AS status,
+     j.claimed_at, j.started_at, j.lease_expires_at, j.suspect_since
+   FROM jobs j
+   WHERE j.current_attempt_id IS NOT NULL AND ($1::text IS NULL OR j.agent_id = $1)
+   ORDER BY j.claimed_at, j.current_attempt_id`,
 );
 
 /**

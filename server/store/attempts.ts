@@ -7,14 +7,21 @@
  *     ▲                  │ start deadline     │ fail(final) ──► failed
  *     │                  │ passes (reaper)    │ fail(retryable) / lease or execution
  *     └──────────────────┴────────────────────┘ timeout passes (reaper): queued, or dead at the cap
+ *   cancel (jobs.ts): any of queued, claimed, running ──► canceled
+ *   requeue (jobs.ts, an operator): dead, failed, canceled ──► queued
  *
  * The fence: claiming a job creates an attempt with a fresh 128-bit random id and stores it in
  * `jobs.current_attempt_id`. Every write made on behalf of an attempt is one statement whose
  * WHERE clause matches that id (and the agent that holds it, and the states it may act in);
  * its row count is the outcome. Zero rows means the attempt is not current (`stale`, with a
  * `stale_reports` row), is not this agent's (`forbidden`), does not exist (`not_found`), or already
- * did this (`duplicate` / `conflict`, decided from its `completions` record). The follow-up read
- * that tells these apart never writes job state: it only explains a write that did not happen.
+ * did this (`duplicate` / `conflict`, decided from its `attempts` row). The follow-up read that
+ * tells these apart never writes job state: it only explains a write that did not happen.
+ *
+ * History: while an attempt is live, the `jobs` row holds it (claim time, start deadline, start
+ * time, agent). The statement that ends it (complete, fail, the reaper's, cancel) writes its
+ * `attempts` row, once, in the same statement: how it ended, its error, what became of the job.
+ * A success's result is stored once, in `jobs.result`.
  *
  * Leases expire lazily: a lease that has passed makes an attempt recoverable by the reaper,
  * and until the reaper ends it the holder may still start, complete or fail (nobody else can
@@ -32,10 +39,10 @@ import {
   type Failure,
   type Outcome,
 } from '../core/outcomes.js';
-import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
+import { agentIdPattern, check, checkAll, checkJson, idPattern, limits, schemas } from '../core/validation.js';
 import { z } from 'zod';
 import { outboxSql } from './outbox.js';
-import { currentOf, toJob, type Job } from './rows.js';
+import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
 import type { JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -50,6 +57,22 @@ export const DEFAULT_BACKOFF: Backoff = { baseMs: 1000, maxMs: 3_600_000 };
 export const backoffSql = (started: string, base: string, max: string) =>
   `make_interval(secs => least(${base}::float8 * power(2, greatest(${started}, 1) - 1), ${max}::float8)
      * (0.5 + random() * 0.5) / 1000.0)`;
+
+/**
+ * The `attempts` row of an attempt that ends, written by the statement that ends it. `source`
+ * is a SELECT yielding the columns below, in order, per ended attempt: the attempt's id, job,
+ * number, agent, claim time and start deadline, start time, end time, suspect mark (as the
+ * `jobs` row held them before the transition), how it ended, its error and retry flag, the job's
+ * status after it, and the job's new due time when it was queued again with one.
+ */
+export const attemptEndSql = (source: string) =>
+  `INSERT INTO attempts (id, job_id, attempt_no, agent_id, claimed_at, claim_deadline, started_at, ended_at, suspect_since,
+                         status, error, retryable, job_status, run_at)
+   ${source}
+   RETURNING *`;
+
+/** The job as a notification shows it, from a `jobs` row named `u` and the job's error. */
+export const notifiedJob = (error: string) => `to_jsonb(u) || jsonb_build_object('error', ${error})`;
 
 // ───────────────────────────── claim ─────────────────────────────
 
@@ -89,13 +112,17 @@ export interface Claimed {
 // Safe under any number of concurrent claimers: each candidate row is locked FOR UPDATE and
 // rows another claimer holds are skipped (SKIP LOCKED), so no job is claimed twice and no
 // claimer waits. The candidate scan is served by jobs_claim_idx (queue, priority DESC NULLS
-// LAST, run_at, id) WHERE status = 'queued': one ordered index scan per queue, stopped by the
-// LIMIT, whatever the table holds (test/store.claim-plan.test.ts holds the plan to that). The
-// n-th candidate goes to the n-th slot: its agent ($4, indexed by $8) and its attempt id, the
-// first 128 bits of SHA-256(key ‖ n) under a 256-bit key ($3) fresh from the caller's CSPRNG and
-// never stored: unpredictable and unique like 128 random bits, without sending one id per free
-// slot (a round offers up to 512 slots for what is often a single job). Only jobs whose
-// required labels the agents carry ($7, jsonb containment) are candidates.
+// LAST, run_at, id) WHERE current_attempt_id IS NULL AND finished_at IS NULL (queued: a CHECK
+// ties the two): one ordered index scan per queue, stopped by the LIMIT, whatever the table
+// holds (test/store.claim-plan.test.ts holds the plan to that). A row claimed by a concurrent
+// claimer that committed first is rechecked under its lock (the partial index's predicate is
+// kept as a filter for that) and skipped. The n-th candidate goes to the n-th slot: its agent
+// ($4, indexed by $8) and its attempt id, the first 128 bits of SHA-256(key ‖ n) under a 256-bit
+// key ($3) fresh from the caller's CSPRNG and never stored: unpredictable and unique like 128
+// random bits, without sending one id per free slot (a round offers up to 1,000 slots for what
+// is often a single job). Only jobs whose required labels the agents carry ($7, jsonb
+// containment) are candidates. The claim writes only the jobs row: the attempt's own row is
+// written when it ends.
 export const claimSql = statement(
   'jobClaim',
   `WITH c AS (
@@ -104,7 +131,8 @@ export const claimSql = statement(
      SELECT k.id, k.priority, k.run_at FROM unnest($1::text[]) AS q(name)
      CROSS JOIN LATERAL (
        SELECT id, priority, run_at FROM jobs
-       WHERE status = 'queued' AND queue = q.name AND run_at <= coalesce($6::timestamptz, now())
+       WHERE current_attempt_id IS NULL AND finished_at IS NULL AND queue = q.name
+         AND run_at <= coalesce($6::timestamptz, now())
          -- '{}' <@ anything; spelled out so the planner sees (from the column's statistics)
          -- that most jobs need no labels, rather than guessing containment is rare and
          -- choosing a sort of every queued job over the index.
@@ -118,30 +146,48 @@ export const claimSql = statement(
    ), n AS (
      SELECT r.id, r.rn, encode(substring(sha256($3::bytea || int4send(r.rn::int)) FROM 1 FOR 16), 'hex')::uuid AS attempt_id
      FROM (SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c) r
-   ), u AS (
-     -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id.
-     UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = n.attempt_id,
-       last_attempt_id = n.attempt_id, agent_id = ($4::text[])[($8::int2[])[n.rn]], progress = NULL,
-       lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
-       updated_at = coalesce($6::timestamptz, now())
-     FROM n
-     -- The id list as well as the join, so the rows are fetched by primary key however many
-     -- the planner guesses (a join alone can turn into a hash join over the whole table).
-     WHERE j.id = ANY (ARRAY(SELECT id FROM c)) AND j.id = n.id
-     RETURNING j.*, n.rn AS slot
-   ), a AS (
-     INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline)
-     SELECT u.current_attempt_id, u.id, u.attempt_no, u.agent_id, 'claimed', u.updated_at, u.lease_expires_at FROM u
-   ), e AS (
-     -- The columns this transition set (what job_event_delta would find, spelled out: cheaper).
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, u.current_attempt_id, 'claimed', u.updated_at,
-       jsonb_build_object('status', u.status, 'attempt_no', u.attempt_no, 'current_attempt_id', u.current_attempt_id,
-                          'last_attempt_id', u.last_attempt_id, 'agent_id', u.agent_id, 'lease_expires_at', u.lease_expires_at)
-     FROM u
    )
-   SELECT * FROM u ORDER BY priority DESC, run_at, id`,
+   -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id.
+   UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = n.attempt_id,
+     agent_id = ($4::text[])[($8::int2[])[n.rn]], progress = NULL, heartbeat_at = NULL,
+     claimed_at = coalesce($6::timestamptz, now()),
+     claim_deadline = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
+     lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
+     updated_at = coalesce($6::timestamptz, now())
+   FROM n
+   -- The id list as well as the join, so the rows are fetched by primary key however many
+   -- the planner guesses (a join alone can turn into a hash join over the whole table).
+   WHERE j.id = ANY (ARRAY(SELECT id FROM c)) AND j.id = n.id
+   -- What an Assign carries, times as epoch milliseconds (cheaper to read than timestamps). A
+   -- job's error is that of an earlier attempt: only a job claimed before can have one.
+   RETURNING n.rn AS slot, j.id, j.queue, j.payload, j.priority, j.max_attempts, j.attempt_no, j.attempts_started,
+     j.current_attempt_id, j.agent_id, j.execution_timeout_ms, j.idempotency_key, j.labels, j.notify_url,
+     date_part('epoch', j.run_at) * 1000 AS run_at_ms, date_part('epoch', j.created_at) * 1000 AS created_at_ms,
+     date_part('epoch', j.claimed_at) * 1000 AS claimed_at_ms, date_part('epoch', j.claim_deadline) * 1000 AS claim_deadline_ms,
+     CASE WHEN j.attempt_no > 1 THEN job_error(j.id, j.status) END AS error`,
 );
+
+interface ClaimRow {
+  slot: string;
+  id: string;
+  queue: string;
+  payload: unknown;
+  priority: number;
+  max_attempts: number;
+  attempt_no: number;
+  attempts_started: number;
+  current_attempt_id: string;
+  agent_id: string;
+  execution_timeout_ms: number | null;
+  idempotency_key: string | null;
+  labels: unknown;
+  notify_url: string | null;
+  run_at_ms: number;
+  created_at_ms: number;
+  claimed_at_ms: number;
+  claim_deadline_ms: number;
+  error: unknown;
+}
 
 /** Claims up to `limit` queued jobs of `queues` for one agent, each with a fresh attempt. */
 export async function jobClaim(db: Queryable, p: ClaimParams): Promise<Outcome<Claimed[]>> {
@@ -181,7 +227,7 @@ export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise
     if (i === undefined) index.set(a, (i = agents.push(a)));
     return i;
   });
-  const rows = await run<Record<string, unknown>>(db, claimSql, [
+  const rows = await run<ClaimRow>(db, claimSql, [
     p.queues,
     p.slots.length,
     randomBytes(32),
@@ -191,19 +237,43 @@ export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise
     JSON.stringify(p.labels ?? {}),
     slotAgent,
   ]);
-  return ok(
-    rows.map(({ slot, ...r }) => {
-      const job = toJob(r);
-      return {
-        job,
-        slot: Number(slot) - 1,
-        agentId: job.agentId as string,
-        attemptId: job.currentAttemptId as string,
-        attemptNo: job.attemptNo,
-        claimDeadline: job.leaseExpiresAt as Date,
-      };
-    }),
-  );
+  const claimed = rows.map((r): Claimed => {
+    const claimedAt = new Date(r.claimed_at_ms);
+    const deadline = new Date(r.claim_deadline_ms);
+    const job: Job = {
+      id: r.id,
+      queue: r.queue,
+      payload: r.payload,
+      priority: r.priority,
+      status: 'claimed',
+      runAt: new Date(r.run_at_ms),
+      maxAttempts: r.max_attempts,
+      attemptNo: r.attempt_no,
+      attemptsStarted: r.attempts_started,
+      currentAttemptId: r.current_attempt_id,
+      agentId: r.agent_id,
+      claimedAt,
+      claimDeadline: deadline,
+      startedAt: null,
+      suspectSince: null,
+      leaseExpiresAt: deadline,
+      heartbeatAt: null,
+      executionTimeoutMs: r.execution_timeout_ms,
+      executionDeadline: null,
+      idempotencyKey: r.idempotency_key,
+      labels: r.labels,
+      progress: null,
+      result: null,
+      error: r.error ?? null,
+      notifyUrl: r.notify_url,
+      createdAt: new Date(r.created_at_ms),
+      updatedAt: claimedAt,
+      finishedAt: null,
+    };
+    return { job, slot: Number(r.slot) - 1, agentId: r.agent_id, attemptId: r.current_attempt_id, attemptNo: r.attempt_no, claimDeadline: deadline };
+  });
+  // In slot order, which is the claim's priority order.
+  return ok(claimed.sort((a, b) => a.slot - b.slot));
 }
 
 // ───────────────────── why a fenced write matched nothing ─────────────────────
@@ -216,6 +286,7 @@ export interface Lookup {
   status: JobStatus;
   attempt_no: number;
   current_attempt_id: string | null;
+  /** How the attempt was reported, if it was: its row says `succeeded` or `failed`. */
   kind: 'completed' | 'failed' | null;
   result: unknown;
   error: unknown;
@@ -224,16 +295,25 @@ export interface Lookup {
   same: boolean | null;
 }
 
+/**
+ * Where an attempt is, in SQL: `x.id` is the attempt id; the attempt is either ended (its
+ * `attempts` row `a`) or live (the `jobs` row `l` holding it), and `j` is its job.
+ */
+export const attemptWhere = `LEFT JOIN attempts a ON a.id = x.id
+   LEFT JOIN jobs l ON l.current_attempt_id = x.id
+   JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`;
+
 // Read in a fresh snapshot after the fenced statement matched nothing, so it sees whatever
 // concurrent transition made the fence fail.
 const lookupSql = statement(
   'attemptLookup',
-  `SELECT a.job_id, a.agent_id AS attempt_agent_id, j.status, j.attempt_no, j.current_attempt_id,
-          c.kind, c.result, c.error, c.retryable,
-          CASE WHEN c.kind = 'completed' THEN c.result = $2::jsonb
-               WHEN c.kind = 'failed' THEN c.error = $2::jsonb AND c.retryable = $3 END AS same
-   FROM attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN completions c ON c.attempt_id = a.id
-   WHERE a.id = $1`,
+  `SELECT j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id, j.status, j.attempt_no, j.current_attempt_id,
+          CASE a.status WHEN 'succeeded' THEN 'completed' WHEN 'failed' THEN 'failed' END AS kind,
+          CASE WHEN a.status = 'succeeded' THEN j.result END AS result, a.error, a.retryable,
+          CASE a.status WHEN 'succeeded' THEN j.result = $2::jsonb
+                        WHEN 'failed' THEN a.error = $2::jsonb AND a.retryable = $3 END AS same
+   FROM (SELECT $1::uuid AS id) x
+   ${attemptWhere}`,
 );
 
 const staleReportSql = statement(
@@ -297,94 +377,23 @@ interface AttemptRef {
   now?: Date;
 }
 
+/** Validates an attempt reference: the well-formed case without zod (it runs per batch item). */
 function checkRef(p: AttemptRef): Failure | undefined {
+  if (
+    typeof p.attemptId === 'string' &&
+    idPattern.test(p.attemptId) &&
+    typeof p.agentId === 'string' &&
+    p.agentId.length <= limits.agentIdLength &&
+    agentIdPattern.test(p.agentId) &&
+    (p.jobId === undefined || (typeof p.jobId === 'string' && idPattern.test(p.jobId)))
+  ) {
+    return undefined;
+  }
   return checkAll(
     check('attemptId', schemas.id, p.attemptId),
     check('agentId', schemas.agentId, p.agentId),
     p.jobId === undefined ? undefined : check('jobId', schemas.id, p.jobId),
   );
-}
-
-// ───────────────────────────── start ─────────────────────────────
-
-export interface StartParams extends AttemptRef {
-  leaseTtlMs: number;
-}
-
-// The fence, per item: the job's current attempt is attempt_id, held by agent_id, still only
-// claimed. Many attempts (of any agents) in one statement; rows are locked in id order so two
-// batches cannot deadlock. An item that matches nothing is explained afterwards, on its own.
-const startSql = statement(
-  'attemptStart',
-  `WITH i AS (
-     SELECT DISTINCT ON (attempt_id) * FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS i(attempt_id, agent_id, job_id)
-   ), o AS (
-     SELECT j.id FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
-     WHERE j.status = 'claimed' AND (i.job_id IS NULL OR j.id = i.job_id)
-     ORDER BY j.id
-     FOR UPDATE OF j
-   ), u AS (
-     UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
-       execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
-       lease_expires_at = least(coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0),
-                                coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0)),
-       heartbeat_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
-     FROM o WHERE j.id = o.id
-     RETURNING j.*
-   ), a AS (
-     UPDATE attempts t SET status = 'running', started_at = coalesce($5::timestamptz, now())
-     FROM u WHERE t.id = u.current_attempt_id
-   ), e AS (
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, u.current_attempt_id, 'started', u.updated_at,
-       jsonb_build_object('status', u.status, 'attempts_started', u.attempts_started, 'lease_expires_at', u.lease_expires_at)
-         || CASE WHEN u.execution_deadline IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('execution_deadline', u.execution_deadline) END
-     FROM u
-   )
-   SELECT * FROM u`,
-);
-
-/**
- * Moves a claimed job to `running` and sets its lease (capped by the execution timeout).
- * A repeat from the running attempt is `duplicate`.
- */
-export async function attemptStart(db: Queryable, p: StartParams): Promise<Outcome<Job>> {
-  return (await attemptStartMany(db, { items: [p], leaseTtlMs: p.leaseTtlMs, ...(p.now ? { now: p.now } : {}) }))[0]!;
-}
-
-/**
- * Starts many attempts in one statement (the coordinator groups the `Started` of all its agents
- * per tick); returns one outcome per item, in order, as `attemptStart` would.
- */
-export async function attemptStartMany(db: Queryable, p: { items: AttemptRef[]; leaseTtlMs: number; now?: Date }): Promise<Array<Outcome<Job>>> {
-  const bad = check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs);
-  if (bad) return p.items.map(() => bad);
-  const out: Array<Outcome<Job> | undefined> = p.items.map((i) => checkRef(i));
-  const batch = firstOfEach(p.items, out);
-  if (batch.length) {
-    const rows = await run<Record<string, unknown>>(db, startSql, [
-      batch.map((k) => p.items[k]!.attemptId),
-      batch.map((k) => p.items[k]!.agentId),
-      batch.map((k) => p.items[k]!.jobId ?? null),
-      p.leaseTtlMs,
-      p.now ?? null,
-    ]);
-    const started = new Map(rows.map((r) => [r.current_attempt_id as string, r]));
-    for (const k of batch) {
-      const row = started.get(p.items[k]!.attemptId);
-      if (row && (p.items[k]!.jobId === undefined || row.id === p.items[k]!.jobId)) out[k] = ok(toJob(row));
-    }
-  }
-  for (const [k, item] of p.items.entries()) {
-    if (out[k]) continue;
-    // A start that arrives after its own attempt already ran (started, or even reported: a
-    // completion of a claimed attempt starts it implicitly) repeats what happened: duplicate.
-    const o = await explain(db, { ...item, call: 'start' }, { json: null, retryable: null }, (l) =>
-      (l.current_attempt_id === item.attemptId && l.status === 'running') || l.kind ? duplicate(l.job_id) : undefined,
-    );
-    out[k] = await withJob(db, o);
-  }
-  return out as Array<Outcome<Job>>;
 }
 
 /** Indexes of the items to put in a batch: valid ones, each attempt once (repeats are explained). */
@@ -399,13 +408,107 @@ function firstOfEach(items: AttemptRef[], out: Array<Outcome<unknown> | undefine
   return batch;
 }
 
-const jobByIdSql = statement('attemptJobById', `SELECT * FROM jobs WHERE id = $1`);
+const jobByIdSql = statement('attemptJobById', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
 
 /** Turns a `duplicate` naming a job id into a `duplicate` carrying the job as stored now. */
 async function withJob(db: Queryable, o: Outcome<string>): Promise<Outcome<Job>> {
   if (o.outcome !== 'duplicate' && o.outcome !== 'ok') return o;
   const [row] = await run<Record<string, unknown>>(db, jobByIdSql, [o.value]);
   return row ? duplicate(toJob(row)) : notFound(`job ${o.value} not found`);
+}
+
+/**
+ * The two shapes a batched transition answers in: the whole job (the unary API, which returns
+ * it), or a summary (the agent stream, which needs only an ack).
+ */
+type Shape = 'job' | 'summary';
+
+// ───────────────────────────── start ─────────────────────────────
+
+export interface StartParams extends AttemptRef {
+  leaseTtlMs: number;
+}
+
+// The fence, per item: the job's current attempt is attempt_id, held by agent_id, still only
+// claimed. Many attempts (of any agents) in one statement; rows are locked in id order so two
+// batches cannot deadlock. An item that matches nothing is explained afterwards, on its own.
+// Nothing it changes is indexed, so with room on the page it is a HOT update.
+const startSql = (shape: Shape) =>
+  statement(
+    shape === 'job' ? 'attemptStart' : 'attemptStartMany',
+    `WITH i AS (
+       SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS i(attempt_id, agent_id, job_id)
+     ), o AS (
+       SELECT j.id FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
+       WHERE j.status = 'claimed' AND (i.job_id IS NULL OR j.id = i.job_id)
+       ORDER BY j.id
+       FOR UPDATE OF j
+     )
+     UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
+       started_at = coalesce($5::timestamptz, now()),
+       execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
+       lease_expires_at = least(coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0),
+                                coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0)),
+       heartbeat_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
+     FROM o WHERE j.id = o.id
+     RETURNING ${shape === 'job' ? jobColumns('j') : summaryColumns('j')}`,
+  );
+const startSqls = { job: startSql('job'), summary: startSql('summary') };
+
+/**
+ * Moves a claimed job to `running` and sets its lease (capped by the execution timeout).
+ * A repeat from the running attempt is `duplicate`.
+ */
+export async function attemptStart(db: Queryable, p: StartParams): Promise<Outcome<Job>> {
+  const [o] = await startMany(db, { items: [p], leaseTtlMs: p.leaseTtlMs, ...(p.now ? { now: p.now } : {}) }, 'job');
+  return o as Outcome<Job>;
+}
+
+/**
+ * Starts many attempts in one statement (the coordinator groups the `Started` of all its agents
+ * per tick); returns one outcome per item, in order, as `attemptStart` would, each with a
+ * summary of the job.
+ */
+export async function attemptStartMany(
+  db: Queryable,
+  p: { items: AttemptRef[]; leaseTtlMs: number; now?: Date },
+): Promise<Array<Outcome<JobSummary>>> {
+  return startMany(db, p, 'summary');
+}
+
+async function startMany(
+  db: Queryable,
+  p: { items: AttemptRef[]; leaseTtlMs: number; now?: Date },
+  shape: Shape,
+): Promise<Array<Outcome<JobSummary>>> {
+  const bad = check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs);
+  if (bad) return p.items.map(() => bad);
+  const out: Array<Outcome<JobSummary> | undefined> = p.items.map((i) => checkRef(i));
+  const batch = firstOfEach(p.items, out);
+  if (batch.length) {
+    const rows = await run<Record<string, unknown>>(db, startSqls[shape], [
+      batch.map((k) => p.items[k]!.attemptId),
+      batch.map((k) => p.items[k]!.agentId),
+      batch.map((k) => p.items[k]!.jobId ?? null),
+      p.leaseTtlMs,
+      p.now ?? null,
+    ]);
+    const started = new Map(rows.map((r) => [r.current_attempt_id as string, r]));
+    for (const k of batch) {
+      const row = started.get(p.items[k]!.attemptId);
+      if (row) out[k] = ok(shape === 'job' ? toJob(row) : toSummary(row as never));
+    }
+  }
+  for (const [k, item] of p.items.entries()) {
+    if (out[k]) continue;
+    // A start that arrives after its own attempt already ran (started, or even reported: a
+    // completion of a claimed attempt starts it implicitly) repeats what happened: duplicate.
+    const o = await explain(db, { ...item, call: 'start' }, { json: null, retryable: null }, (l) =>
+      (l.current_attempt_id === item.attemptId && l.status === 'running') || l.kind ? duplicate(l.job_id) : undefined,
+    );
+    out[k] = await withJob(db, o);
+  }
+  return out as Array<Outcome<JobSummary>>;
 }
 
 // ─────────────────────────── heartbeat ───────────────────────────
@@ -428,7 +531,8 @@ export interface HeartbeatResult {
 }
 
 // One UPDATE renews every item whose attempt is current, running, held by its agent and not
-// past its execution deadline. Rows are locked in id order so concurrent batches cannot deadlock.
+// past its execution deadline. Rows are locked in id order so concurrent batches cannot
+// deadlock. It changes no indexed column: a HOT update when the page has room.
 const heartbeatSql = statement(
   'attemptHeartbeat',
   `WITH h AS (
@@ -450,11 +554,12 @@ const heartbeatSql = statement(
 // For the items the UPDATE did not renew: what each attempt is now.
 const heartbeatLookupSql = statement(
   'attemptHeartbeatLookup',
-  `SELECT h.attempt_id, h.agent_id, a.job_id, a.agent_id AS attempt_agent_id,
+  `SELECT x.id AS attempt_id, x.agent_id, j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id,
           j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
-   FROM unnest($1::uuid[], $2::text[]) AS h(attempt_id, agent_id)
-   LEFT JOIN attempts a ON a.id = h.attempt_id
-   LEFT JOIN jobs j ON j.id = a.job_id`,
+   FROM unnest($1::uuid[], $2::text[]) AS x(id, agent_id)
+   LEFT JOIN attempts a ON a.id = x.id
+   LEFT JOIN jobs l ON l.current_attempt_id = x.id
+   LEFT JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`,
 );
 
 /**
@@ -554,47 +659,41 @@ export interface CompleteParams extends AttemptRef {
 
 // The fence, per item: the job's current attempt is attempt_id, held by agent_id, claimed or
 // running. Completing a claimed attempt starts it implicitly (it counts toward max_attempts).
-// Many attempts in one statement, rows locked in id order. The job.succeeded notification is
-// written to the outbox by the same statement (outboxSql).
-const completeSql = statement(
-  'attemptComplete',
-  `WITH i AS (
-     SELECT DISTINCT ON (attempt_id) * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::jsonb[]) AS i(attempt_id, agent_id, job_id, result)
-   ), o AS (
-     SELECT j.id, j.status, j.current_attempt_id, i.result FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
-     WHERE j.status IN ('claimed', 'running') AND (i.job_id IS NULL OR j.id = i.job_id)
-     ORDER BY j.id
-     FOR UPDATE OF j
-   ), u AS (
-     UPDATE jobs j SET status = 'succeeded', result = o.result,
-       attempts_started = j.attempts_started + (o.status = 'claimed')::int,
-       current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
-       finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
-     FROM o WHERE j.id = o.id
-     -- Carries the attempt forward, so no later CTE has to join back to o.
-     RETURNING j.*, o.current_attempt_id AS reported_by
-   ), a AS (
-     UPDATE attempts t SET status = 'succeeded', ended_at = u.finished_at, started_at = coalesce(t.started_at, u.finished_at)
-     FROM u WHERE t.id = u.reported_by
-     -- What the notification needs, built only when someone listens (notify_url or a subscription).
-     RETURNING t.*, u.id AS n_job_id, u.queue AS n_queue, u.notify_url AS n_notify_url, u.finished_at AS n_at,
-       CASE WHEN u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))
-            THEN to_jsonb(u) - 'reported_by' END AS n_job
-   ), c AS (
-     INSERT INTO completions (attempt_id, job_id, kind, result, created_at)
-     SELECT u.reported_by, u.id, 'completed', u.result, u.finished_at FROM u
-   ), e AS (
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, u.reported_by, 'completed', u.finished_at,
-       jsonb_build_object('status', u.status, 'result', u.result, 'attempts_started', u.attempts_started,
-                          'current_attempt_id', NULL, 'agent_id', NULL, 'lease_expires_at', NULL,
-                          'execution_deadline', NULL, 'finished_at', u.finished_at)
-     FROM u
-   )${outboxSql(`SELECT a.n_job_id AS job_id, a.n_queue AS queue, a.n_notify_url AS notify_url, 'job.succeeded' AS type,
-       a.n_at AS at, a.n_job AS job, to_jsonb(a) - '{n_job_id,n_queue,n_notify_url,n_at,n_job}'::text[] AS attempt
-       FROM a WHERE a.n_job IS NOT NULL`)}
-   SELECT * FROM u`,
-);
+// Many attempts in one statement, rows locked in id order. The result is stored once, in the
+// job; the attempt's row is written here, with its claim, start and end; the job.succeeded
+// notification goes to the outbox in the same statement, only when someone listens.
+const completeSql = (shape: Shape) =>
+  statement(
+    shape === 'job' ? 'attemptComplete' : 'attemptCompleteMany',
+    `WITH i AS (
+       SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::jsonb[]) AS i(attempt_id, agent_id, job_id, result)
+     ), o AS (
+       SELECT j.id, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.claimed_at, j.claim_deadline, j.started_at,
+         j.suspect_since, i.result
+       FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
+       WHERE j.status IN ('claimed', 'running') AND (i.job_id IS NULL OR j.id = i.job_id)
+       ORDER BY j.id
+       FOR UPDATE OF j
+     ), u AS (
+       UPDATE jobs j SET status = 'succeeded', result = o.result,
+         attempts_started = j.attempts_started + (o.status = 'claimed')::int,
+         current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
+         claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
+         finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
+       FROM o WHERE j.id = o.id
+       RETURNING j.*
+     ), a AS (
+       ${attemptEndSql(`SELECT o.current_attempt_id, u.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline,
+         coalesce(o.started_at, u.finished_at), u.finished_at, o.suspect_since, 'succeeded', NULL, NULL, 'succeeded', NULL
+       FROM u JOIN o ON o.id = u.id`)}
+     )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
+         ${notifiedJob('NULL::jsonb')} AS job, to_jsonb(a) AS attempt
+       FROM u JOIN a ON a.job_id = u.id
+       WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}
+     SELECT o.current_attempt_id AS reported_by, ${shape === 'job' ? 'u.*, NULL::jsonb AS error' : summaryColumns('u')}
+     FROM u JOIN o ON o.id = u.id`,
+  );
+const completeSqls = { job: completeSql('job'), summary: completeSql('summary') };
 
 /**
  * Completes the job with `result`, stored once. A repeat with the same result is `duplicate`
@@ -602,16 +701,22 @@ const completeSql = statement(
  * `conflict`; a non-current attempt is `stale`.
  */
 export async function attemptComplete(db: Queryable, p: CompleteParams): Promise<Outcome<Job>> {
-  return (await attemptCompleteMany(db, { items: [p], ...(p.now ? { now: p.now } : {}) }))[0]!;
+  const [o] = await completeMany(db, { items: [p], ...(p.now ? { now: p.now } : {}) }, 'job');
+  return o as Outcome<Job>;
 }
 
 /**
  * Completes many attempts in one statement (the coordinator groups the `Completed` of all its
- * agents per tick); one outcome per item, in order, as `attemptComplete` would give.
+ * agents per tick); one outcome per item, in order, as `attemptComplete` would give, each with a
+ * summary of the job (a repeat's carries the stored result).
  */
-export async function attemptCompleteMany(db: Queryable, p: { items: CompleteParams[]; now?: Date }): Promise<Array<Outcome<Job>>> {
+export async function attemptCompleteMany(db: Queryable, p: { items: CompleteParams[]; now?: Date }): Promise<Array<Outcome<JobSummary>>> {
+  return completeMany(db, p, 'summary');
+}
+
+async function completeMany(db: Queryable, p: { items: CompleteParams[]; now?: Date }, shape: Shape): Promise<Array<Outcome<JobSummary>>> {
   const json: string[] = [];
-  const out: Array<Outcome<Job> | undefined> = p.items.map((item, k) => {
+  const out: Array<Outcome<JobSummary> | undefined> = p.items.map((item, k) => {
     const bad = checkRef(item);
     if (bad) return bad;
     const r = checkJson('result', item.result, { maxBytes: limits.resultBytes, object: true });
@@ -621,7 +726,7 @@ export async function attemptCompleteMany(db: Queryable, p: { items: CompletePar
   });
   const batch = firstOfEach(p.items, out);
   if (batch.length) {
-    const rows = await run<Record<string, unknown>>(db, completeSql, [
+    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], [
       batch.map((k) => p.items[k]!.attemptId),
       batch.map((k) => p.items[k]!.agentId),
       batch.map((k) => p.items[k]!.jobId ?? null),
@@ -631,14 +736,14 @@ export async function attemptCompleteMany(db: Queryable, p: { items: CompletePar
     const done = new Map(rows.map(({ reported_by, ...r }) => [reported_by as string, r]));
     for (const k of batch) {
       const row = done.get(p.items[k]!.attemptId);
-      if (row) out[k] = ok(toJob(row));
+      if (row) out[k] = ok(shape === 'job' ? toJob(row) : toSummary(row as never));
     }
   }
   for (const [k, item] of p.items.entries()) {
     if (out[k]) continue;
     out[k] = await repeatOrStale(db, item, 'complete', { json: json[k]!, retryable: null }, 'completed');
   }
-  return out as Array<Outcome<Job>>;
+  return out as Array<Outcome<JobSummary>>;
 }
 
 /** After a zero-row complete or fail: the stored answer of a repeat, or why not. */
@@ -674,22 +779,26 @@ export interface FailParams extends AttemptRef {
 
 // The fence as in attemptComplete. The next state: `failed` when not retryable; `dead` when the
 // started attempts (this one included) reached max_attempts; otherwise `queued` after a backoff.
+// The attempt's row keeps the error (stored once: the job's error is read from its attempts);
 // job.failed / job.dead go to the outbox in the same statement; a retry notifies nobody.
 const failSql = statement(
   'attemptFail',
   `WITH o AS (
-     SELECT * FROM jobs
+     SELECT id, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, claimed_at, claim_deadline,
+       started_at, suspect_since
+     FROM jobs
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
      FOR UPDATE
    ), d AS (
-     SELECT o.id, o.attempts_started + (o.status = 'claimed')::int AS started,
+     SELECT o.*, o.attempts_started + (o.status = 'claimed')::int AS started,
        (CASE WHEN NOT $5::boolean THEN 'failed'
              WHEN o.attempts_started + (o.status = 'claimed')::int >= o.max_attempts THEN 'dead'
              ELSE 'queued' END)::job_status AS next
      FROM o
    ), u AS (
-     UPDATE jobs j SET status = d.next, error = $4::jsonb, attempts_started = d.started,
+     UPDATE jobs j SET status = d.next, attempts_started = d.started,
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
+       claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        run_at = CASE WHEN d.next = 'queued'
                      THEN coalesce($8::timestamptz, now()) + ${backoffSql('d.started', '$6', '$7')}
                      ELSE j.run_at END,
@@ -698,22 +807,14 @@ const failSql = statement(
      FROM d WHERE j.id = d.id
      RETURNING j.*
    ), a AS (
-     UPDATE attempts SET status = 'failed', ended_at = u.updated_at, started_at = coalesce(started_at, u.updated_at)
-     FROM u WHERE attempts.id = $1
-     RETURNING attempts.*
-   ), c AS (
-     INSERT INTO completions (attempt_id, job_id, kind, error, retryable, created_at)
-     SELECT $1, u.id, 'failed', $4::jsonb, $5, u.updated_at FROM u
-   ), e AS (
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, $1,
-       (CASE u.status WHEN 'queued' THEN 'retry_scheduled' WHEN 'dead' THEN 'dead' ELSE 'failed' END)::event_kind,
-       u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
-     FROM u JOIN o ON o.id = u.id
+     ${attemptEndSql(`SELECT d.current_attempt_id, u.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline,
+       coalesce(d.started_at, u.updated_at), u.updated_at, d.suspect_since, 'failed', $4::jsonb, $5::boolean, u.status,
+       CASE WHEN u.status = 'queued' THEN u.run_at END
+     FROM u JOIN d ON d.id = u.id`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url,
        CASE u.status WHEN 'failed' THEN 'job.failed' WHEN 'dead' THEN 'job.dead' END AS type, u.updated_at AS at,
-       to_jsonb(u) AS job, to_jsonb(a) AS attempt FROM u LEFT JOIN a ON a.job_id = u.id`)}
-   SELECT * FROM u`,
+       ${notifiedJob('$4::jsonb')} AS job, to_jsonb(a) AS attempt FROM u JOIN a ON a.job_id = u.id`)}
+   SELECT u.*, $4::jsonb AS error FROM u`,
 );
 
 const errorSchema = z.object({ message: z.string().min(1, 'must not be empty') }).loose();

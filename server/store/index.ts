@@ -6,7 +6,7 @@ export * from './steps.js';
 export * from './agents.js';
 export * from './sessions.js';
 export * from './notify.js';
-export { type Job, toJob } from './rows.js';
+export { type Job, type JobSummary, toJob } from './rows.js';
 export { StoreError, withTransaction, type Queryable } from './sql.js';
 export { openDatabase, createPool, redact, type Database } from './database.js';
 export { migrateDatabase } from './migrate.js';

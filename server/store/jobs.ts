@@ -1,7 +1,8 @@
 /**
- * Job verbs that are not made on behalf of an attempt: enqueue, cancel, requeue, get.
- * Each is one statement (or, for `jobGet`, one read-only snapshot); each appends its
- * transition to `job_events` in the same statement.
+ * Job verbs that are not made on behalf of an attempt: enqueue, cancel, requeue, get, list.
+ * Each is one statement (or, for `jobGet`, one read-only snapshot). The enqueue is recorded by
+ * the row it inserts; a cancel ends the held attempt (its `attempts` row) or, for a queued job,
+ * appends a `job_events` row, as a requeue does.
  */
 import { asc, desc, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
@@ -9,7 +10,8 @@ import pg from 'pg';
 import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
-import { currentOf, toJob, type Job } from './rows.js';
+import { attemptEndSql, notifiedJob } from './attempts.js';
+import { currentOf, jobColumns, toJob, type Job } from './rows.js';
 import {
   attempts,
   jobEvents,
@@ -17,6 +19,7 @@ import {
   staleReports,
   steps,
   type JobStatus,
+  type EventKind,
   type AttemptRow,
   type JobEventRow,
   type StaleReportRow,
@@ -54,6 +57,8 @@ export interface EnqueueParams {
 
 export const DEFAULT_MAX_ATTEMPTS = 5;
 
+// The row is the enqueue's record: what was asked for stays in its columns, the time in
+// created_at. Nothing else is written.
 const enqueueSql = statement(
   'jobEnqueue',
   `WITH n AS (
@@ -63,21 +68,16 @@ const enqueueSql = statement(
              coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()))
      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
      RETURNING *
-   ), e AS (
-     INSERT INTO job_events (job_id, kind, at, data)
-     -- job_event_delta(to_jsonb(n), '{}') spelled out (every column but the untracked ones):
-     -- the same value without planning the function's query on every call.
-     SELECT n.id, 'enqueued', n.created_at, to_jsonb(n) - '{updated_at,heartbeat_at,progress}'::text[] FROM n
    )
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
-   SELECT n.*, (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.run_at <= now()) AS notified FROM n`,
+   SELECT n.*, NULL::jsonb AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.run_at <= now()) AS notified FROM n`,
 );
 
 // Runs after an ON CONFLICT DO NOTHING returned nothing: a new snapshot, so it sees the
 // competing insert that made it skip (READ COMMITTED).
 const byKeySql = statement(
   'jobByIdempotencyKey',
-  `SELECT *, (queue = $2 AND payload = $3::jsonb) AS same FROM jobs WHERE idempotency_key = $1`,
+  `SELECT ${jobColumns('j')}, (j.queue = $2 AND j.payload = $3::jsonb) AS same FROM jobs j WHERE j.idempotency_key = $1`,
 );
 
 /**
@@ -138,31 +138,36 @@ export interface Canceled {
   canceledAttempt: { attemptId: string; agentId: string } | null;
 }
 
+// A held job's attempt ends as `canceled` (its row written here); a queued job's cancel is a
+// job_events row (no attempt made it).
 const cancelSql = statement(
   'jobCancel',
   `WITH o AS (
      SELECT * FROM jobs WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
    ), u AS (
      UPDATE jobs j SET status = 'canceled', current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL,
-       execution_deadline = NULL, finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+       execution_deadline = NULL, claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
+       finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
      FROM o WHERE j.id = o.id
      RETURNING j.*
    ), a AS (
-     UPDATE attempts SET status = 'canceled', ended_at = coalesce($2::timestamptz, now())
-     WHERE id = (SELECT current_attempt_id FROM o)
-     RETURNING attempts.*
+     ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline, o.started_at,
+       u.finished_at, o.suspect_since, 'canceled', NULL, NULL, 'canceled', NULL
+     FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NOT NULL`)}
    ), e AS (
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, o.current_attempt_id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
-     FROM u JOIN o ON o.id = u.id
-   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at, to_jsonb(u) AS job,
-       coalesce((SELECT to_jsonb(a) FROM a), (SELECT to_jsonb(la) FROM attempts la WHERE la.id = u.last_attempt_id)) AS attempt
+     INSERT INTO job_events (job_id, kind, at, data)
+     SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
+     FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NULL
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at,
+       ${notifiedJob('job_error(u.id, u.status)')} AS job,
+       coalesce((SELECT to_jsonb(a) FROM a),
+                (SELECT to_jsonb(la) FROM attempts la WHERE la.job_id = u.id AND la.attempt_no = u.attempt_no)) AS attempt
      FROM u`)}
-   SELECT u.*, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
+   SELECT u.*, job_error(u.id, u.status) AS error, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
    FROM u JOIN o ON o.id = u.id`,
 );
 
-const jobStateSql = statement('jobState', `SELECT * FROM jobs WHERE id = $1`);
+const jobStateSql = statement('jobState', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
 
 /**
  * Cancels a job that is not terminal (its current attempt, if any, ends as `canceled`).
@@ -206,7 +211,7 @@ const requeueSql = statement(
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
    )
-   SELECT u.*, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
+   SELECT u.*, job_error(u.id, u.status) AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
 );
 
 /**
@@ -226,27 +231,113 @@ export async function jobRequeue(db: Queryable, p: RequeueParams): Promise<Outco
   );
 }
 
+/** An attempt as operators see it: ended (its `attempts` row) or live (from its job's row). */
+export type AttemptView = Omit<AttemptRow, 'endedAt' | 'jobStatus' | 'seq'> & { endedAt: Date | null; jobStatus: JobStatus | null; seq: number | null };
+
 /** A job with everything that happened to it. */
 export interface JobDetail {
   job: Job;
-  attempts: AttemptRow[];
+  /** Oldest first; the live attempt, if the job is held, last. */
+  attempts: AttemptView[];
   events: JobEventRow[];
   steps: StepRow[];
   staleReports: StaleReportRow[];
 }
 
-/** One job with its attempts, events, steps and stale reports, read from one snapshot. */
+/** The live attempt a held job's row holds, as an attempt. */
+export function liveAttempt(job: Job): AttemptView | undefined {
+  if (!job.currentAttemptId || (job.status !== 'claimed' && job.status !== 'running')) return undefined;
+  return {
+    id: job.currentAttemptId,
+    jobId: job.id,
+    attemptNo: job.attemptNo,
+    agentId: job.agentId ?? '',
+    status: job.status,
+    claimedAt: job.claimedAt ?? job.updatedAt,
+    claimDeadline: job.claimDeadline ?? job.updatedAt,
+    startedAt: job.startedAt,
+    endedAt: null,
+    suspectSince: job.suspectSince,
+    error: null,
+    retryable: null,
+    jobStatus: null,
+    runAt: null,
+    seq: null,
+  };
+}
+
+/** What an attempt's end was, as a transition of its job. */
+function endKind(a: AttemptView): EventKind {
+  if (a.jobStatus === 'dead') return 'dead';
+  switch (a.status) {
+    case 'succeeded':
+      return 'completed';
+    case 'failed':
+      return a.jobStatus === 'queued' ? 'retry_scheduled' : 'failed';
+    default:
+      return a.status as EventKind;
+  }
+}
+
+/**
+ * A job's transitions in order, as operators read them (GetJob's `events`), from its history:
+ * the enqueue (its row), each attempt's claim, start and end (the attempt), and the stored
+ * events (requeues, cancels of queued jobs). `id` is the position in this list.
+ */
+export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEventRow[]): JobEventRow[] {
+  type Entry = Omit<JobEventRow, 'id'>;
+  const out: Entry[] = [{ jobId: job.id, attemptId: null, kind: 'enqueued', at: job.createdAt, data: { status: 'queued' } }];
+  // Ended attempts and stored events in the order they happened (one sequence numbers both),
+  // then the live attempt.
+  const ordered: Array<{ seq: number; a?: AttemptView; e?: JobEventRow }> = [
+    ...attemptsOf.filter((a) => a.seq !== null).map((a) => ({ seq: a.seq!, a })),
+    ...events.map((e) => ({ seq: e.id, e })),
+  ].sort((x, y) => x.seq - y.seq);
+  const live = attemptsOf.find((a) => a.seq === null);
+  if (live) ordered.push({ seq: Infinity, a: live });
+  for (const { a, e } of ordered) {
+    if (e) {
+      const { id: _, ...rest } = e;
+      out.push(rest);
+      continue;
+    }
+    out.push({
+      jobId: job.id,
+      attemptId: a!.id,
+      kind: 'claimed',
+      at: a!.claimedAt,
+      data: { status: 'claimed', attempt_no: a!.attemptNo, agent_id: a!.agentId, claim_deadline: a!.claimDeadline },
+    });
+    if (a!.startedAt) out.push({ jobId: job.id, attemptId: a!.id, kind: 'started', at: a!.startedAt, data: { status: 'running' } });
+    if (a!.endedAt && a!.jobStatus) {
+      out.push({
+        jobId: job.id,
+        attemptId: a!.id,
+        kind: endKind(a!),
+        at: a!.endedAt,
+        data: { status: a!.jobStatus, ...(a!.error ? { error: a!.error } : {}), ...(a!.runAt ? { run_at: a!.runAt } : {}) },
+      });
+    }
+  }
+  return out.map((e, i) => ({ id: i + 1, ...e }));
+}
+
+/** One job with its attempts, history, steps and stale reports, read from one snapshot. */
 export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outcome<JobDetail>> {
   const bad = check('jobId', schemas.id, p.jobId);
   if (bad) return bad;
   const read = async (tx: pg.PoolClient | pg.Client) => {
-    const [row] = (await tx.query('SELECT * FROM jobs WHERE id = $1', [p.jobId])).rows;
+    const [row] = (await tx.query(`SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`, [p.jobId])).rows;
     if (!row) return notFound(`job ${p.jobId} not found`);
     const d = drizzle(tx);
+    const job = toJob(row);
+    const live = liveAttempt(job);
+    const ended: AttemptView[] = await d.select().from(attempts).where(eq(attempts.jobId, p.jobId)).orderBy(asc(attempts.attemptNo));
+    const all = live ? [...ended, live] : ended;
     return ok<JobDetail>({
-      job: toJob(row),
-      attempts: await d.select().from(attempts).where(eq(attempts.jobId, p.jobId)).orderBy(asc(attempts.attemptNo)),
-      events: await d.select().from(jobEvents).where(eq(jobEvents.jobId, p.jobId)).orderBy(asc(jobEvents.id)),
+      job,
+      attempts: all,
+      events: jobHistory(job, all, await d.select().from(jobEvents).where(eq(jobEvents.jobId, p.jobId)).orderBy(asc(jobEvents.id))),
       steps: await d.select().from(steps).where(eq(steps.jobId, p.jobId)).orderBy(asc(steps.startedAt)),
       staleReports: await d
         .select()
@@ -271,10 +362,10 @@ export interface ListParams {
 // jobs_created_idx; the filters are optional ($1/$2 NULL match all).
 const listSql = statement(
   'jobList',
-  `SELECT *, (extract(epoch FROM created_at) * 1000000)::bigint AS created_us FROM jobs
-   WHERE ($1::text IS NULL OR queue = $1) AND ($2::job_status IS NULL OR status = $2)
-     AND ($3::bigint IS NULL OR ((extract(epoch FROM created_at) * 1000000)::bigint, id) < ($3::bigint, $4::uuid))
-   ORDER BY created_at DESC, id DESC
+  `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
+   WHERE ($1::text IS NULL OR j.queue = $1) AND ($2::job_status IS NULL OR j.status = $2)
+     AND ($3::bigint IS NULL OR ((extract(epoch FROM j.created_at) * 1000000)::bigint, j.id) < ($3::bigint, $4::uuid))
+   ORDER BY j.created_at DESC, j.id DESC
    LIMIT $5`,
 );
 

@@ -6,7 +6,7 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll } from '../core/validation.js';
-import { backoffSql, DEFAULT_BACKOFF, type Backoff } from './attempts.js';
+import { attemptEndSql, backoffSql, DEFAULT_BACKOFF, notifiedJob, type Backoff } from './attempts.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { outboxSql } from './outbox.js';
@@ -35,24 +35,29 @@ export interface Rescued {
 
 // Safe beside claims, completions and other reapers: candidates are locked FOR UPDATE SKIP
 // LOCKED, so a job a completion is writing right now is skipped and looked at next run, and two
-// reapers never take the same job. The scan is served by jobs_lease_idx (lease_expires_at)
-// WHERE status IN ('claimed', 'running').
+// reapers never take the same job. The scan walks the held jobs through jobs_current_attempt_uq
+// (partial: only held jobs are in it, so it is as large as the work in flight, not the history)
+// and keeps those whose start deadline or lease passed: there is no index on the lease, because
+// one would turn every start and heartbeat into an index write (they are HOT updates without).
 //
 // Where each goes: a claim that expired never started, so it returns to the queue where it
 // stood (run_at kept) without counting. A lease that passed means the agent vanished: the job
 // goes back at once, or to `dead` when its started attempts reached max_attempts. An execution
-// timeout is the job's fault: retried after a backoff, or `dead` at the cap. A job going to
-// `dead` writes its job.dead notification (always: it is an alert) in the same statement.
+// timeout is the job's fault: retried after a backoff, or `dead` at the cap. The attempt's row
+// is written with how it ended (and, for a lease or a timeout, an error saying so); a job going
+// to `dead` writes its job.dead notification (always: it is an alert) in the same statement.
 const rescueSql = statement(
   'jobRescueExpired',
   `WITH o AS (
-     SELECT * FROM jobs
-     WHERE status IN ('claimed', 'running') AND lease_expires_at < coalesce($4::timestamptz, now())
+     SELECT id, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, lease_expires_at,
+       execution_deadline, claimed_at, claim_deadline, started_at, suspect_since
+     FROM jobs
+     WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
      ORDER BY lease_expires_at
      LIMIT $1
      FOR UPDATE SKIP LOCKED
    ), d AS (
-     SELECT o.id,
+     SELECT o.*,
        (CASE WHEN o.status = 'claimed' THEN 'claim_expired'
              WHEN o.execution_deadline IS NOT NULL AND o.lease_expires_at >= o.execution_deadline THEN 'timed_out'
              ELSE 'lease_expired' END)::attempt_status AS reason,
@@ -62,36 +67,32 @@ const rescueSql = statement(
    ), u AS (
      UPDATE jobs j SET status = d.next,
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
+       claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        run_at = CASE WHEN d.next = 'queued' AND d.reason = 'timed_out'
                      THEN coalesce($4::timestamptz, now()) + ${backoffSql('j.attempts_started', '$2', '$3')}
                      ELSE j.run_at END,
-       error = CASE d.reason
-                 WHEN 'claim_expired' THEN j.error
-                 WHEN 'timed_out' THEN jsonb_build_object('message', 'execution timeout passed', 'reason', 'timed_out',
-                                                          'attemptNo', j.attempt_no, 'agentId', j.agent_id)
-                 ELSE jsonb_build_object('message', 'lease expired: no heartbeat from the agent', 'reason', 'lease_expired',
-                                         'attemptNo', j.attempt_no, 'agentId', j.agent_id) END,
        finished_at = CASE WHEN d.next = 'dead' THEN coalesce($4::timestamptz, now()) END,
        updated_at = coalesce($4::timestamptz, now())
      FROM d WHERE j.id = d.id
      RETURNING j.*
    ), a AS (
-     UPDATE attempts t SET status = d.reason, ended_at = coalesce($4::timestamptz, now())
-     FROM o JOIN d ON d.id = o.id WHERE t.id = o.current_attempt_id
-     RETURNING t.*
-   ), e AS (
-     INSERT INTO job_events (job_id, attempt_id, kind, at, data)
-     SELECT u.id, o.current_attempt_id,
-       (CASE WHEN u.status = 'dead' THEN 'dead' ELSE d.reason::text END)::event_kind,
-       u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o))
-     FROM u JOIN o ON o.id = u.id JOIN d ON d.id = u.id
-   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, CASE WHEN u.status = 'dead' THEN 'job.dead' END AS type,
-       u.updated_at AS at, to_jsonb(u) AS job, to_jsonb(ra) AS attempt FROM u LEFT JOIN a ra ON ra.job_id = u.id`)}
-   SELECT u.id AS job_id, u.queue, o.current_attempt_id AS attempt_id, o.attempt_no, o.agent_id, d.reason, u.status,
+     ${attemptEndSql(`SELECT d.current_attempt_id, d.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline, d.started_at,
+       u.updated_at, d.suspect_since, d.reason,
+       CASE d.reason
+         WHEN 'timed_out' THEN jsonb_build_object('message', 'execution timeout passed', 'reason', 'timed_out',
+                                                  'attemptNo', d.attempt_no, 'agentId', d.agent_id)
+         WHEN 'lease_expired' THEN jsonb_build_object('message', 'lease expired: no heartbeat from the agent', 'reason', 'lease_expired',
+                                                      'attemptNo', d.attempt_no, 'agentId', d.agent_id) END,
+       NULL, u.status, CASE WHEN d.reason = 'timed_out' AND u.status = 'queued' THEN u.run_at END
+     FROM u JOIN d ON d.id = u.id`)}
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.dead' AS type,
+       u.updated_at AS at, ${notifiedJob('coalesce(a.error, job_error(u.id, u.status))')} AS job, to_jsonb(a) AS attempt
+     FROM u JOIN a ON a.job_id = u.id WHERE u.status = 'dead'`)}
+   SELECT u.id AS job_id, u.queue, d.current_attempt_id AS attempt_id, d.attempt_no, d.agent_id, d.reason, u.status,
      -- Wakes every coordinator's dispatcher for the queues that got jobs back now.
      (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue))
       FROM (SELECT DISTINCT queue FROM u WHERE status = 'queued' AND run_at <= coalesce($4::timestamptz, now())) q) AS notified
-   FROM u JOIN o ON o.id = u.id JOIN d ON d.id = u.id`,
+   FROM u JOIN d ON d.id = u.id`,
 );
 
 /**

@@ -1,24 +1,76 @@
 /**
- * Row shapes returned by the store, and the mapping from raw `RETURNING` rows (snake_case) to
- * the camelCase types Drizzle infers from the schema.
+ * Row shapes returned by the store, and the mapping from raw rows (snake_case) to the camelCase
+ * types Drizzle infers from the schema.
  */
 import type { AttemptRow, JobRow, JobStatus } from './schema.js';
 import type { CurrentState } from '../core/outcomes.js';
 
-/** A job as the store returns it: the `jobs` row. */
-export type Job = JobRow;
+/**
+ * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its
+ * attempts ended with (a reported failure, an expired lease, a timeout), none once it succeeded.
+ */
+export type Job = JobRow & { error: unknown };
+
+/**
+ * What the batched transitions (the agent stream's starts and reports) return about a job:
+ * enough for the agent's answer, the logs and the metrics, without reading the whole row back.
+ */
+export type JobSummary = Pick<Job, 'id' | 'queue' | 'status' | 'attemptNo' | 'currentAttemptId' | 'runAt' | 'updatedAt' | 'leaseExpiresAt'> & {
+  /** The stored result, where the answer carries it (a repeated completion). */
+  result?: unknown;
+};
+
+/**
+ * The select list of a job as the API shows it: its row and its derived error (`job_error`,
+ * migration 0005). `alias` names the `jobs` row in the query.
+ */
+export const jobColumns = (alias: string) => `${alias}.*, job_error(${alias}.id, ${alias}.status) AS error`;
 
 const camel = (k: string) => k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+const camelCache = new Map<string, string>();
 
 /** Maps a raw row with snake_case columns to its camelCase shape. */
 export function camelRow<T>(row: Record<string, unknown>): T {
   const out: Record<string, unknown> = {};
-  for (const k in row) out[camel(k)] = row[k];
+  for (const k in row) {
+    let c = camelCache.get(k);
+    if (c === undefined) camelCache.set(k, (c = camel(k)));
+    out[c] = row[k];
+  }
   return out as T;
 }
 
 export const toJob = (row: Record<string, unknown>): Job => camelRow<Job>(row);
 export const toAttempt = (row: Record<string, unknown>): AttemptRow => camelRow<AttemptRow>(row);
+
+/** A summary from the columns the batched statements return (times as epoch milliseconds). */
+export function toSummary(r: {
+  id: string;
+  queue: string;
+  status: JobStatus;
+  attempt_no: number;
+  current_attempt_id: string | null;
+  run_at_ms: number;
+  updated_at_ms: number;
+  lease_ms: number | null;
+}): JobSummary {
+  return {
+    id: r.id,
+    queue: r.queue,
+    status: r.status,
+    attemptNo: r.attempt_no,
+    currentAttemptId: r.current_attempt_id,
+    runAt: new Date(r.run_at_ms),
+    updatedAt: new Date(r.updated_at_ms),
+    leaseExpiresAt: r.lease_ms === null ? null : new Date(r.lease_ms),
+  };
+}
+
+/** The select list `toSummary` reads, for the `jobs` row named `alias`. */
+export const summaryColumns = (alias: string) =>
+  `${alias}.id, ${alias}.queue, ${alias}.status, ${alias}.attempt_no, ${alias}.current_attempt_id,
+   date_part('epoch', ${alias}.run_at) * 1000 AS run_at_ms, date_part('epoch', ${alias}.updated_at) * 1000 AS updated_at_ms,
+   date_part('epoch', ${alias}.lease_expires_at) * 1000 AS lease_ms`;
 
 /** The part of a job a `stale` or `conflict` caller is shown. */
 export function currentOf(row: { id?: string; job_id?: string; status: JobStatus; attempt_no: number; current_attempt_id: string | null }): CurrentState {

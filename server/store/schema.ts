@@ -3,10 +3,20 @@
  * under `server/store/migrations/` (committed); `npm run migrate` and the coordinator's start
  * apply them.
  *
- * The `jobs` row is the current state of a job and the only place a fence is checked:
- * every write on behalf of an attempt matches `current_attempt_id`. Everything else is
- * history (`attempts`, `job_events`, `stale_reports`) or an idempotency record
- * (`completions`, `steps`).
+ * The `jobs` row is the current state of a job and the only place a fence is checked: every
+ * write on behalf of an attempt matches `current_attempt_id`. While an attempt is live (claimed
+ * or running) the `jobs` row holds it (`current_attempt_id`, `agent_id`, `claimed_at`,
+ * `started_at`, the lease); when it ends, the statement that ends it writes its `attempts` row,
+ * once, with how it ended and what became of the job. The history of a job is therefore its
+ * row as enqueued, its `attempts`, and `job_events` for the transitions no attempt makes (a
+ * queued job canceled, an operator's requeue). `steps` is the effect ledger, `stale_reports`
+ * the late calls refused.
+ *
+ * What a no-op job writes, enqueue to success: the `jobs` row inserted, then updated by the
+ * claim, the start and the completion, and its `attempts` row inserted by the completion: five
+ * row writes. The start (and every heartbeat) changes no indexed column, so PostgreSQL makes it
+ * a HOT update (no index entries) when the page has room: hence the fillfactor, and no index on
+ * `status` or the lease (the reaper walks the held jobs instead, see jobRescueExpired).
  */
 import { sql } from 'drizzle-orm';
 import {
@@ -51,7 +61,10 @@ export const attemptStatus = pgEnum('attempt_status', [
   'canceled',
 ]);
 
-/** The kinds of `job_events` rows: one per transition of a job. */
+/**
+ * The kinds of `job_events` rows. Only `requeued` and `canceled` (of a job no attempt held) are
+ * written now; the others are from before attempts carried their own history (migration 0005).
+ */
 export const eventKind = pgEnum('event_kind', [
   'enqueued',
   'claimed',
@@ -88,10 +101,15 @@ export const jobs = pgTable(
     attemptsStarted: integer('attempts_started').notNull().default(0),
     /** The fencing token: set exactly while the job is `claimed` or `running`. */
     currentAttemptId: uuid('current_attempt_id'),
-    /** The newest attempt, whatever its state; kept after the job leaves the held states. */
-    lastAttemptId: uuid('last_attempt_id'),
     /** The agent holding the current attempt. */
     agentId: text('agent_id'),
+    /** When the current attempt was claimed, and its start deadline (written to its `attempts` row when it ends). */
+    claimedAt: tsz('claimed_at'),
+    claimDeadline: tsz('claim_deadline'),
+    /** When the current attempt started (`running`). */
+    startedAt: tsz('started_at'),
+    /** Set when the agent's stream was lost while it held the current attempt; cleared on resume. */
+    suspectSince: tsz('suspect_since'),
     /** Start deadline while `claimed`, run lease while `running` (never past `execution_deadline`). */
     leaseExpiresAt: tsz('lease_expires_at'),
     heartbeatAt: tsz('heartbeat_at'),
@@ -103,9 +121,8 @@ export const jobs = pgTable(
     labels: jsonb('labels').notNull().default({}),
     /** The latest progress its current attempt reported with a heartbeat (not a transition). */
     progress: jsonb('progress'),
+    /** The result of the attempt that succeeded: stored here, once (its `attempts` row refers to it). */
     result: jsonb('result'),
-    /** The last error reported (or recorded by the reaper), `{message, …}`. */
-    error: jsonb('error'),
     /** An http(s) URL that receives one signed notification when the job ends (`webhook_deliveries`). */
     notifyUrl: text('notify_url'),
     createdAt: tsz('created_at').notNull().defaultNow(),
@@ -115,16 +132,14 @@ export const jobs = pgTable(
   (t) => [
     // Serves jobClaim: the next queued jobs of the agent's queues in priority order. Partial,
     // so it holds only claimable rows and stays small however many finished jobs are kept.
+    // "Queued" is spelled by columns the start and the heartbeats never change (a CHECK ties
+    // it to status = 'queued'), so those stay HOT updates.
     index('jobs_claim_idx')
       .on(t.queue, t.priority.desc(), t.runAt, t.id)
-      .where(sql`${t.status} = 'queued'`),
-    // Serves jobRescueExpired (the reaper): held jobs whose start deadline or lease has passed,
-    // oldest first. The execution timeout caps the lease, so it is found through this index too.
-    index('jobs_lease_idx')
-      .on(t.leaseExpiresAt)
-      .where(sql`${t.status} in ('claimed', 'running')`),
-    // Serves every fenced write (start, heartbeat, complete, fail, steps): the fence is this
-    // column, and a unique index also makes two jobs sharing an attempt id impossible.
+      .where(sql`${t.currentAttemptId} is null and ${t.finishedAt} is null`),
+    // Serves every fenced write (start, heartbeat, complete, fail, steps) and the reaper's walk
+    // of the held jobs: the fence is this column, and a unique index also makes two jobs
+    // sharing an attempt id impossible.
     uniqueIndex('jobs_current_attempt_uq')
       .on(t.currentAttemptId)
       .where(sql`${t.currentAttemptId} is not null`),
@@ -142,11 +157,18 @@ export const jobs = pgTable(
     check('jobs_max_attempts_positive', sql`${t.maxAttempts} > 0`),
     check(
       'jobs_held_has_attempt',
-      sql`(${t.status} in ('claimed', 'running')) = (${t.currentAttemptId} is not null and ${t.leaseExpiresAt} is not null and ${t.agentId} is not null)`,
+      sql`(${t.status} in ('claimed', 'running')) = (${t.currentAttemptId} is not null and ${t.leaseExpiresAt} is not null and ${t.agentId} is not null and ${t.claimedAt} is not null)`,
     ),
+    check('jobs_queued_shape', sql`(${t.status} = 'queued') = (${t.currentAttemptId} is null and ${t.finishedAt} is null)`),
   ],
 );
 
+/**
+ * Attempts that ended, one row each, written once by the statement that ended it (complete,
+ * fail, the reaper, cancel): who held it, when it was claimed, started and ended, how it ended,
+ * the error it reported (or the reaper recorded), and what became of the job. A live attempt is
+ * in its `jobs` row. A success's result is the job's `result` (stored once).
+ */
 export const attempts = pgTable(
   'attempts',
   {
@@ -157,20 +179,39 @@ export const attempts = pgTable(
       .references(() => jobs.id, { onDelete: 'cascade' }),
     attemptNo: integer('attempt_no').notNull(),
     agentId: text('agent_id').notNull(),
-    status: attemptStatus('status').notNull().default('claimed'),
+    /** How it ended (never `claimed` or `running`: live attempts are in `jobs`). */
+    status: attemptStatus('status').notNull(),
     claimedAt: tsz('claimed_at').notNull(),
     claimDeadline: tsz('claim_deadline').notNull(),
     startedAt: tsz('started_at'),
-    endedAt: tsz('ended_at'),
-    /** Set when the agent's stream was lost while it held this attempt; cleared on resume. */
+    endedAt: tsz('ended_at').notNull(),
+    /** Its agent's stream was lost while it held the attempt (and it was not resumed since). */
     suspectSince: tsz('suspect_since'),
+    /** The failure it reported (`failed`), or the reaper's account (`lease_expired`, `timed_out`). */
+    error: jsonb('error'),
+    /** For a reported failure: whether the agent asked for a retry. */
+    retryable: boolean('retryable'),
+    /** The job's status once this attempt ended: queued again, or terminal. */
+    jobStatus: jobStatus('job_status').notNull(),
+    /** When the job was queued again with a new due time (a retry's backoff), that time. */
+    runAt: tsz('run_at'),
+    /**
+     * Its place in the history of its job, from the sequence that numbers `job_events` (taken
+     * when the attempt ends): attempts and events in this order are the job's transitions in the
+     * order they happened, whatever the clocks said.
+     */
+    seq: bigint('seq', { mode: 'number' })
+      .notNull()
+      .default(sql`nextval('job_events_id_seq')`),
   },
   (t) => [
+    // Serves a job's attempts in order (GetJob, the explanation of a repeat) and the ON DELETE
+    // CASCADE from jobs; unique, so an attempt number is used once.
     uniqueIndex('attempts_job_attempt_no_uq').on(t.jobId, t.attemptNo),
-    // Serves listing an agent's live and suspect attempts (operators, resume).
-    index('attempts_live_agent_idx')
-      .on(t.agentId)
-      .where(sql`${t.status} in ('claimed', 'running')`),
+    // Serves the per-minute counts of GetStats: rows are written when attempts end, so in
+    // ended_at order, and a BRIN index finds the last minutes for next to nothing.
+    index('attempts_ended_brin').using('brin', t.endedAt),
+    check('attempts_ended', sql`${t.status} not in ('claimed', 'running')`),
   ],
 );
 
@@ -325,6 +366,7 @@ export const signingSecrets = pgTable('signing_secrets', {
   createdAt: tsz('created_at').notNull().defaultNow(),
 });
 
+/** Transitions no attempt makes: an operator's requeue, and the cancel of a queued job. */
 export const jobEvents = pgTable(
   'job_events',
   {
@@ -335,39 +377,14 @@ export const jobEvents = pgTable(
     attemptId: uuid('attempt_id'),
     kind: eventKind('kind').notNull(),
     at: tsz('at').notNull(),
-    /** The columns of `jobs` this transition set, by column name: folding them in `id` order rebuilds the row. */
+    /** The columns of `jobs` this transition set, by column name. */
     data: jsonb('data').notNull(),
   },
   (t) => [
-    // Serves jobGet's history and the rebuild of a job from its events.
+    // Serves jobGet's history, the rebuild of a job from its history and the purge's cascade.
     index('job_events_job_idx').on(t.jobId, t.id),
-    // Serves the per-minute counts of GetStats (recent events by time). BRIN: events are
-    // appended in time order, so a few block ranges hold the last minutes, and the index costs
-    // the transition statements next to nothing (a btree would add a write to every one).
+    // Serves the per-minute counts of GetStats (cancels of queued jobs by time).
     index('job_events_at_brin').using('brin', t.at),
-  ],
-);
-
-export const completions = pgTable(
-  'completions',
-  {
-    /** One terminal report per attempt: a repeat is compared with it (`duplicate` or `conflict`). */
-    attemptId: uuid('attempt_id')
-      .primaryKey()
-      .references(() => attempts.id, { onDelete: 'cascade' }),
-    jobId: uuid('job_id')
-      .notNull()
-      .references(() => jobs.id, { onDelete: 'cascade' }),
-    kind: text('kind', { enum: ['completed', 'failed'] }).notNull(),
-    result: jsonb('result'),
-    error: jsonb('error'),
-    retryable: boolean('retryable'),
-    createdAt: tsz('created_at').notNull(),
-  },
-  (t) => [
-    // Serves the ON DELETE CASCADE from jobs when finished jobs are purged: without it, deleting
-    // a job scans the whole table for its completions.
-    index('completions_job_idx').on(t.jobId),
   ],
 );
 

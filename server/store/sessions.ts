@@ -10,13 +10,13 @@ import { run, statement, type Queryable } from './sql.js';
 
 const ids = z.array(schemas.id).max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`);
 
-// Live attempts only: an attempt's status is claimed or running exactly while it is current
-// (the invariant checker holds the store to that), so no join with jobs is needed.
+// Live attempts are their jobs rows (found by jobs_current_attempt_uq); suspect_since is not
+// indexed, so marking is a HOT update.
 const suspectSql = statement(
   'attemptsMarkSuspect',
-  `UPDATE attempts SET suspect_since = coalesce(suspect_since, coalesce($2::timestamptz, now()))
-   WHERE id = ANY($1::uuid[]) AND status IN ('claimed', 'running')
-   RETURNING id`,
+  `UPDATE jobs SET suspect_since = coalesce(suspect_since, coalesce($2::timestamptz, now()))
+   WHERE current_attempt_id = ANY($1::uuid[])
+   RETURNING current_attempt_id AS id`,
 );
 
 /** Marks the live ones among `attemptIds` suspect; returns those marked. */
@@ -30,9 +30,9 @@ export async function attemptsMarkSuspect(db: Queryable, p: { attemptIds: string
 
 const resumeSql = statement(
   'attemptsResume',
-  `UPDATE attempts SET suspect_since = NULL
-   WHERE id = ANY($1::uuid[]) AND agent_id = $2 AND status IN ('claimed', 'running')
-   RETURNING id, status::text, job_id`,
+  `UPDATE jobs SET suspect_since = NULL
+   WHERE current_attempt_id = ANY($1::uuid[]) AND agent_id = $2
+   RETURNING current_attempt_id AS id, status::text, id AS job_id`,
 );
 
 /** What a resume found. */

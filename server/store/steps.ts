@@ -7,7 +7,7 @@
  */
 import { conflict, duplicate, forbidden, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
-import { reportStale } from './attempts.js';
+import { attemptWhere, reportStale } from './attempts.js';
 import { currentOf } from './rows.js';
 import type { JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
@@ -56,10 +56,11 @@ const reserveSql = statement(
 // Why a step call matched nothing: the attempt, its job, and the step's row.
 const stepLookupSql = statement(
   'stepLookup',
-  `SELECT a.job_id, a.agent_id AS attempt_agent_id, j.status, j.attempt_no, j.current_attempt_id,
+  `SELECT j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id, j.status, j.attempt_no, j.current_attempt_id,
           s.status AS step_status, s.attempt_id AS step_attempt_id, s.output, s.output = $3::jsonb AS same
-   FROM attempts a JOIN jobs j ON j.id = a.job_id LEFT JOIN steps s ON s.job_id = a.job_id AND s.step = $2
-   WHERE a.id = $1`,
+   FROM (SELECT $1::uuid AS id) x
+   ${attemptWhere}
+   LEFT JOIN steps s ON s.job_id = j.id AND s.step = $2`,
 );
 
 interface StepLookup {

@@ -24,7 +24,7 @@ import {
   type StaleReport,
 } from '../../gen/leasehold/v1/job_pb.js';
 import type { CurrentState, Failure, Outcome } from '../core/outcomes.js';
-import type { Claimed, Job, JobDetail } from '../store/index.js';
+import type { AttemptView, Claimed, Job, JobDetail } from '../store/index.js';
 import type { AttemptRow, JobStatus as DbJobStatus, StepRow, StaleReportRow, JobEventRow } from '../store/schema.js';
 
 const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
@@ -104,7 +104,7 @@ export function toPbClaimed(c: Claimed): ClaimedJob {
   });
 }
 
-export function toPbAttempt(a: AttemptRow): Attempt {
+export function toPbAttempt(a: AttemptView): Attempt {
   return create(AttemptSchema, {
     id: a.id,
     attemptNo: a.attemptNo,

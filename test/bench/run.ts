@@ -8,7 +8,7 @@
  * `--quick` is the smoke version (`npm test` runs it through test/bench.smoke.test.ts).
  */
 import { execFile, fork, type ChildProcess } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -17,6 +17,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
+import { profileSelf, summarize } from './profile.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
 import { latencySvg, markdown, results, type Figure, type MetricKey, type Row } from './report.js';
 import type { WorkerConfig } from './worker.js';
@@ -42,6 +43,10 @@ export interface BenchOptions {
   recoveryCapMs?: number;
   systems: SystemName[];
   scenarios: string[];
+  /** Write CPU profiles of the measured scenarios here and print a summary of each. */
+  profileDir?: string;
+  /** Load pg_stat_statements and print the statements that cost the most in the measured scenarios. */
+  pgStatements?: boolean;
   out?: string;
   /** `results.json`: every figure scripts compare, as `{scenario, system, metric, median, min, max, commit}`. */
   json?: string;
@@ -55,10 +60,15 @@ interface Worker {
   onStarted?: () => void;
 }
 
+/** Where worker profiles go while profiling (`--profile`), after the warm-up. */
+let profiling: { dir: string; n: number } | undefined;
+
 function forkWorker(cfg: WorkerConfig): Promise<Worker> {
+  // One directory per worker: every thread writes a profile (tsx's loader runs in one of its own).
+  const prof = profiling ? ['--cpu-prof', `--cpu-prof-dir=${path.join(profiling.dir, `worker-${cfg.system}-${cfg.mode}-${++profiling.n}`)}`] : [];
   const child = fork(path.join(here, 'worker.ts'), [JSON.stringify(cfg)], {
     cwd: root,
-    execArgv: ['--import', 'tsx'],
+    execArgv: ['--import', 'tsx', ...prof],
     stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
   });
   const w: Worker = { child, started: new Map() };
@@ -76,6 +86,8 @@ function forkWorker(cfg: WorkerConfig): Promise<Worker> {
 
 async function stopWorker(w: Worker, signal: NodeJS.Signals = 'SIGKILL') {
   if (w.child.exitCode !== null || w.child.signalCode !== null) return;
+  // A profiled worker writes its profile when it exits on SIGINT (worker.ts).
+  if (profiling && signal === 'SIGKILL' && w.child.spawnargs.some((a) => a === '--cpu-prof')) signal = 'SIGINT';
   const gone = new Promise((r) => w.child.once('exit', r));
   w.child.kill(signal);
   await gone;
@@ -316,7 +328,13 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
   const log = o.log;
   const dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-bench-'));
   // Durable, as in production: fsync and synchronous_commit stay on.
-  const db = await startEmbedded({ dataDir, log: pino({ level: 'warn' }), ephemeral: true, settings: { max_connections: '500', shared_buffers: '256MB' } });
+  const statements: Record<string, string> = o.pgStatements ? { shared_preload_libraries: 'pg_stat_statements', 'pg_stat_statements.track_planning': 'on' } : {};
+  const db = await startEmbedded({
+    dataDir,
+    log: pino({ level: 'warn' }),
+    ephemeral: true,
+    settings: { max_connections: '500', shared_buffers: '256MB', ...statements },
+  });
   const rows: Row[] = [];
   const latencies = new Map<string, number[]>();
   const systems: System[] = [];
@@ -335,6 +353,16 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
     // discarded few seconds of the latency load, for every system alike.
     if (o.warmupSeconds > 0 && o.scenarios.includes('latency')) for (const s of systems) await latencyRep(s, { ...o, seconds: Math.min(o.seconds, 3) });
     log(`warm-up done (${o.warmupSeconds} s${o.scenarios.includes('latency') ? ', then 3 s of the latency load per system' : ''})`);
+    let stopProfile: (() => Promise<void>) | undefined;
+    if (o.profileDir) {
+      await mkdir(o.profileDir, { recursive: true });
+      profiling = { dir: o.profileDir, n: 0 };
+      stopProfile = await profileSelf(path.join(o.profileDir, 'bench-process.cpuprofile'));
+    }
+    if (o.pgStatements) {
+      for (const s of systems) await s.pool.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
+      await systems[0]?.pool.query('SELECT pg_stat_statements_reset()');
+    }
 
     if (o.scenarios.includes('throughput')) {
       for (const s of systems) {
@@ -488,6 +516,22 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         note: tps.length ? undefined : 'pgbench not found (apt-get install postgresql-client-15 or postgresql-15)',
       });
     }
+    if (stopProfile && o.profileDir) {
+      await stopProfile();
+      profiling = undefined;
+      const files = (await readdir(o.profileDir, { recursive: true })).filter((f) => f.endsWith('.cpuprofile')).sort();
+      for (const f of files) log(`\n${f}\n${await summarize(path.join(o.profileDir, f))}`);
+    }
+    if (o.pgStatements && systems[0]) {
+      const top = await systems[0].pool.query(
+        `SELECT d.datname AS db, s.calls, round(s.total_exec_time) AS exec_ms, round(s.total_plan_time) AS plan_ms, s.rows,
+                regexp_replace(left(s.query, 100), '\\s+', ' ', 'g') AS query
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+         ORDER BY s.total_exec_time + s.total_plan_time DESC LIMIT 25`,
+      );
+      log('\npg_stat_statements, the measured scenarios (exec and plan ms in all):');
+      for (const r of top.rows) log(`${String(r.exec_ms).padStart(7)} ${String(r.plan_ms).padStart(6)} ${String(r.calls).padStart(7)} calls ${String(r.rows).padStart(7)} rows  ${r.db}: ${r.query}`);
+    }
     const commit = await commitOf();
     const md = markdown(rows, {
       date: new Date().toISOString(),
@@ -548,13 +592,15 @@ if (isMain) {
       'throughput,writes,latency,recovery,heartbeats,pgbench',
     )
     .option('--warmup <seconds>', 'discarded load before measuring', '30')
+    .option('--profile <dir>', 'write CPU profiles of the measured scenarios (bench process, workers) to DIR and summarize them')
+    .option('--pg-statements', 'load pg_stat_statements and print the costliest statements of the measured scenarios')
     .option(
       '--concurrency <list>',
       'jobs a system runs at once (slots, worker concurrency): a default, then system=n exceptions',
       '256,graphile-off=16',
     )
     .parse();
-  const f = program.opts<{ quick?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();
+  const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();
   const quick = Boolean(f.quick);
   const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'pgbench', 'ceiling'] };
   for (const [flag, list] of [['systems', f.systems], ['scenarios', f.scenarios]] as const) {
@@ -579,9 +625,12 @@ if (isMain) {
     warmupSeconds: quick ? 0 : Number(f.warmup),
     systems: f.systems.split(',') as SystemName[],
     scenarios: f.scenarios.split(',').map((x) => (x === 'ceiling' ? 'pgbench' : x)),
-    out: quick ? undefined : path.join(here, 'results.md'),
-    json: quick ? undefined : path.join(here, 'results.json'),
-    svg: quick ? undefined : path.join(here, 'latency.svg'),
+    ...(f.profile ? { profileDir: path.resolve(f.profile) } : {}),
+    ...(f.pgStatements ? { pgStatements: true } : {}),
+    // A quick or instrumented run's figures are not the benchmark's: they go to the terminal only.
+    out: quick || f.profile || f.pgStatements ? undefined : path.join(here, 'results.md'),
+    json: quick || f.profile || f.pgStatements ? undefined : path.join(here, 'results.json'),
+    svg: quick || f.profile || f.pgStatements ? undefined : path.join(here, 'latency.svg'),
     log: (l) => process.stdout.write(`${l}\n`),
   };
   bench(o).then(

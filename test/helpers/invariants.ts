@@ -2,27 +2,28 @@
  * The six invariants of DESIGN.md, checked against the database as it is. Every test of state
  * calls `checkInvariants` after it acts; it throws with every violation it found.
  *
- * 1. At most one current attempt per job; a non-current attempt never changed anything
- *    (every attempt-bound event was made by the attempt current at that point of the history).
+ * A job's history is its row as enqueued, its `attempts` (one row per ended attempt, written by
+ * the statement that ended it, with the claim, start and end, and what became of the job) and
+ * `job_events` (requeues, and cancels of jobs no attempt held); a live attempt is in the row.
+ *
+ * 1. At most one current attempt per job: ended attempts are numbered 1..k, the live one (if
+ *    any) is k+1 and has no row yet, and no attempt overlaps the next (each was current while
+ *    it acted: the next was claimed only after it ended).
  * 2. A job reaches a terminal state at most once per run (an operator requeue starts another
- *    run); nothing happens after success, and the stored result is the completing attempt's.
- * 3. Every transition is in job_events: folding each job's event deltas rebuilds its row.
+ *    run); nothing happens after success, and the stored result is the succeeding attempt's.
+ * 3. Folding a job's history rebuilds its row (status, attempt_no, attempts_started, run_at,
+ *    finished_at, the live attempt).
  * 4. No job is lost: each is terminal, queued, or held by an attempt with a lease (live, when
  *    the reaper has run at `rescuedAt`).
- * 5. Completion is idempotent per attempt: at most one completion per attempt, matching how
- *    the attempt ended.
+ * 5. Completion is idempotent per attempt: one row per attempt, one success per job, matching
+ *    the job.
  * 6. Each (job_id, step) has at most one recorded outcome, recorded by an attempt of that job.
  */
-import { isDeepStrictEqual } from 'node:util';
 import type pg from 'pg';
 
 type Db = pg.Pool | pg.PoolClient | pg.Client;
 
-/** Columns a heartbeat may move without a transition: left out of the rebuild comparison. */
-const UNTRACKED = ['updated_at', 'heartbeat_at', 'lease_expires_at', 'progress'];
-const TERMINAL_EVENTS = new Set(['completed', 'failed', 'dead', 'canceled']);
-/** Events that a new attempt makes (`claimed`) or that need no attempt. */
-const UNFENCED_EVENTS = new Set(['enqueued', 'claimed', 'requeued']);
+const TERMINAL = new Set(['succeeded', 'failed', 'dead', 'canceled']);
 
 export interface InvariantOptions {
   /** The reaper ran at this time: no held job may have a lease that ended before it. */
@@ -32,87 +33,174 @@ export interface InvariantOptions {
 /** Checks the six invariants; throws an Error listing every violation. */
 export async function checkInvariants(db: Db, opts: InvariantOptions = {}): Promise<void> {
   const v: string[] = [];
-  await attemptsInvariant(db, v);
   await historyInvariants(db, v);
   await heldInvariant(db, v, opts);
-  await completionInvariant(db, v);
   await stepInvariant(db, v);
   if (v.length) throw new Error(`invariants violated (${v.length}):\n- ${v.slice(0, 30).join('\n- ')}`);
 }
 
-/** 1: one live attempt exactly for held jobs, matching the job's state; attempt numbers 1..n. */
-async function attemptsInvariant(db: Db, v: string[]) {
-  const { rows } = await db.query(`
-    SELECT j.id, j.status::text, j.current_attempt_id, j.attempt_no,
-      (SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND a.status IN ('claimed', 'running'))::int AS live,
-      (SELECT a.status::text FROM attempts a WHERE a.id = j.current_attempt_id) AS cur_status,
-      (SELECT a.job_id FROM attempts a WHERE a.id = j.current_attempt_id) AS cur_job,
-      (SELECT coalesce(max(a.attempt_no), 0) FROM attempts a WHERE a.job_id = j.id)::int AS max_no,
-      (SELECT count(*) FROM attempts a WHERE a.job_id = j.id)::int AS n
-    FROM jobs j`);
-  for (const r of rows) {
-    const held = r.status === 'claimed' || r.status === 'running';
-    if (r.live > 1) v.push(`job ${r.id} has ${r.live} live attempts`);
-    if (held && (r.live !== 1 || r.cur_status !== r.status || r.cur_job !== r.id)) {
-      v.push(`job ${r.id} is ${r.status} but its current attempt ${r.current_attempt_id} is ${r.cur_status} (live ${r.live})`);
-    }
-    if (!held && r.live !== 0) v.push(`job ${r.id} is ${r.status} yet has ${r.live} live attempt(s)`);
-    if (r.attempt_no !== r.max_no || r.n !== r.max_no) {
-      v.push(`job ${r.id} attempt_no ${r.attempt_no} but attempts numbered up to ${r.max_no} (${r.n} rows)`);
-    }
-  }
+interface JobRow {
+  id: string;
+  status: string;
+  attempt_no: number;
+  attempts_started: number;
+  current_attempt_id: string | null;
+  agent_id: string | null;
+  claimed_at: string | null;
+  started_at: string | null;
+  run_at: string;
+  created_at: string;
+  finished_at: string | null;
+  has_result: boolean;
 }
 
-/** 1 (history), 2 and 3: replay every job's events. */
+interface AttemptRow {
+  id: string;
+  job_id: string;
+  attempt_no: number;
+  agent_id: string;
+  status: string;
+  claimed_at: string;
+  started_at: string | null;
+  ended_at: string;
+  job_status: string;
+  run_at: string | null;
+  error: unknown;
+  retryable: boolean | null;
+  seq: string;
+}
+
+interface EventRow {
+  id: number;
+  job_id: string;
+  attempt_id: string | null;
+  kind: string;
+  at: string;
+  data: Record<string, string | number | null>;
+}
+
+/** 1, 2, 3 and 5: replay every job's history. Times are compared as the database prints them (µs). */
 async function historyInvariants(db: Db, v: string[]) {
-  const jobs = new Map<string, Record<string, unknown>>();
-  for (const r of (await db.query(`SELECT id, to_jsonb(j) AS row FROM jobs j`)).rows) jobs.set(r.id, r.row);
+  const text = (c: string) => `to_char(${c} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')`;
+  const jobs = (
+    await db.query(
+      `SELECT id, status::text, attempt_no, attempts_started, current_attempt_id, agent_id, ${text('claimed_at')} AS claimed_at,
+         ${text('started_at')} AS started_at, ${text('run_at')} AS run_at, ${text('created_at')} AS created_at,
+         ${text('finished_at')} AS finished_at, result IS NOT NULL AS has_result
+       FROM jobs`,
+    )
+  ).rows as JobRow[];
+  const attempts = (
+    await db.query(
+      `SELECT id, job_id, attempt_no, agent_id, status::text, ${text('claimed_at')} AS claimed_at, ${text('started_at')} AS started_at,
+         ${text('ended_at')} AS ended_at, job_status::text, ${text('run_at')} AS run_at, error, retryable, seq
+       FROM attempts ORDER BY job_id, attempt_no`,
+    )
+  ).rows as AttemptRow[];
   const events = (
-    await db.query(`SELECT id, job_id, attempt_id, kind::text, data FROM job_events ORDER BY job_id, id`)
-  ).rows as Array<{ id: number; job_id: string; attempt_id: string | null; kind: string; data: Record<string, unknown> }>;
-  const byJob = new Map<string, typeof events>();
-  for (const e of events) {
-    const list = byJob.get(e.job_id) ?? [];
-    list.push(e);
-    byJob.set(e.job_id, list);
-  }
-  for (const [id, row] of jobs) {
-    const list = byJob.get(id) ?? [];
-    if (list[0]?.kind !== 'enqueued') v.push(`job ${id}: history does not start with enqueued`);
-    let state: Record<string, unknown> = {};
+    await db.query(
+      `SELECT id, job_id, attempt_id, kind::text, ${text('at')} AS at,
+         (SELECT jsonb_object_agg(k, CASE WHEN jsonb_typeof(x) = 'string' AND k IN ('run_at', 'finished_at')
+                                           THEN to_jsonb(${text('(x #>> \'{}\')::timestamptz')}) ELSE x END)
+          FROM jsonb_each(data) AS d(k, x)) AS data
+       FROM job_events ORDER BY job_id, id`,
+    )
+  ).rows as EventRow[];
+  const group = <T extends { job_id: string }>(rows: T[]) => {
+    const m = new Map<string, T[]>();
+    for (const r of rows) m.set(r.job_id, [...(m.get(r.job_id) ?? []), r]);
+    return m;
+  };
+  const attemptsOf = group(attempts);
+  const eventsOf = group(events);
+  const current = new Set(jobs.filter((j) => j.current_attempt_id).map((j) => j.current_attempt_id!));
+
+  for (const job of jobs) {
+    const id = job.id;
+    const as = attemptsOf.get(id) ?? [];
+    const es = eventsOf.get(id) ?? [];
+    const held = job.status === 'claimed' || job.status === 'running';
+    // 1: numbering, and the live attempt.
+    as.forEach((a, i) => {
+      if (a.attempt_no !== i + 1) v.push(`job ${id}: attempts numbered ${as.map((x) => x.attempt_no).join(',')}`);
+      if (current.has(a.id)) v.push(`job ${id}: attempt ${a.id} has ended yet is some job's current attempt`);
+    });
+    const expectedNo = as.length + (held ? 1 : 0);
+    if (job.attempt_no !== expectedNo) v.push(`job ${id}: attempt_no ${job.attempt_no} but ${as.length} ended attempt(s)${held ? ' and a live one' : ''}`);
+    if (held !== (job.current_attempt_id !== null)) v.push(`job ${id} is ${job.status} with current attempt ${job.current_attempt_id}`);
+
+    // The history in order: ended attempts and the job's own events share one sequence.
+    type Item = { seq: number; kind: 'attempt'; a: AttemptRow } | { seq: number; kind: 'event'; e: EventRow };
+    const items: Item[] = [
+      ...as.map((a): Item => ({ seq: Number(a.seq), kind: 'attempt', a })),
+      ...es.map((e): Item => ({ seq: Number(e.id), kind: 'event', e })),
+    ].sort((x, y) => x.seq - y.seq);
+    const bySeq = items.filter((x) => x.kind === 'attempt').map((x) => (x as { a: AttemptRow }).a.attempt_no);
+    if (bySeq.some((n, i) => n !== i + 1)) v.push(`job ${id}: attempts ended in the order ${bySeq.join(',')}`);
+    let status = 'queued';
+    let started = 0;
+    let finishedAt: string | null = null;
+    let runAt: string | null = null;
+    let lastEnd = job.created_at;
     let terminals = 0;
     let requeues = 0;
-    let succeeded = false;
-    for (const e of list) {
-      if (succeeded) v.push(`job ${id}: event ${e.kind} (#${e.id}) after success`);
-      if (e.kind === 'claimed') {
-        if (state.current_attempt_id != null) v.push(`job ${id}: claimed while attempt ${String(state.current_attempt_id)} was current`);
-        if (e.data.current_attempt_id !== e.attempt_id) v.push(`job ${id}: claim event #${e.id} does not install its attempt`);
-      } else if (!UNFENCED_EVENTS.has(e.kind) && e.attempt_id !== null && e.attempt_id !== state.current_attempt_id) {
-        v.push(`job ${id}: ${e.kind} (#${e.id}) written by attempt ${e.attempt_id} while ${String(state.current_attempt_id)} was current`);
+    let succeededBy: string | null = null;
+    for (const it of items) {
+      if (succeededBy) v.push(`job ${id}: ${it.kind === 'attempt' ? `attempt ${it.a.attempt_no} ended` : `event ${it.e.kind}`} after success`);
+      if (it.kind === 'attempt') {
+        const a = it.a;
+        // 1: it was claimed after everything before it ended, and from a queued job.
+        if (a.claimed_at < lastEnd) v.push(`job ${id}: attempt ${a.attempt_no} claimed at ${a.claimed_at}, before the previous transition at ${lastEnd}`);
+        if (status !== 'queued') v.push(`job ${id}: attempt ${a.attempt_no} claimed while the job was ${status}`);
+        if (a.started_at && a.started_at < a.claimed_at) v.push(`job ${id}: attempt ${a.attempt_no} started before its claim`);
+        if (a.ended_at < a.claimed_at) v.push(`job ${id}: attempt ${a.attempt_no} ended before its claim`);
+        if (a.started_at) started++;
+        status = a.job_status;
+        finishedAt = TERMINAL.has(status) ? a.ended_at : null;
+        if (a.run_at) runAt = a.run_at;
+        if (a.status === 'succeeded' && a.job_status !== 'succeeded') v.push(`job ${id}: attempt ${a.attempt_no} succeeded but left the job ${a.job_status}`);
+        if (a.status === 'failed' && (a.error === null || a.retryable === null)) v.push(`job ${id}: failed attempt ${a.attempt_no} without its error`);
+        if (a.status === 'succeeded') succeededBy = a.id;
+        lastEnd = a.ended_at;
+      } else {
+        const e = it.e;
+        if (e.kind === 'requeued') {
+          if (!TERMINAL.has(status) || status === 'succeeded') v.push(`job ${id}: requeued while ${status}`);
+          requeues++;
+          started = 0;
+        } else if (e.kind === 'canceled') {
+          if (status !== 'queued') v.push(`job ${id}: a cancel event (no attempt) while the job was ${status}`);
+          if (e.attempt_id !== null) v.push(`job ${id}: cancel event #${e.id} names attempt ${e.attempt_id}: an attempt's cancel is its own row`);
+        } else {
+          v.push(`job ${id}: unexpected event ${e.kind} (#${e.id})`);
+        }
+        if (typeof e.data.status === 'string') status = e.data.status;
+        if ('finished_at' in e.data) finishedAt = (e.data.finished_at as string | null) ?? null;
+        if (typeof e.data.run_at === 'string') runAt = e.data.run_at;
+        lastEnd = e.at;
       }
-      if (TERMINAL_EVENTS.has(e.kind)) terminals++;
-      if (e.kind === 'requeued') requeues++;
-      if (e.kind === 'completed') succeeded = true;
-      state = { ...state, ...e.data };
+      if (TERMINAL.has(status)) terminals++;
     }
+    // 2
     if (terminals > requeues + 1) v.push(`job ${id}: ${terminals} terminal transitions with ${requeues} requeue(s)`);
-    const strip = (o: Record<string, unknown>) => {
-      const c = { ...o };
-      for (const k of UNTRACKED) delete c[k];
-      return c;
-    };
-    if (!isDeepStrictEqual(strip(state), strip(row))) {
-      const diff = Object.keys({ ...row, ...state })
-        .filter((k) => !UNTRACKED.includes(k) && !isDeepStrictEqual(state[k], row[k]))
-        .map((k) => `${k}: events say ${JSON.stringify(state[k])}, row has ${JSON.stringify(row[k])}`);
-      v.push(`job ${id}: rebuilt from events differs: ${diff.join('; ')}`);
+    // 3: the live attempt, then the row.
+    if (held) {
+      if (status !== 'queued') v.push(`job ${id}: held, but its history leaves it ${status}`);
+      if (job.claimed_at === null || job.claimed_at < lastEnd) v.push(`job ${id}: its live attempt was claimed at ${job.claimed_at}, before ${lastEnd}`);
+      if ((job.status === 'running') !== (job.started_at !== null)) v.push(`job ${id} is ${job.status} with started_at ${job.started_at}`);
+      if (job.status === 'running') started++;
+      status = job.status;
     }
-    if ((state.lease_expires_at == null) !== (row.lease_expires_at == null)) {
-      v.push(`job ${id}: lease presence differs between events and row`);
-    }
+    if (status !== job.status) v.push(`job ${id}: history says ${status}, row has ${job.status}`);
+    if (started !== job.attempts_started) v.push(`job ${id}: history counts ${started} started attempt(s), row has ${job.attempts_started}`);
+    if (finishedAt !== job.finished_at) v.push(`job ${id}: history says finished at ${finishedAt}, row has ${job.finished_at}`);
+    if (runAt !== null && runAt !== job.run_at) v.push(`job ${id}: history says due at ${runAt}, row has ${job.run_at}`);
+    // 5: a success, and only a success, carries the result.
+    if ((job.status === 'succeeded') !== job.has_result) v.push(`job ${id} is ${job.status} ${job.has_result ? 'with' : 'without'} a result`);
+    if (job.status === 'succeeded' && (!succeededBy || as.at(-1)?.id !== succeededBy)) v.push(`job ${id} succeeded, but not by its last attempt`);
   }
-  for (const jobId of byJob.keys()) if (!jobs.has(jobId)) v.push(`events for missing job ${jobId}`);
+  const known = new Set(jobs.map((j) => j.id));
+  for (const jobId of [...attemptsOf.keys(), ...eventsOf.keys()]) if (!known.has(jobId)) v.push(`history for missing job ${jobId}`);
 }
 
 /** 4: every job is terminal, queued, or held with a lease (not ended before `rescuedAt`). */
@@ -127,27 +215,11 @@ async function heldInvariant(db: Db, v: string[], opts: InvariantOptions) {
   for (const r of rows) v.push(`job ${r.id} is ${r.status} without a live lease (${String(r.lease_expires_at)})`);
 }
 
-/** 5: one completion per attempt, of the attempt's job, matching how the attempt ended. */
-async function completionInvariant(db: Db, v: string[]) {
-  const { rows } = await db.query(`
-    SELECT c.attempt_id, c.kind, c.job_id, a.job_id AS a_job, a.status::text AS a_status
-    FROM completions c LEFT JOIN attempts a ON a.id = c.attempt_id`);
-  for (const r of rows) {
-    if (r.job_id !== r.a_job) v.push(`completion of attempt ${r.attempt_id} names job ${r.job_id}, attempt is of ${r.a_job}`);
-    const want = r.kind === 'completed' ? 'succeeded' : 'failed';
-    if (r.a_status !== want) v.push(`attempt ${r.attempt_id} has a ${r.kind} completion but is ${r.a_status}`);
-  }
-  const bad = await db.query(`
-    SELECT j.id FROM jobs j LEFT JOIN completions c ON c.attempt_id = j.last_attempt_id
-    WHERE j.status = 'succeeded' AND (c.kind IS DISTINCT FROM 'completed' OR c.result IS DISTINCT FROM j.result)`);
-  for (const r of bad.rows) v.push(`job ${r.id} succeeded but its result is not its last attempt's completion`);
-}
-
 /** 6: steps belong to attempts of their job; done steps have a finish time, started ones no output. */
 async function stepInvariant(db: Db, v: string[]) {
   const { rows } = await db.query(`
-    SELECT s.job_id, s.step, s.status::text, a.job_id AS a_job, s.output, s.finished_at
-    FROM steps s LEFT JOIN attempts a ON a.id = s.attempt_id`);
+    SELECT s.job_id, s.step, s.status::text, coalesce(a.job_id, l.id) AS a_job, s.output, s.finished_at
+    FROM steps s LEFT JOIN attempts a ON a.id = s.attempt_id LEFT JOIN jobs l ON l.current_attempt_id = s.attempt_id`);
   for (const r of rows) {
     if (r.a_job !== r.job_id) v.push(`step ${r.job_id}/${r.step} held by an attempt of another job`);
     if (r.status === 'started' && (r.output !== null || r.finished_at !== null)) v.push(`step ${r.job_id}/${r.step} started but has an outcome`);
