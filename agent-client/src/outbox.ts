@@ -32,9 +32,9 @@
  *    of the old file cannot be trusted.
  *
  * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
- * directories cannot be fsynced there (skipped, as NTFS journals its metadata). The pre-log
- * format (`<attemptId>.json` per entry) is imported at open, durably, then removed. One process
- * per directory: `outbox-lock.ts`.
+ * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
+ * NTFS's metadata journal). The pre-log format (`<attemptId>.json` per entry) is imported at
+ * open, durably, then removed. One process per directory: `outbox-lock.ts`.
  */
 import fs, { type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
