@@ -12,6 +12,7 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { readOutbox } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
@@ -193,8 +194,8 @@ describe('leasehold-agent', () => {
     await first.waitFor('command started');
     proxy.blackhole();
     const entry = await first.waitFor('handler finished');
-    const file = path.join(c.outboxDir, `${String(entry.attemptId)}.json`);
-    expect(existsSync(file)).toBe(true);
+    const inOutbox = async () => (await readOutbox(c.outboxDir)).pending.some((e) => e.attemptId === entry.attemptId);
+    expect(await inOutbox()).toBe(true);
     first.child.kill('SIGKILL');
     await first.exited;
     expect((await job(j.id)).status).toBe('running');
@@ -202,7 +203,7 @@ describe('leasehold-agent', () => {
     const second = startRunner(c.file);
     await second.waitFor('report acknowledged');
     expect(await job(j.id)).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { sum: 23 } });
-    expect(existsSync(file)).toBe(false);
+    expect(await inOutbox()).toBe(false);
     await checkInvariants(t.pool);
   });
 

@@ -5,13 +5,12 @@
  * lose and duplicate nothing; and steps against a downstream sink are applied exactly once
  * across kills, including a step left unknown on purpose.
  */
-import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createAgent, type Agent } from '@leasehold/agent-client';
+import { createAgent, readOutbox, type Agent } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-process.js';
 import { useTestDb } from './helpers/db.js';
@@ -72,7 +71,7 @@ describe('an agent killed with SIGKILL', () => {
     await a.waitFor((l) => l.msg === 'start confirmed; running the handler' && l.attemptId === attemptId);
     // The network goes silent: the result reaches the outbox but never the coordinator.
     proxy.blackhole();
-    await waitFor('result in the outbox', () => existsSync(path.join(outbox, `${attemptId}.json`)));
+    await waitFor('result in the outbox', async () => (await readOutbox(outbox)).pending.some((e) => e.attemptId === attemptId));
     await a.kill();
 
     // The lease passes; another agent redoes the job as attempt 2.
@@ -86,8 +85,9 @@ describe('an agent killed with SIGKILL', () => {
     const again = agentProcess({ ...env, LH_URL: lh.url });
     const refused = await again.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded');
     expect(refused.attemptId).toBe(attemptId);
-    expect(existsSync(path.join(outbox, `${attemptId}.superseded.json`))).toBe(true);
-    expect((await readdir(outbox)).filter((f) => f.endsWith('.json') && !f.includes('superseded'))).toEqual([]);
+    const left = await readOutbox(outbox);
+    expect(left.superseded).toEqual([expect.objectContaining({ attemptId, reason: 'STALE' })]);
+    expect(left.pending).toEqual([]);
 
     const row = (await t.pool.query(`SELECT status::text, attempt_no, result FROM jobs WHERE id = $1`, [job.id])).rows[0];
     expect(row).toEqual({ status: 'succeeded', attempt_no: 2, result: { n: 5, doubled: 10, by: 'rescuer' } });
@@ -112,7 +112,7 @@ describe('an agent killed with SIGKILL', () => {
       await new Promise((r) => setTimeout(r, Math.random() * 15));
       await a.kill();
       const attemptId = String(returned.attemptId);
-      if (existsSync(path.join(outbox, `${attemptId}.json`))) moments.writtenNotAcked++;
+      if ((await readOutbox(outbox)).pending.some((e) => e.attemptId === attemptId)) moments.writtenNotAcked++;
       else if ((await t.pool.query(`SELECT 1 FROM attempts WHERE id = $1 AND status = 'succeeded'`, [attemptId])).rowCount) moments.acked++;
       else moments.beforeWrite++;
       a = agentProcess(env);

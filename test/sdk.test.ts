@@ -3,13 +3,14 @@
  * the step ledger. (Crash tests with real agent processes are in sdk-crash.test.ts.)
  */
 import { existsSync } from 'node:fs';
-import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { appendFile, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { once } from 'node:events';
 import pino from 'pino';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { createAgent, JobError, Outbox, type Agent, type AgentOptions } from '@leasehold/agent-client';
+import { createAgent, JobError, Outbox, readOutbox, type Agent, type AgentOptions } from '@leasehold/agent-client';
+import { encodeRecord } from '../agent-client/src/outbox-log.js';
 import { attemptStart, jobClaim, jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
@@ -63,7 +64,7 @@ describe('createAgent', () => {
     const j = await enqueue('sdk-basic', { n: 21 });
     await once(agent, 'acked');
     expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { doubled: 42, attempt: 1, key: `${j.id}:mail` } });
-    expect(await readdir(outboxDir)).toEqual([]);
+    expect(await readOutbox(outboxDir)).toEqual({ pending: [], superseded: [] });
   });
 
   it('reports a thrown error as a retryable failure, and JobError{retryable:false} as final', async () => {
@@ -212,9 +213,10 @@ describe('ctx.step', () => {
 });
 
 describe('outbox', () => {
-  it('survives a torn write: the truncated temporary file is removed, the complete entry is sent once', async () => {
+  it('survives a torn write: the torn record is dropped, the complete entry is sent once', async () => {
     // An earlier run of agent sdk-torn finished attempt 1 and wrote its report, then died before
-    // sending it, while writing another report (a torn temporary file).
+    // sending it, while writing another report (half a record at the end of the log; and a
+    // torn temporary file of the one-file-per-entry format, from an older SDK).
     const token = await lh.agent('sdk-torn');
     const j = await enqueue('sdk-torn');
     const claimed = await jobClaim(t.pool, { agentId: 'sdk-torn', queues: ['sdk-torn'], limit: 1, claimTtlMs: 60_000 });
@@ -226,6 +228,10 @@ describe('outbox', () => {
     const earlier = new Outbox(outboxDir, pino({ level: 'silent' }));
     await earlier.open();
     await earlier.put({ attemptId, jobId: j.id, queue: 'sdk-torn', attemptNo: 1, kind: 'completed', result: { from: 'first run' }, writtenAt: new Date().toISOString() });
+    await earlier.close();
+    const segment = path.join(outboxDir, (await readdir(outboxDir)).find((f) => f.endsWith('.log'))!);
+    const half = encodeRecord({ t: 'put', e: { attemptId: '11111111-2222-3333-4444-555555555555', jobId: j.id, queue: 'sdk-torn', attemptNo: 1, kind: 'completed', writtenAt: '' } });
+    await appendFile(segment, half.subarray(0, half.length >> 1));
     const torn = path.join(outboxDir, '11111111-2222-3333-4444-555555555555.json.tmp-1-abcd');
     await writeFile(torn, '{"attemptId":"11111111-2222-3333-4444-5555');
 
@@ -236,7 +242,7 @@ describe('outbox', () => {
     await again.start();
     expect((await acked)[0]).toEqual({ attemptId, outcome: 'OK' });
     expect(existsSync(torn)).toBe(false);
-    expect(await readdir(outboxDir)).toEqual([]);
+    expect(await readOutbox(outboxDir)).toEqual({ pending: [], superseded: [] });
     expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { from: 'first run' }, attempt_no: 1 });
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1 AND status IN ('succeeded', 'failed')`, [j.id])).rows[0].n).toBe(1);
   });

@@ -11,7 +11,7 @@
  *   renewed the lease; when it passes, or on `Revoke` or `Cancel`, the attempt's signal aborts.
  *   A handler still running one interval after that is reported as a zombie.
  * - Writes each result or failure to the durable outbox before sending it, resends what is not
- *   acknowledged at every connection, and deletes (ok, duplicate) or sets aside (stale) on `Ack`.
+ *   acknowledged at every connection, and forgets (ok, duplicate) or sets aside (stale) on `Ack`.
  */
 import { EventEmitter } from 'node:events';
 import { create, fromJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
@@ -168,10 +168,16 @@ export class Agent extends EventEmitter<AgentEvents> {
     await this.stop();
   }
 
-  /** Disconnects at once; running handlers are aborted. Reports on disk are kept for next time. */
+  /**
+   * Disconnects at once; running handlers are aborted. Reports on disk are kept for next time.
+   * Aborted handlers get up to a second to write theirs, then the outbox is closed (and its
+   * directory unlocked); a handler returning later is reported as lost (the job is redone).
+   */
   async stop(): Promise<void> {
     this.shutdown();
     await this.loop?.catch(() => undefined);
+    await race([...this.running.values()].map((r) => r.done), 1000);
+    await this.outbox.close();
   }
 
   private shutdown(): void {
@@ -208,8 +214,9 @@ export class Agent extends EventEmitter<AgentEvents> {
       const r = await this.session(queues, onWelcome);
       if (this.stopping) break;
       if (r.error && PERMANENT.has(r.error.code) && !everConnected) {
-        first.reject(new Error(`the coordinator refused this agent: ${details(r.error)}`));
         this.shutdown();
+        await this.outbox.close().catch((err: unknown) => this.log.warn({ err }, 'closing the outbox failed'));
+        first.reject(new Error(`the coordinator refused this agent: ${details(r.error)}`));
         return;
       }
       failures = r.welcomed ? 1 : failures + 1;
@@ -518,7 +525,7 @@ export class Agent extends EventEmitter<AgentEvents> {
           this.log.info({ attemptId: id, outcome }, 'report acknowledged');
           break;
         case Outcome.STALE:
-          await this.outbox.supersede(id);
+          await this.outbox.supersede(id, outcome);
           this.log.warn(
             { attemptId: id, current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId }, message: item.message },
             'report refused as stale: the attempt was superseded; kept aside as superseded',
@@ -535,12 +542,12 @@ export class Agent extends EventEmitter<AgentEvents> {
             this.queueReport(failed);
             return;
           }
-          await this.outbox.supersede(id);
+          await this.outbox.supersede(id, outcome);
           this.log.error({ attemptId: id, message: item.message }, 'report refused as invalid; kept aside');
           break;
         }
         default:
-          await this.outbox.supersede(id);
+          await this.outbox.supersede(id, outcome);
           this.log.error({ attemptId: id, outcome, message: item.message }, 'report refused; kept aside');
       }
     } catch (err) {

@@ -1,132 +1,486 @@
 /**
  * The durable outbox: every result or failure is on disk before it is sent, and stays there
- * until the coordinator acknowledges it, across crashes and restarts.
+ * until the coordinator acknowledges it, across `kill -9` at any instruction, power cuts and
+ * restarts.
  *
- * One file per attempt, `<attemptId>.json`, written as: a temporary file in the same directory
- * (`<attemptId>.json.tmp-<pid>-<n>`), write, fsync, close, then rename to the final name
- * and fsync the directory. A crash at any instruction leaves either no entry (the temporary
- * file, removed at the next start: the report was never sent, so the coordinator will have the
- * job redone) or a complete one (sent again at the next connection). Nothing is renamed over a
- * file that is open: entries are closed before their rename, and final names are per attempt.
- * Names hold only hex digits, `-` and `.`, valid on Windows.
+ * An append-only log with group commit, as a database WAL: `put` appends a `put` record, and
+ * everything appended while a flush runs goes out in the next one, as ONE write and ONE
+ * fdatasync; each `put` resolves only after the fdatasync that covers it. Acknowledgements
+ * (`remove`) and refusals (`supersede`) are records too, written with the next flush but not
+ * synced for their own sake. Records are self-checking lines (`outbox-log.ts`); a segment
+ * (`outbox-000001.log`) is replaced by a smaller one when most of it is acknowledged.
  *
- * Acknowledged `ok` or `duplicate`: the entry is deleted. `stale`: renamed to
- * `<attemptId>.superseded.json` and never sent again (kept for the operator).
+ * Why nothing reported is lost, and nothing acknowledged comes back except harmlessly:
+ * 1. A report is sent only after `put` resolved, i.e. after the fdatasync covering its record,
+ *    and only if the segment's name was made durable (directory fsync) before that segment got
+ *    its first record. A crash before that leaves at most a record nobody was told about: it is
+ *    sent at the next start (the coordinator then decides, like any late report), or is torn and
+ *    dropped (the job is redone: nothing was reported).
+ * 2. A crash tears at most the unsynced end of a segment; records are checked line by line, so
+ *    a torn tail is cut off at open and garbage in the middle is skipped, never believed.
+ * 3. An ack record lost in a crash only brings the entry back: it is resent and the coordinator
+ *    answers `duplicate` (or `stale`, and it is set aside again). So acks need no fsync.
+ * 4. A superseded entry is appended to `superseded.jsonl` and synced BEFORE its `sup` record is
+ *    written, so an entry leaves the log only once the operator's copy is durable.
+ * 5. Compaction writes the live set (plus entries whose `sup` record is still queued) to segment
+ *    n+1, syncs it and the directory, and only then deletes the older segments. Open reads every
+ *    segment in number order, later records winning: a crash before the deletion leaves old and
+ *    new both readable, and the new one only repeats what the old one says is live (a torn new
+ *    segment repeats a prefix of it). Open then consolidates several segments into one.
+ * 6. A failed write or fsync (disk full, I/O error) rejects the puts of that flush, and the next
+ *    flush first rewrites the live set to a new segment: after a failed fsync the kernel's copy
+ *    of the old file cannot be trusted.
+ *
+ * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
+ * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
+ * NTFS's metadata journal). The pre-log format (`<attemptId>.json` per entry) is imported at
+ * open, durably, then removed. One process per directory: `outbox-lock.ts`.
  */
-import fs from 'node:fs/promises';
+import fs, { type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
+import {
+  applyRecords,
+  ATTEMPT_ID,
+  encodeRecord,
+  isEntry,
+  LEGACY_ENTRY,
+  LEGACY_SUPERSEDED,
+  LEGACY_TMP,
+  readJsonFile,
+  readSupersededFile,
+  scanSegment,
+  segmentName,
+  segmentNumbers,
+  sortEntries,
+  SUPERSEDED_FILE,
+  type OutboxEntry,
+  type SupersededEntry,
+} from './outbox-log.js';
+import { lockOutbox, type OutboxLock } from './outbox-lock.js';
 
-type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+export { readOutbox, type OutboxEntry, type SupersededEntry } from './outbox-log.js';
 
-/** One report waiting for its acknowledgement. */
-export interface OutboxEntry {
-  attemptId: string;
-  jobId: string;
-  queue: string;
-  attemptNo: number;
-  kind: 'completed' | 'failed';
-  result?: { [k: string]: Json };
-  error?: { message: string; details?: { [k: string]: Json } };
-  retryable?: boolean;
-  /** ISO time the entry was written. */
-  writtenAt: string;
+export interface OutboxOptions {
+  /**
+   * A segment is compacted once it is at least this large and its live entries take at most a
+   * quarter of it; default 4 MiB. The log is then at most about 4 × the live entries, or this.
+   */
+  compactBytes?: number;
 }
 
-const ID = /^[0-9a-f-]{36}$/;
-const FINAL = /^([0-9a-f-]{36})\.json$/;
-const TMP = /^[0-9a-f-]{36}\.json\.tmp-/;
+/** Counters, for tests and benchmarks. */
+export interface OutboxStats {
+  /** Flushes: one `write` each. */
+  writes: number;
+  /** fsync/fdatasync calls of every kind (log, `superseded.jsonl`, directory). */
+  fsyncs: number;
+  compactions: number;
+}
+
+interface Waiter {
+  resolve(): void;
+  reject(err: Error): void;
+}
 
 export class Outbox {
-  private readonly entries = new Map<string, OutboxEntry>();
-  /** Temporary names are unique per process: its pid and a counter. */
-  private seq = 0;
+  readonly stats: OutboxStats = { writes: 0, fsyncs: 0, compactions: 0 };
+  private readonly live = new Map<string, OutboxEntry>();
+  /** Size of each live entry's `put` line, for the compaction rule. */
+  private readonly sizes = new Map<string, number>();
+  private liveBytes = 0;
+  private readonly compactBytes: number;
+  private state: 'new' | 'opening' | 'open' | 'closing' | 'closed' = 'new';
+  private lock: OutboxLock | undefined;
+  private fh: FileHandle | undefined;
+  /** Number of the segment written to; older ones still on disk. */
+  private segNo = 0;
+  private older: number[] = [];
+  /** Bytes of the current segment (the next write goes there). */
+  private size = 0;
+  /** Written since the last fdatasync. */
+  private dirty = false;
+  /** Set by a failed write or fsync: the next flush starts a new segment first. */
+  private failed: Error | undefined;
+  // The queue of the next flush.
+  private qLines: Buffer[] = [];
+  private qWaiters: Waiter[] = [];
+  private qSync = false;
+  private qSup: SupersededEntry[] = [];
+  private kickPending = false;
+  private flushing: Promise<void> | undefined;
 
   constructor(
     readonly dir: string,
     private readonly log: Logger,
-  ) {}
+    options: OutboxOptions = {},
+  ) {
+    this.compactBytes = options.compactBytes ?? 4 * 1024 * 1024;
+  }
 
-  /** Creates the directory if needed, removes torn temporary files, loads the pending entries. */
+  /**
+   * Takes the directory's lock, creates it if needed, reads the log (cutting off a torn tail),
+   * imports entries of the pre-log format, and returns the pending entries, oldest first.
+   */
   async open(): Promise<OutboxEntry[]> {
-    await fs.mkdir(this.dir, { recursive: true });
-    for (const name of await fs.readdir(this.dir)) {
-      const file = path.join(this.dir, name);
-      if (TMP.test(name)) {
-        // Never renamed, so never sent: the coordinator will have this attempt redone.
-        this.log.warn({ file }, 'removing a torn outbox write left by a crash');
-        await fs.rm(file, { force: true });
-        continue;
-      }
-      const m = FINAL.exec(name);
-      if (!m) continue;
-      try {
-        const e = JSON.parse(await fs.readFile(file, 'utf8')) as OutboxEntry;
-        if (e.attemptId !== m[1] || (e.kind !== 'completed' && e.kind !== 'failed')) throw new Error('not an outbox entry');
-        this.entries.set(e.attemptId, e);
-      } catch (err) {
-        this.log.error({ file, err }, 'unreadable outbox entry: moved aside as .corrupt');
-        await fs.rename(file, `${file}.corrupt`).catch(() => undefined);
-      }
+    if (this.state !== 'new') throw new Error('outbox already opened');
+    this.state = 'opening';
+    try {
+      await fs.mkdir(this.dir, { recursive: true });
+      this.lock = await lockOutbox(this.dir, this.log);
+    } catch (err) {
+      this.state = 'closed';
+      throw err;
+    }
+    try {
+      await this.load();
+      this.state = 'open';
+    } catch (err) {
+      await this.fh?.close().catch(() => undefined);
+      await this.lock.release();
+      this.state = 'closed';
+      throw err;
     }
     return this.pending();
   }
 
   /** Entries not yet acknowledged, oldest first. */
   pending(): OutboxEntry[] {
-    return [...this.entries.values()].sort((a, b) => a.writtenAt.localeCompare(b.writtenAt));
+    return sortEntries([...this.live.values()]);
   }
 
   has(attemptId: string): boolean {
-    return this.entries.has(attemptId);
+    return this.live.has(attemptId);
   }
 
-  /** Makes `e` durable (returns once it is on disk under its final name). */
-  async put(e: OutboxEntry): Promise<void> {
-    if (!ID.test(e.attemptId)) throw new Error(`not an attempt id: ${e.attemptId}`);
-    const final = this.file(e.attemptId);
-    const tmp = `${final}.tmp-${process.pid}-${++this.seq}`;
-    const fh = await fs.open(tmp, 'wx');
+  /**
+   * Makes `e` durable: resolves once the fdatasync covering its record is done (an entry of the
+   * same attempt is replaced). Only then may it be sent.
+   */
+  put(e: OutboxEntry): Promise<void> {
+    if (this.state !== 'open') return Promise.reject(new Error(`outbox ${this.dir} is not open`));
+    if (!ATTEMPT_ID.test(e.attemptId)) return Promise.reject(new Error(`not an attempt id: ${e.attemptId}`));
+    const line = encodeRecord({ t: 'put', e });
+    return new Promise((resolve, reject) => {
+      const done = () => {
+        this.setLive(e, line.length);
+        resolve();
+      };
+      this.enqueue(line, { resolve: done, reject }, true);
+    });
+  }
+
+  /**
+   * The coordinator has it (`ok` or `duplicate`): forget it. Resolves once the ack record is
+   * written, not synced: if a crash loses it, the entry is resent and answered `duplicate`.
+   */
+  remove(attemptId: string): Promise<void> {
+    if (this.state !== 'open' || !this.live.has(attemptId)) return Promise.resolve();
+    this.dropLive(attemptId);
+    // A failed write is logged by the flush; the entry just comes back at the next start.
+    return new Promise((resolve) => this.enqueue(encodeRecord({ t: 'ack', id: attemptId }), { resolve, reject: () => resolve() }, false));
+  }
+
+  /**
+   * The coordinator refused it (`reason`: stale, invalid…): never send it again, keep it for
+   * the operator in `superseded.jsonl`. Resolves once that copy is synced and the log says so.
+   */
+  supersede(attemptId: string, reason?: string): Promise<void> {
+    const e = this.live.get(attemptId);
+    if (this.state !== 'open' || !e) return Promise.resolve();
+    this.dropLive(attemptId);
+    const s: SupersededEntry = { ...e, supersededAt: new Date().toISOString(), ...(reason ? { reason } : {}) };
+    return new Promise((resolve, reject) => this.enqueue(encodeRecord({ t: 'sup', id: attemptId }), { resolve, reject }, false, s));
+  }
+
+  /**
+   * Writes what is queued, syncs, releases the file and the lock. `put` fails afterwards;
+   * entries still pending stay on disk for the next `open()`.
+   */
+  async close(): Promise<void> {
+    if (this.state !== 'open') return;
+    this.state = 'closing';
+    while (this.flushing || this.qLines.length) await this.drainQueue();
     try {
-      await fh.writeFile(JSON.stringify(e), 'utf8');
-      await fh.sync();
+      // Not needed for safety (see remove), but a clean stop should not resend.
+      if (this.dirty && this.fh) await this.sync(this.fh);
+    } catch (err) {
+      this.log.warn({ err, dir: this.dir }, 'outbox: final sync failed');
+    }
+    await this.fh?.close();
+    this.fh = undefined;
+    await this.lock?.release();
+    this.state = 'closed';
+  }
+
+  // ─────────────────────────────── flushing ───────────────────────────────
+
+  private enqueue(line: Buffer, w: Waiter, sync: boolean, sup?: SupersededEntry): void {
+    this.qLines.push(line);
+    this.qWaiters.push(w);
+    if (sync) this.qSync = true;
+    if (sup) this.qSup.push(sup);
+    if (this.flushing || this.kickPending) return; // the running flush takes it next
+    // One turn of the event loop first, so that everything issued at once shares the flush.
+    this.kickPending = true;
+    setImmediate(() => {
+      this.kickPending = false;
+      void this.drainQueue();
+    });
+  }
+
+  private drainQueue(): Promise<void> {
+    if (!this.flushing && this.qLines.length) this.flushing = this.runFlushes();
+    return this.flushing ?? Promise.resolve();
+  }
+
+  private async runFlushes(): Promise<void> {
+    await null; // `flushing` is assigned before the finally below can clear it
+    try {
+      while (this.qLines.length) {
+        if (this.failed || this.shouldCompact()) await this.compactOrRecover();
+        await this.flushOnce();
+      }
+    } finally {
+      this.flushing = undefined;
+    }
+  }
+
+  private async compactOrRecover(): Promise<void> {
+    try {
+      await this.rotate();
+      if (this.failed) this.log.warn({ dir: this.dir }, 'outbox: recovered from a failed write on a new segment');
+      this.failed = undefined;
+    } catch (err) {
+      // Without `failed`, the current segment is still good: go on with it.
+      this.log.error({ err, dir: this.dir }, this.failed ? 'outbox: cannot start a new segment after a failed write' : 'outbox: compaction failed');
+    }
+  }
+
+  /** One write and, if a put is in it, one fdatasync for everything queued. */
+  private async flushOnce(): Promise<void> {
+    const lines = this.qLines;
+    const waiters = this.qWaiters;
+    const sync = this.qSync;
+    const sups = this.qSup;
+    this.qLines = [];
+    this.qWaiters = [];
+    this.qSync = false;
+    this.qSup = [];
+    try {
+      if (this.failed) throw this.failed;
+      const fh = this.fh!;
+      // The operator's copy first: the `sup` record must never be on disk without it.
+      if (sups.length) await this.appendSuperseded(sups);
+      const buf = lines.length === 1 ? lines[0]! : Buffer.concat(lines);
+      this.dirty = true;
+      await writeAll(fh, buf, this.size);
+      this.size += buf.length;
+      this.stats.writes++;
+      if (sync) await this.sync(fh);
+    } catch (e) {
+      const err = e as Error;
+      this.failed ??= err;
+      this.log.error({ err, dir: this.dir, records: lines.length }, 'outbox write failed: the reports in it are not durable');
+      // Still live: they are resent at the next start and set aside again.
+      for (const s of sups) {
+        const e = stripSuperseded(s);
+        this.setLive(e, encodeRecord({ t: 'put', e }).length);
+      }
+      for (const w of waiters) w.reject(err);
+      return;
+    }
+    for (const w of waiters) w.resolve();
+  }
+
+  private async sync(fh: FileHandle): Promise<void> {
+    await fh.datasync();
+    this.stats.fsyncs++;
+    this.dirty = false;
+  }
+
+  private shouldCompact(): boolean {
+    return this.size >= this.compactBytes && this.liveBytes * 4 <= this.size;
+  }
+
+  /**
+   * Starts segment n+1 holding the live entries (and those whose `sup` record is still queued:
+   * until it is written they must stay in the log), syncs it and the directory, then deletes
+   * the older segments. A crash anywhere leaves a readable state (header, point 5).
+   */
+  private async rotate(): Promise<void> {
+    const next = this.segNo + 1;
+    const file = path.join(this.dir, segmentName(next));
+    const snapshot = [...this.live.values(), ...this.qSup.map(stripSuperseded)];
+    const buf = Buffer.concat(snapshot.map((e) => encodeRecord({ t: 'put', e })));
+    const fh = await fs.open(file, 'wx');
+    try {
+      await writeAll(fh, buf, 0);
+      await fh.datasync();
+      this.stats.fsyncs++;
+    } catch (err) {
+      await fh.close().catch(() => undefined);
+      await fs.rm(file, { force: true }).catch(() => undefined);
+      throw err;
+    }
+    await this.syncDir(); // the new name is durable before anything depends on it
+    const old = this.fh;
+    const older = [...this.older, ...(old ? [this.segNo] : [])];
+    this.fh = fh;
+    this.segNo = next;
+    this.older = older;
+    this.size = buf.length;
+    this.dirty = false;
+    this.stats.compactions++;
+    // Windows: close before deleting. A failed close or delete leaves an old segment that the
+    // next open reads and consolidates; it is not an error for the new one.
+    await old?.close().catch((err: unknown) => this.log.warn({ err }, 'outbox: closing the old segment failed'));
+    for (const n of older) {
+      await fs.rm(path.join(this.dir, segmentName(n)), { force: true }).then(
+        () => (this.older = this.older.filter((x) => x !== n)),
+        (err: unknown) => this.log.warn({ err, segment: segmentName(n) }, 'outbox: could not delete an old segment'),
+      );
+    }
+    await this.syncDir();
+  }
+
+  // ─────────────────────────────── opening ───────────────────────────────
+
+  private async load(): Promise<void> {
+    const names = await fs.readdir(this.dir);
+    const segs = segmentNumbers(names);
+    const live = new Map<string, OutboxEntry>();
+    let tail = { validEnd: 0, size: 0 };
+    for (const n of segs) {
+      const file = path.join(this.dir, segmentName(n));
+      const s = await scanSegment(file);
+      if (s.corrupt) this.log.error({ file, lines: s.corrupt }, 'outbox: corrupt records in the middle of a segment skipped; the records after them are kept');
+      if (s.validEnd < s.size) this.log.warn({ file, bytes: s.size - s.validEnd }, 'outbox: a write torn by a crash at the end of a segment is ignored');
+      applyRecords(live, s.records);
+      tail = s;
+    }
+
+    // The pre-log format: import pending entries and set-aside ones, delete the files after.
+    const legacy: string[] = [];
+    const legacySup: SupersededEntry[] = [];
+    for (const name of names) {
+      const file = path.join(this.dir, name);
+      if (LEGACY_TMP.test(name)) {
+        // Never renamed, so never sent: the coordinator will have this attempt redone.
+        this.log.warn({ file }, 'outbox: removing a torn write of the old format left by a crash');
+        await fs.rm(file, { force: true });
+        continue;
+      }
+      const m = LEGACY_ENTRY.exec(name) ?? LEGACY_SUPERSEDED.exec(name);
+      if (!m) continue;
+      const e = await readJsonFile(file);
+      if (!isEntry(e) || e.attemptId !== m[1]) {
+        this.log.error({ file }, 'outbox: unreadable entry of the old format: moved aside as .corrupt');
+        await fs.rename(file, `${file}.corrupt`).catch(() => undefined);
+        continue;
+      }
+      if (LEGACY_ENTRY.test(name)) live.set(e.attemptId, e);
+      else legacySup.push({ ...e, supersededAt: (await fs.stat(file)).mtime.toISOString() });
+      legacy.push(file);
+    }
+    for (const e of live.values()) this.setLive(e, encodeRecord({ t: 'put', e }).length);
+
+    await this.repairSuperseded();
+    if (legacySup.length) {
+      // Imported twice if a crash comes before the files are deleted: skip those already in.
+      const have = new Set((await readSupersededFile(this.dir)).map((s) => s.attemptId));
+      const fresh = legacySup.filter((s) => !have.has(s.attemptId));
+      if (fresh.length) await this.appendSuperseded(fresh);
+    }
+
+    if (segs.length === 1 && !legacy.length) {
+      this.segNo = segs[0]!;
+      this.fh = await fs.open(path.join(this.dir, segmentName(this.segNo)), 'r+');
+      if (tail.validEnd < tail.size) {
+        await this.fh.truncate(tail.validEnd);
+        await this.sync(this.fh);
+      }
+      this.size = tail.validEnd;
+      if (this.shouldCompact()) await this.rotate();
+    } else {
+      // No log yet, several segments (a compaction was cut short), or an import: one new
+      // segment with the live set, synced, before the old files go.
+      this.segNo = segs.at(-1) ?? 0;
+      this.older = segs;
+      await this.rotate();
+      for (const file of legacy) await fs.rm(file, { force: true });
+      if (legacy.length) {
+        await this.syncDir();
+        this.log.info({ dir: this.dir, entries: legacy.length }, 'outbox: imported the files of the old format into the log');
+      }
+    }
+  }
+
+  /** A torn last line of `superseded.jsonl` would swallow the next one: cut it off. */
+  private async repairSuperseded(): Promise<void> {
+    const file = path.join(this.dir, SUPERSEDED_FILE);
+    let buf: Buffer;
+    try {
+      buf = await fs.readFile(file);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw err;
+    }
+    if (!buf.length || buf[buf.length - 1] === 0x0a) return;
+    // Its `sup` record was never written (it follows the sync of this line): still live.
+    this.log.warn({ file }, 'outbox: cutting off a torn last line of superseded.jsonl');
+    await fs.truncate(file, buf.lastIndexOf(0x0a) + 1);
+  }
+
+  private async appendSuperseded(items: SupersededEntry[]): Promise<void> {
+    const fh = await fs.open(path.join(this.dir, SUPERSEDED_FILE), 'a');
+    try {
+      await fh.write(items.map((s) => `${JSON.stringify(s)}\n`).join(''));
+      await fh.datasync();
+      this.stats.fsyncs++;
     } finally {
       await fh.close();
     }
-    await fs.rename(tmp, final);
-    await this.syncDir();
-    this.entries.set(e.attemptId, e);
+    await this.syncDir(); // in case this created it; rare enough not to track
   }
 
-  /** The coordinator has it (`ok` or `duplicate`): forget it. */
-  async remove(attemptId: string): Promise<void> {
-    this.entries.delete(attemptId);
-    await fs.unlink(this.file(attemptId)).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    });
+  // ─────────────────────────────── helpers ───────────────────────────────
+
+  private setLive(e: OutboxEntry, bytes: number): void {
+    this.live.set(e.attemptId, e);
+    this.liveBytes += bytes - (this.sizes.get(e.attemptId) ?? 0);
+    this.sizes.set(e.attemptId, bytes);
   }
 
-  /** The coordinator refused it as stale: keep it aside, never send it again. */
-  async supersede(attemptId: string): Promise<void> {
-    this.entries.delete(attemptId);
-    await fs.rename(this.file(attemptId), path.join(this.dir, `${attemptId}.superseded.json`)).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    });
-    await this.syncDir();
+  private dropLive(attemptId: string): void {
+    this.live.delete(attemptId);
+    this.liveBytes -= this.sizes.get(attemptId) ?? 0;
+    this.sizes.delete(attemptId);
   }
 
-  private file(attemptId: string) {
-    return path.join(this.dir, `${attemptId}.json`);
-  }
-
-  /** fsync the directory so the rename itself survives a power cut (not possible on Windows). */
+  /** fsync the directory so a created or deleted name survives a power cut (not possible on Windows). */
   private async syncDir(): Promise<void> {
     if (process.platform === 'win32') return;
     const dh = await fs.open(this.dir, 'r');
     try {
       await dh.sync();
+      this.stats.fsyncs++;
     } finally {
       await dh.close();
     }
+  }
+}
+
+function stripSuperseded(s: SupersededEntry): OutboxEntry {
+  const { supersededAt: _at, reason: _why, ...e } = s;
+  return e;
+}
+
+/** `write` may write less than asked; positions are explicit so a retry overwrites a torn end. */
+async function writeAll(fh: FileHandle, buf: Buffer, position: number): Promise<void> {
+  let off = 0;
+  while (off < buf.length) {
+    const { bytesWritten } = await fh.write(buf, off, buf.length - off, position + off);
+    off += bytesWritten;
   }
 }

@@ -3,11 +3,13 @@
  * `--check` validates the configuration, reaches the coordinator, authenticates, prints what it
  * would serve and exits. Exit codes: 0 fine, 1 runtime failure, 2 bad configuration.
  */
-import { readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
 import pino from 'pino';
 import { createAgent } from '../agent.js';
+import { readOutbox } from '../outbox.js';
 import { ConfigError, loadConfig, type AgentConfig } from './config.js';
 import { killLeftover, type PidRecord } from './process-tree.js';
 import { runCommand } from './run-command.js';
@@ -26,13 +28,13 @@ const program = new Command()
     return serve(config);
   });
 
-function agentFor(config: AgentConfig, handleSignals: boolean) {
+function agentFor(config: AgentConfig, handleSignals: boolean, outboxDir = config.outboxDir) {
   return createAgent({
     url: config.url,
     token: config.token,
     slots: config.slots,
     labels: config.labels,
-    outboxDir: config.outboxDir,
+    outboxDir,
     graceMs: config.grace,
     handleSignals,
     log,
@@ -57,7 +59,12 @@ async function check(config: AgentConfig): Promise<void> {
   for (const [q, c] of Object.entries(config.queues)) {
     out(`  ${q}: ${c.shell ? c.command[0] : JSON.stringify(c.command)}${c.cwd ? ` in ${c.cwd}` : ''}${c.timeout ? `, timeout ${c.timeout} ms` : ''}${c.retryableExitCodes.length ? `, retry on exit ${c.retryableExitCodes.join(',')}` : ''}`);
   }
-  const agent = agentFor(config, false);
+  // The real outbox may be in use (and locked) by the running service: read it, do not open
+  // it. The check connects with an empty outbox of its own, so it resends nothing.
+  const { pending } = await readOutbox(config.outboxDir);
+  if (pending.length) out(`outbox holds ${pending.length} report(s) not yet acknowledged`);
+  const scratch = await mkdtemp(path.join(os.tmpdir(), 'leasehold-check-'));
+  const agent = agentFor(config, false, scratch);
   // A queue nobody enqueues to, so the check never takes real work.
   agent.handle('leasehold-check', () => ({}));
   const started = agent.start();
@@ -67,6 +74,7 @@ async function check(config: AgentConfig): Promise<void> {
     out(`coordinator ok: ${config.url} accepted this agent's token`);
   } finally {
     await agent.stop();
+    await rm(scratch, { recursive: true, force: true });
   }
 }
 
