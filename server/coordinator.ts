@@ -95,7 +95,10 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       else if (m.type === 'credentials') credentials.drop(credentialOwner(m.kind, m.name));
     });
     await listener.start();
-    cleanups.push(() => listener.stop());
+    cleanups.push(async () => {
+      credentials.setOnline(false); // nothing is heard from here on
+      await listener.stop();
+    });
 
     const reaper = new Reaper(db.pool, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs });
     reaper.on('reaper:run', (r) => {
