@@ -25,6 +25,12 @@ export interface Config {
   retentionMs: number | undefined;
   /** Time between purger runs (`LEASEHOLD_PURGE_INTERVAL`, default 10 minutes). */
   purgeIntervalMs: number;
+  /**
+   * How long a verified API key or agent token is trusted from memory before it is checked in
+   * the database again (`LEASEHOLD_AUTH_CACHE_TTL`, default 60 s, at most 1 hour; `0` turns the
+   * cache off). Revocations reach every coordinator sooner, by NOTIFY; this bounds the rest.
+   */
+  authCacheTtlMs: number;
   /** The webhook deliverer: run interval, send timeout, sends per delivery, first retry delay. */
   webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number };
   /** Every dead-letter alert is also POSTed here (`LEASEHOLD_ALERT_URL`), signed with the notify secret. */
@@ -92,6 +98,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       ? undefined
       : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, 7 * 86_400_000, 60_000),
     purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
+    authCacheTtlMs: duration('LEASEHOLD_AUTH_CACHE_TTL', env.LEASEHOLD_AUTH_CACHE_TTL, 60_000, 0),
     webhook: {
       intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10),
       timeoutMs: duration('LEASEHOLD_WEBHOOK_TIMEOUT', env.LEASEHOLD_WEBHOOK_TIMEOUT, 10_000, 100),
@@ -112,6 +119,9 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       if (!existsSync(file)) throw new ConfigError(`${name}=${file}: no such file`);
     }
     cfg.tls = { certFile: cert, keyFile: key };
+  }
+  if (cfg.authCacheTtlMs > 3_600_000) {
+    throw new ConfigError(`LEASEHOLD_AUTH_CACHE_TTL=${env.LEASEHOLD_AUTH_CACHE_TTL} is above the maximum of 1h (it bounds how long a revoked key may work if a notification is lost)`);
   }
   if (cfg.heartbeatIntervalMs >= cfg.leaseTtlMs) {
     throw new ConfigError(

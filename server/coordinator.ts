@@ -1,12 +1,13 @@
 /**
  * The coordinator process: opens the database (embedded or `DATABASE_URL`), applies migrations,
  * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer,
- * purger, session registry), the agent hub and dispatcher, the metrics, and the gRPC and HTTP
- * listeners; stops them in the reverse order.
+ * purger, session registry), the agent hub and dispatcher, the credential cache, the metrics,
+ * and the gRPC and HTTP listeners; stops them in the reverse order.
  */
 import type { Config } from './config.js';
 import { Activity } from './core/activity.js';
 import { AgentHub } from './core/agent-hub.js';
+import { CredentialCache } from './core/credential-cache.js';
 import { Dispatcher } from './core/dispatcher.js';
 import { Purger } from './core/purger.js';
 import { Reaper } from './core/reaper.js';
@@ -14,6 +15,7 @@ import { SessionRegistry } from './core/session-registry.js';
 import { WebhookDeliverer } from './core/webhook-deliverer.js';
 import type { Logger } from './log.js';
 import { keyBootstrap, Listener, migrateDatabase, openDatabase, signingSecretGet, type Database } from './store/index.js';
+import { credentialOwner, principalOwner, type Principal } from './transport/auth.js';
 import { listenHttp, type HttpServer } from './transport/http.js';
 import { createMetrics, type Metrics } from './transport/metrics.js';
 import { listenGrpc, type GrpcServer, type ServerDeps } from './transport/server.js';
@@ -30,6 +32,8 @@ export interface Coordinator {
   registry: SessionRegistry;
   /** What the unary routes did (metrics count it). */
   activity: Activity;
+  /** API keys and agent tokens verified recently, served while the listener hears revocations. */
+  credentials: CredentialCache<Principal>;
   metrics: Metrics;
   grpc: GrpcServer;
   http: HttpServer;
@@ -70,16 +74,31 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => registry.stop());
     log.info({ coordinatorId: registry.coordinatorId }, 'coordinator id (agent_sessions.coordinator_id of its streams)');
 
+    // Served from only while the listener hears revocations: it goes online with the first
+    // `connected`, and forgets everything whenever the listener drops or comes back.
+    const credentials = new CredentialCache<Principal>(principalOwner, { maxAgeMs: config.authCacheTtlMs });
+    const authLog = log.child({ component: 'auth' });
+    credentials.on('credentials:dropped', (x) => authLog.debug(x, 'revoked credentials forgotten'));
+    credentials.on('credentials:cleared', (x) => authLog.debug(x, 'credential cache cleared'));
+
     const listener = new Listener(db.url, log.child({ component: 'listener' }));
     listener.on('jobs', (queue) => dispatcher.wake(queue));
-    listener.on('connected', () => dispatcher.wake());
+    listener.on('connected', () => {
+      credentials.setOnline(true);
+      dispatcher.wake();
+    });
+    listener.on('disconnected', () => credentials.setOnline(false));
     listener.on('control', (m) => {
       if (m.type === 'cancel') hub.revoke(m.attemptIds, 'job canceled', 'cancel');
       else if (m.type === 'drain') registry.drain(m.agentId);
       else if (m.type === 'disconnect') registry.disconnect(m.agentId, m.reason);
+      else if (m.type === 'credentials') credentials.drop(credentialOwner(m.kind, m.name));
     });
     await listener.start();
-    cleanups.push(() => listener.stop());
+    cleanups.push(async () => {
+      credentials.setOnline(false); // nothing is heard from here on
+      await listener.stop();
+    });
 
     const reaper = new Reaper(db.pool, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs });
     reaper.on('reaper:run', (r) => {
@@ -114,7 +133,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     }
 
     const activity = new Activity();
-    const metrics = createMetrics({ db: db.pool, hub, dispatcher, reaper, deliverer, purger, activity, log: log.child({ component: 'metrics' }) });
+    const metrics = createMetrics({ db: db.pool, hub, dispatcher, reaper, deliverer, purger, activity, credentials, log: log.child({ component: 'metrics' }) });
     cleanups.push(async () => metrics.close());
 
     const deps: Omit<ServerDeps, 'log'> = {
@@ -127,6 +146,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       retentionMs: config.retentionMs,
       sessionStaleAfterMs: registry.staleAfterMs,
       metrics,
+      credentials,
     };
     const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());
@@ -134,7 +154,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, deliverer, purger, registry, activity, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, deliverer, purger, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

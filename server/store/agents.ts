@@ -1,7 +1,8 @@
 /**
  * Agent identities: created with a random token that is shown once and stored as its SHA-256
  * hash (tokens are 256 random bits, so a fast hash is enough), authenticated by that hash,
- * revoked by stamping `revoked_at`.
+ * revoked by stamping `revoked_at` and, in the same statement, a `credentials` NOTIFY that makes
+ * every coordinator forget the token it verified (`core/credential-cache.ts`).
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { asc } from 'drizzle-orm';
@@ -9,6 +10,7 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import type pg from 'pg';
 import { conflict, forbidden, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, schemas } from '../core/validation.js';
+import { credentialsNotifySql } from './notify.js';
 import { agents, type AgentRow } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -54,12 +56,15 @@ export async function agentAuthenticate(db: Queryable, p: { token: string; agent
 
 const revokeSql = statement(
   'agentRevoke',
-  `UPDATE agents SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING id, revoked_at`,
+  `WITH r AS (UPDATE agents SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING id, revoked_at)
+   SELECT r.id, r.revoked_at, ${credentialsNotifySql('agent', 'r.id')} FROM r`,
 );
 
 /**
- * Revokes an agent: its token stops working at once (AdminService.RevokeAgent also tells every
- * coordinator to end the agent's open streams). `revokedAt` is the first revocation's time.
+ * Revokes an agent: the database refuses its token from now on, and every coordinator forgets
+ * the token when the NOTIFY this sends arrives (within a second; AdminService.RevokeAgent also
+ * tells every coordinator to end the agent's open streams). `revokedAt` is the first
+ * revocation's time.
  */
 export async function agentRevoke(db: Queryable, p: { agentId: string }): Promise<Outcome<{ agentId: string; revokedAt: Date }>> {
   const bad = check('agentId', schemas.agentId, p.agentId);

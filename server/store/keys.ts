@@ -1,8 +1,10 @@
 /**
  * API keys of gateway callers, with scopes (`enqueue`, `read`, `agent`, `admin`). A key is 256
  * random bits shown once at creation and stored as its SHA-256 hash, like an agent token; it is
- * authenticated by that hash and revoked by stamping `revoked_at` (it stops working at once:
- * every call looks it up). `LEASEHOLD_ADMIN_KEY` becomes the key named `admin` at start.
+ * authenticated by that hash and revoked by stamping `revoked_at`. Coordinators keep verified
+ * keys in memory for a while (`core/credential-cache.ts`), so revoking one, and replacing the
+ * bootstrap key, also sends a `credentials` NOTIFY in the same statement: every coordinator
+ * forgets the key when it commits. `LEASEHOLD_ADMIN_KEY` becomes the key named `admin` at start.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { asc } from 'drizzle-orm';
@@ -12,6 +14,7 @@ import { z } from 'zod';
 import { conflict, forbidden, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, schemas } from '../core/validation.js';
 import { hashSecret } from './agents.js';
+import { credentialsNotifySql } from './notify.js';
 import { API_KEY_SCOPES, apiKeys, type ApiKeyRow, type ApiKeyScope } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -43,15 +46,19 @@ export async function keyCreate(
 }
 
 // Created if no key has this hash. The name `admin` belongs to the bootstrap key: when the
-// variable changed, the row is replaced (the old bootstrap key stops working). A bootstrap key
-// an operator revoked stays revoked while the variable is unchanged.
+// variable changed, the row is replaced (the old bootstrap key stops working, and coordinators
+// that hold it verified are told to forget it). A bootstrap key an operator revoked stays
+// revoked while the variable is unchanged.
 const bootstrapSql = statement(
   'keyBootstrap',
-  `INSERT INTO api_keys (name, key_hash, scopes)
-   SELECT $1, $2, '{admin}' WHERE NOT EXISTS (SELECT 1 FROM api_keys WHERE key_hash = $2)
-   ON CONFLICT (name) DO UPDATE SET key_hash = EXCLUDED.key_hash, scopes = EXCLUDED.scopes, revoked_at = NULL,
-     created_at = now(), last_used_at = NULL
-   RETURNING (xmax = 0) AS inserted`,
+  `WITH b AS (
+     INSERT INTO api_keys (name, key_hash, scopes)
+     SELECT $1, $2, '{admin}' WHERE NOT EXISTS (SELECT 1 FROM api_keys WHERE key_hash = $2)
+     ON CONFLICT (name) DO UPDATE SET key_hash = EXCLUDED.key_hash, scopes = EXCLUDED.scopes, revoked_at = NULL,
+       created_at = now(), last_used_at = NULL
+     RETURNING name, (xmax = 0) AS inserted
+   )
+   SELECT b.inserted FROM b LEFT JOIN LATERAL (SELECT ${credentialsNotifySql('key', 'b.name')} WHERE NOT b.inserted) n ON true`,
 );
 
 /** Makes `key` the bootstrap admin key (`LEASEHOLD_ADMIN_KEY`) unless it is one already. */
@@ -88,12 +95,17 @@ export async function keyAuthenticate(db: Queryable, p: { key: string }): Promis
   return ok({ name: row.name, scopes: row.scopes });
 }
 
+// The NOTIFY rides in the same statement, so it is sent exactly when the revocation commits.
 const revokeSql = statement(
   'keyRevoke',
-  `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1 RETURNING name`,
+  `WITH r AS (UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE name = $1 RETURNING name)
+   SELECT r.name, ${credentialsNotifySql('key', 'r.name')} FROM r`,
 );
 
-/** Revokes a key: the next call with it is refused. */
+/**
+ * Revokes a key: the database refuses it from now on, and every coordinator forgets it when the
+ * NOTIFY this sends arrives (within a second; the one that revoked it, at once).
+ */
 export async function keyRevoke(db: Queryable, p: { name: string }): Promise<Outcome<{ name: string }>> {
   const bad = check('name', schemas.agentId, p.name);
   if (bad) return bad;

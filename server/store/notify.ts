@@ -2,7 +2,8 @@
  * LISTEN/NOTIFY between coordinators: `leasehold_jobs` carries a queue name when jobs become
  * due there (sent by the enqueue, requeue and rescue statements); `leasehold_control` carries
  * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain, the end of
- * a revoked agent's streams).
+ * a revoked agent's streams) and, for every coordinator, the credentials to forget (sent by the
+ * revoking statement itself, so no revocation commits without it).
  */
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
@@ -17,9 +18,19 @@ export type ControlMessage =
   | { type: 'cancel'; agentId: string; attemptIds: string[] }
   | { type: 'drain'; agentId: string }
   /** The agent was revoked: end its open streams. */
-  | { type: 'disconnect'; agentId: string; reason: string };
+  | { type: 'disconnect'; agentId: string; reason: string }
+  /** The key or agent named was revoked or replaced: forget its verified credentials. */
+  | { type: 'credentials'; kind: 'key' | 'agent'; name: string };
 
 const controlSql = statement('controlNotify', `SELECT pg_notify('${CONTROL_CHANNEL}', $1)`);
+
+/**
+ * The SQL expression that sends `{type: 'credentials', kind, name}` on the control channel, for
+ * the revoking statements of keys.ts and agents.ts to embed: `nameSql` is a column of their rows.
+ */
+export function credentialsNotifySql(kind: 'key' | 'agent', nameSql: string): string {
+  return `pg_notify('${CONTROL_CHANNEL}', json_build_object('type', 'credentials', 'kind', '${kind}', 'name', ${nameSql})::text)`;
+}
 
 /** Sends a control message to every coordinator (delivered when the caller's transaction commits). */
 export async function controlNotify(db: Queryable, msg: ControlMessage): Promise<void> {
@@ -32,11 +43,14 @@ export interface ListenerEvents {
   control: [ControlMessage];
   /** (Re)connected: notifications may have been missed meanwhile, so look again. */
   connected: [];
+  /** The connection failed or ended: nothing is heard until the next `connected`. */
+  disconnected: [];
 }
 
 /**
  * A dedicated connection that LISTENs on both channels and reconnects (with backoff) when it
- * drops. `connected` fires after each (re)connection.
+ * drops. `connected` fires after each (re)connection, `disconnected` when it is noticed that the
+ * connection is gone.
  */
 export class Listener extends EventEmitter<ListenerEvents> {
   private client: pg.Client | undefined;
@@ -49,6 +63,11 @@ export class Listener extends EventEmitter<ListenerEvents> {
     private readonly log: Logger,
   ) {
     super();
+  }
+
+  /** Whether notifications are being heard now (between `connected` and `disconnected`). */
+  get connected(): boolean {
+    return this.client !== undefined;
   }
 
   /** Connects and starts listening; resolves after the first LISTEN (throws if that fails). */
@@ -86,6 +105,7 @@ export class Listener extends EventEmitter<ListenerEvents> {
   private reconnectSoon(failed: pg.Client) {
     if (this.stopped || this.client !== failed) return;
     this.client = undefined;
+    this.emit('disconnected');
     const delay = Math.min(100 * 2 ** this.attempt++, 5000) * (0.5 + Math.random() / 2);
     this.retry = setTimeout(() => {
       this.connect().catch((err: unknown) => {

@@ -3,8 +3,9 @@
  * the `leasehold` CLI, the dashboard). Every method needs the `admin` scope (the auth
  * interceptor checks it: AdminService is not in METHOD_SCOPES). Handlers translate protobuf to
  * store verbs and back; commands for the coordinator holding an agent's stream (cancel, drain,
- * disconnect) go through NOTIFY, like JobService's cancel. Each change is logged with the key
- * that made it.
+ * disconnect) go through NOTIFY, like JobService's cancel. Revoking a key or an agent also
+ * drops it from this process's credential cache at once (the other coordinators hear it from the
+ * revoking statement's NOTIFY). Each change is logged with the key that made it.
  */
 import { create } from '@bufbuild/protobuf';
 import { durationFromMs, durationMs, timestampDate, timestampFromDate } from '@bufbuild/protobuf/wkt';
@@ -21,6 +22,7 @@ import {
 } from '../../gen/leasehold/v1/admin_service_pb.js';
 import type { JobStatus as PbJobStatus } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
+import type { CredentialCache } from '../core/credential-cache.js';
 import { notFound } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
 import {
@@ -43,7 +45,7 @@ import {
   type Queryable,
 } from '../store/index.js';
 import type { JobStatus } from '../store/schema.js';
-import { principalKey } from './auth.js';
+import { credentialOwner, principalKey, type Principal } from './auth.js';
 import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, unwrap } from './codec.js';
 
 export interface AdminRoutesDeps {
@@ -56,6 +58,8 @@ export interface AdminRoutesDeps {
   /** Session rows not stamped for this long are a dead coordinator's; default 20 s. */
   sessionStaleAfterMs?: number;
   activity?: Activity | undefined;
+  /** This process's verified credentials: a revoke here drops them without waiting for the NOTIFY. */
+  credentials?: CredentialCache<Principal> | undefined;
 }
 
 const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
@@ -202,6 +206,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
 
       async revokeAgent(req, ctx) {
         const { value } = unwrap(await agentRevoke(db, { agentId: req.agentId }));
+        deps.credentials?.drop(credentialOwner('agent', value.agentId));
         await controlNotify(db, { type: 'disconnect', agentId: value.agentId, reason: `agent ${value.agentId} was revoked` });
         log.info({ agentId: value.agentId, by: who(ctx) }, 'agent revoked');
         return { agentId: value.agentId, revokedAt: timestampFromDate(value.revokedAt) };
@@ -224,6 +229,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
 
       async revokeKey(req, ctx) {
         const { value } = unwrap(await keyRevoke(db, { name: req.name }));
+        deps.credentials?.drop(credentialOwner('key', value.name));
         log.info({ key: value.name, by: who(ctx) }, 'API key revoked');
         return { name: value.name };
       },

@@ -4,10 +4,15 @@
  * agent token (`leasehold agents add`, always prefixed `lh_agent_`). Each method needs one
  * scope (`METHOD_SCOPES`); `admin` implies `enqueue` and `read` but not `agent`, because a key
  * acting as an agent takes its name as the agent id. Reflection and health are open; the agent
- * stream authenticates in its `Hello`.
+ * stream authenticates in its `Hello` (once per stream, in the database).
+ *
+ * A credential verified in the database is kept in the coordinator's `CredentialCache` (when the
+ * listeners are given one), keyed by its SHA-256: the next calls with it skip the database until
+ * the entry's maximum age, or until a revocation's NOTIFY drops it.
  */
 import { Code, ConnectError, createContextKey, type Interceptor } from '@connectrpc/connect';
-import { agentAuthenticate, keyAuthenticate, type Queryable } from '../store/index.js';
+import type { CredentialCache } from '../core/credential-cache.js';
+import { agentAuthenticate, hashSecret, keyAuthenticate, type Queryable } from '../store/index.js';
 import type { ApiKeyScope } from '../store/schema.js';
 
 /** The authenticated caller of a unary call. */
@@ -43,6 +48,18 @@ export function hasScope(p: Principal, scope: ApiKeyScope): boolean {
 
 export interface AuthDeps {
   db: Queryable;
+  /** Verified credentials of this process; without it every call is verified in the database. */
+  credentials?: CredentialCache<Principal> | undefined;
+}
+
+/** The owner a revocation of `kind` `name` drops from a `CredentialCache<Principal>`. */
+export function credentialOwner(kind: 'key' | 'agent', name: string): string {
+  return `${kind}:${name}`;
+}
+
+/** The owner of a principal's cached credentials (see `credentialOwner`). */
+export function principalOwner(p: Principal): string {
+  return p.kind === 'agent' ? credentialOwner('agent', p.agentId) : credentialOwner('key', p.name);
 }
 
 /** The bearer token of a request, if any. */
@@ -51,8 +68,17 @@ export function bearer(header: Headers): string | undefined {
   return m?.[1];
 }
 
-/** Authenticates a bearer token: an agent token or an API key. */
-export async function authenticate(db: Queryable, token: string): Promise<Principal> {
+/**
+ * Authenticates a bearer token: an agent token or an API key; from `credentials` when it holds
+ * the token verified, otherwise in the database.
+ */
+export async function authenticate(db: Queryable, token: string, credentials?: CredentialCache<Principal>): Promise<Principal> {
+  // Over-long tokens go straight to the verbs, which refuse them without hashing.
+  if (!credentials || token.length > 512) return verify(db, token);
+  return credentials.resolve(hashSecret(token), () => verify(db, token));
+}
+
+async function verify(db: Queryable, token: string): Promise<Principal> {
   if (token.startsWith('lh_agent_')) {
     const agent = await agentAuthenticate(db, { token });
     if (agent.outcome === 'ok') return { kind: 'agent', agentId: agent.value.agentId };
@@ -73,7 +99,7 @@ export function authInterceptor(deps: AuthDeps): Interceptor {
     if (OPEN.has(service) || service === 'leasehold.v1.AgentService') return next(req);
     const token = bearer(req.header);
     if (!token) throw new ConnectError('missing "Authorization: Bearer <key>"', Code.Unauthenticated);
-    const principal = await authenticate(deps.db, token);
+    const principal = await authenticate(deps.db, token, deps.credentials);
     const scope = scopeOf(service, req.method.name);
     if (!hasScope(principal, scope)) {
       const who = principal.kind === 'agent' ? `agent token of ${principal.agentId}` : `key ${principal.name}`;

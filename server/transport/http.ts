@@ -67,7 +67,7 @@ const captureFailure: Interceptor = (next) => async (req) => {
 export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
   const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AdminService'] });
   const router = createConnectRouter({
-    interceptors: [captureFailure, authInterceptor({ db: deps.db })],
+    interceptors: [captureFailure, authInterceptor({ db: deps.db, credentials: deps.credentials })],
     // Over the limit the request never reaches the router; this is a second guard.
     readMaxBytes: HTTP_READ_MAX_BYTES,
     // Error bodies are rewritten here, so they must not be compressed; n8n does not need it.
@@ -263,7 +263,7 @@ async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.Se
     return sendJson(res, 401, { code: 'unauthenticated', message: 'missing "Authorization: Bearer <key>" (a key with the read scope)', status: 401, outcome: 'unauthenticated' });
   }
   try {
-    const principal = await authenticate(deps.db, token);
+    const principal = await authenticate(deps.db, token, deps.credentials);
     if (!hasScope(principal, 'read')) {
       return sendJson(res, 403, { code: 'permission_denied', message: '/metrics needs the read scope', status: 403, outcome: 'forbidden' });
     }

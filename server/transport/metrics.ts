@@ -11,6 +11,7 @@ import type { EventEmitter } from 'node:events';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Activity } from '../core/activity.js';
 import type { AgentHub, HubEvents } from '../core/agent-hub.js';
+import type { CredentialCache } from '../core/credential-cache.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { Purger } from '../core/purger.js';
 import type { Reaper } from '../core/reaper.js';
@@ -27,6 +28,8 @@ export interface MetricsSources {
   deliverer?: WebhookDeliverer | undefined;
   purger?: Purger | undefined;
   activity?: Activity | undefined;
+  /** The credential cache, for its counts. */
+  credentials?: Pick<CredentialCache<unknown>, 'stats' | 'size'> | undefined;
   log: Logger;
 }
 
@@ -140,6 +143,31 @@ export function createMetrics(src: MetricsSources): Metrics {
   const sessions = new Counter({ name: 'leasehold_agent_sessions_total', help: 'Agent streams opened and closed (lost: without Bye, or with work held).', labelNames: ['event'], registers: r });
   on(src.hub, 'session:open', () => sessions.inc({ event: 'opened' }));
   on(src.hub, 'session:close', (_s: unknown, why: { lost: boolean }) => sessions.inc({ event: why.lost ? 'lost' : 'closed' }));
+
+  // ── authentication ──
+  const creds = src.credentials;
+  if (creds) {
+    new Counter({
+      name: 'leasehold_auth_lookups_total',
+      help: 'Unary calls authenticated: hit (from the credential cache), miss (verified in the database, then kept if valid), bypassed (cache off, or the listener down).',
+      labelNames: ['result'],
+      registers: r,
+      collect() {
+        this.reset();
+        this.inc({ result: 'hit' }, creds.stats.hits);
+        this.inc({ result: 'miss' }, creds.stats.misses);
+        this.inc({ result: 'bypassed' }, creds.stats.bypassed);
+      },
+    });
+    new Gauge({
+      name: 'leasehold_auth_cache_entries',
+      help: 'Verified credentials this coordinator holds in memory.',
+      registers: r,
+      collect() {
+        this.set(creds.size);
+      },
+    });
+  }
 
   // ── claims, starts, reports ──
   const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });

@@ -9,12 +9,13 @@ import type { ConnectRouter } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
+import type { CredentialCache } from '../core/credential-cache.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
 import { adminRoutes } from './admin-routes.js';
 import { agentRoutes } from './agent-routes.js';
 import { attemptRoutes } from './attempt-routes.js';
-import { authInterceptor } from './auth.js';
+import { authInterceptor, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
 import type { Metrics } from './metrics.js';
@@ -37,6 +38,11 @@ export interface ServerDeps {
   sessionStaleAfterMs?: number | undefined;
   /** Served at GET /metrics on the HTTP listener when given. */
   metrics?: Metrics | undefined;
+  /**
+   * Verified credentials, shared by both listeners (the coordinator keeps it in step with
+   * revocations); without it every call is verified in the database.
+   */
+  credentials?: CredentialCache<Principal> | undefined;
 }
 
 export interface TlsFiles {
@@ -77,7 +83,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
     acceptCompression: [],
     routes: routes(deps, health),
-    interceptors: [authInterceptor({ db: deps.db })],
+    interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
     readMaxBytes: READ_MAX_BYTES,
   });
   const server = tls
