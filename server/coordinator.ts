@@ -58,12 +58,12 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     }
     await signingSecretGet(db.pool);
 
-    const hub = new AgentHub(db.pool, log.child({ component: 'agents' }), {
+    const hub = new AgentHub(db.hot, log.child({ component: 'agents' }), {
       leaseTtlMs: config.leaseTtlMs,
       claimTtlMs: config.claimTtlMs,
       heartbeatIntervalMs: config.heartbeatIntervalMs,
     });
-    const dispatcher = new Dispatcher(db.pool, hub, log.child({ component: 'dispatcher' }), { claimTtlMs: config.claimTtlMs });
+    const dispatcher = new Dispatcher(db.hot, hub, log.child({ component: 'dispatcher' }), { claimTtlMs: config.claimTtlMs });
     hub.on('credit', () => dispatcher.wake());
     hub.start();
     dispatcher.start();
@@ -100,7 +100,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       await listener.stop();
     });
 
-    const reaper = new Reaper(db.pool, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs });
+    const reaper = new Reaper(db.hot, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs });
     reaper.on('reaper:run', (r) => {
       if (!r.rescued.length) return;
       log.debug({ claimExpired: r.claimExpired, leaseExpired: r.leaseExpired, timedOut: r.timedOut, dead: r.dead }, 'reaper run');

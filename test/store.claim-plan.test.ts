@@ -6,6 +6,8 @@
 import { describe, expect, it } from 'vitest';
 import type { Outcome } from '../server/core/outcomes.js';
 import { claimSql, jobClaim, jobClaimSlots } from '../server/store/attempts.js';
+import { createPool } from '../server/store/database.js';
+import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';
 
@@ -83,6 +85,38 @@ describe('claim plan', () => {
     await makeQueuedJobs(db.pool, 5, 'slots');
     const again = value(await jobClaimSlots(db.pool, { slots, queues: ['slots'], claimTtlMs: 30_000 }));
     expect(again.map((c) => c.attemptId).filter((id) => ids.includes(id))).toEqual([]);
+  });
+
+  it('on the hot pool, plans every transition through its indexes even when the statistics say the table is empty', async () => {
+    // A queue table analyzed while empty (a new install, a quiet night), then a burst: the
+    // generic plans the hot connections cache must not scan and sort the whole table.
+    await db.truncate();
+    await db.pool.query('ANALYZE jobs, attempts');
+    await makeQueuedJobs(db.pool, 5000, 'burst');
+    const hot = createPool(db.url, 1, undefined, { hot: true });
+    const c = await hot.connect();
+    try {
+      const claimed = value(await jobClaimSlots(c, { slots: ['h', 'h', 'h'], queues: ['burst'], claimTtlMs: 30_000 }));
+      const items = claimed.map((x) => ({ attemptId: x.attemptId, agentId: 'h' }));
+      value(await attemptStartMany(c, { items, leaseTtlMs: 30_000 }).then((o) => o[0]!));
+      value(await attemptHeartbeat(c, { items, leaseTtlMs: 30_000 }));
+      value(await attemptCompleteMany(c, { items: items.slice(0, 2).map((i) => ({ ...i, result: {} })) }).then((o) => o[0]!));
+      value(await attemptFail(c, { ...items[2]!, error: { message: 'x' }, retryable: true }));
+      value(await jobRescueExpired(c, { limit: 10 }));
+      const prepared = (await c.query(`SELECT name, cardinality(parameter_types) AS n FROM pg_prepared_statements`)).rows as Array<{ name: string; n: number }>;
+      const hotNames = ['jobClaim', 'attemptStartMany', 'attemptHeartbeat', 'attemptCompleteMany', 'attemptFail', 'jobRescueExpired'];
+      expect(prepared.map((p) => p.name)).toEqual(expect.arrayContaining(hotNames));
+      for (const p of prepared.filter((x) => hotNames.includes(x.name))) {
+        // The plan the connection uses (generic: it does not depend on these NULLs).
+        const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE "${p.name}"(${Array(p.n).fill('NULL').join(', ')})`);
+        const reads = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => ['jobs', 'attempts'].includes(n['Relation Name'] ?? '') && n['Node Type'] !== 'ModifyTable');
+        expect(reads.map((n) => `${p.name}: ${n['Node Type']} on ${n['Relation Name']}`)).not.toContainEqual(expect.stringContaining('Seq Scan'));
+        if (p.name === 'jobClaim') expect(reads.some((n) => n['Index Name'] === 'jobs_claim_idx')).toBe(true);
+      }
+    } finally {
+      c.release();
+      await hot.end();
+    }
   });
 
   it('refuses a bad agent id among the slots, and a batch over the limit, before touching the database', async () => {

@@ -71,6 +71,15 @@ export const attemptEndSql = (source: string) =>
    ${source}
    RETURNING *`;
 
+/**
+ * The attempt as a notification shows it (the fields `webhook_event_body` reads), built from the
+ * values its `attempts` row is written with: a batch's notifications need no join back to the
+ * inserted rows (CTEs have no statistics, so such a join is a nested loop, n² for n items).
+ */
+export const attemptJson = (id: string, no: string, agent: string, status: string, claimed: string, started: string, ended: string) =>
+  `jsonb_build_object('id', ${id}, 'attempt_no', ${no}, 'agent_id', ${agent}, 'status', ${status}, 'claimed_at', ${claimed},
+     'started_at', ${started}, 'ended_at', ${ended})`;
+
 /** The job as a notification shows it, from a `jobs` row named `u` and the job's error. */
 export const notifiedJob = (error: string) => `to_jsonb(u) || jsonb_build_object('error', ${error})`;
 
@@ -681,17 +690,21 @@ const completeSql = (shape: Shape) =>
          claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
          finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
        FROM o WHERE j.id = o.id
-       RETURNING j.*
+       -- The attempt as the row held it, carried along so that no later CTE joins u to o
+       -- (CTEs have no statistics: such a join is planned as a nested loop, n² for n items).
+       RETURNING j.*, o.current_attempt_id AS o_attempt_id, o.agent_id AS o_agent_id, o.claimed_at AS o_claimed_at,
+         o.claim_deadline AS o_claim_deadline, o.started_at AS o_started_at, o.suspect_since AS o_suspect_since
      ), a AS (
-       ${attemptEndSql(`SELECT o.current_attempt_id, u.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline,
-         coalesce(o.started_at, u.finished_at), u.finished_at, o.suspect_since, 'succeeded', NULL, NULL, 'succeeded', NULL
-       FROM u JOIN o ON o.id = u.id`)}
+       ${attemptEndSql(`SELECT u.o_attempt_id, u.id, u.attempt_no, u.o_agent_id, u.o_claimed_at, u.o_claim_deadline,
+         coalesce(u.o_started_at, u.finished_at), u.finished_at, u.o_suspect_since, 'succeeded', NULL, NULL, 'succeeded', NULL
+       FROM u`)}
      )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
-         ${notifiedJob('NULL::jsonb')} AS job, to_jsonb(a) AS attempt
-       FROM u JOIN a ON a.job_id = u.id
+         ${notifiedJob('NULL::jsonb')} AS job,
+         ${attemptJson('u.o_attempt_id', 'u.attempt_no', 'u.o_agent_id', "'succeeded'", 'u.o_claimed_at', 'coalesce(u.o_started_at, u.finished_at)', 'u.finished_at')} AS attempt
+       FROM u
        WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}
-     SELECT o.current_attempt_id AS reported_by, ${shape === 'job' ? 'u.*, NULL::jsonb AS error' : summaryColumns('u')}
-     FROM u JOIN o ON o.id = u.id`,
+     SELECT u.o_attempt_id AS reported_by, ${shape === 'job' ? 'u.*, NULL::jsonb AS error' : summaryColumns('u')}
+     FROM u`,
   );
 const completeSqls = { job: completeSql('job'), summary: completeSql('summary') };
 

@@ -8,6 +8,12 @@ import { startEmbedded, type EmbeddedDatabase } from './embedded.js';
 
 export interface Database {
   pool: pg.Pool;
+  /**
+   * The pool of the transitions that run all the time (claims, starts, reports, heartbeats, the
+   * reaper): its connections plan generically and never by a sequential scan of a table that
+   * has an index for the job (see `HOT_SETTINGS`).
+   */
+  hot: pg.Pool;
   url: string;
   /** Set when the embedded server is in use. */
   embedded: EmbeddedDatabase | undefined;
@@ -21,7 +27,21 @@ export interface OpenOptions {
   log: Logger;
   /** Pool size; default 20. */
   max?: number;
+  /** Size of the pool of the hot transitions; default 8. */
+  hotMax?: number;
 }
+
+/**
+ * Session settings of the hot pool's connections. The hot statements are named prepared
+ * statements run hundreds of times a second: planning each call afresh (a custom plan) costs
+ * more than running it, so they use the generic plan. A generic plan is made from the table's
+ * statistics at that moment, and a queue table's statistics can say "empty" just before a burst
+ * of a hundred thousand jobs (analyzed while idle, or freshly truncated): the plan would then
+ * scan and sort the whole table on every claim until the next ANALYZE. With sequential scans
+ * off, every hot statement takes its index whatever the statistics say (each has one: that is
+ * what test/store.claim-plan.test.ts holds them to). Operator reads keep the main pool.
+ */
+export const HOT_SETTINGS = 'SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan';
 
 // int8 (bigint ids, counts) as numbers: every value we keep in one fits in 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
@@ -32,10 +52,13 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
   const embedded = opts.databaseUrl ? undefined : await startEmbedded({ dataDir: opts.dataDir, log: opts.log });
   const url = opts.databaseUrl ?? embedded!.url;
   const pool = createPool(url, opts.max ?? 20, log);
+  const hot = createPool(url, opts.hotMax ?? 8, log, { hot: true });
   try {
     await pool.query('SELECT 1');
+    await hot.query('SELECT 1');
   } catch (err) {
     await pool.end().catch(() => undefined);
+    await hot.end().catch(() => undefined);
     await embedded?.stop();
     throw new Error(`cannot connect to PostgreSQL at ${redact(url)}: ${(err as Error).message}`, { cause: err });
   }
@@ -43,19 +66,26 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
   let closed: Promise<void> | undefined;
   return {
     pool,
+    hot,
     url,
     embedded,
     close: () =>
       (closed ??= (async () => {
+        await hot.end();
         await pool.end();
         await embedded?.stop();
       })()),
   };
 }
 
-/** A pool whose idle-client errors (a server restart, a killed backend) are logged, not thrown. */
-export function createPool(url: string, max: number, log?: Logger): pg.Pool {
-  const pool = new pg.Pool({ connectionString: url, max, application_name: 'leasehold' });
+/**
+ * A pool whose idle-client errors (a server restart, a killed backend) are logged, not thrown.
+ * `hot`: its connections take `HOT_SETTINGS` before their first query.
+ */
+export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean } = {}): pg.Pool {
+  const pool = new pg.Pool({ connectionString: url, max, application_name: opts.hot ? 'leasehold-hot' : 'leasehold' });
+  // Queued on the new client before anything else it is asked to run.
+  if (opts.hot) pool.on('connect', (client) => void client.query(HOT_SETTINGS).catch(() => undefined));
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
   return pool;

@@ -6,7 +6,7 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll } from '../core/validation.js';
-import { attemptEndSql, backoffSql, DEFAULT_BACKOFF, notifiedJob, type Backoff } from './attempts.js';
+import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, notifiedJob, type Backoff } from './attempts.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { outboxSql } from './outbox.js';
@@ -74,26 +74,32 @@ const rescueSql = statement(
        finished_at = CASE WHEN d.next = 'dead' THEN coalesce($4::timestamptz, now()) END,
        updated_at = coalesce($4::timestamptz, now())
      FROM d WHERE j.id = d.id
-     RETURNING j.*
+     -- The attempt as the row held it, carried along so that no later CTE joins u to d (CTEs
+     -- have no statistics: such a join is planned as a nested loop, n² for n jobs).
+     RETURNING j.*, d.current_attempt_id AS d_attempt_id, d.agent_id AS d_agent_id, d.claimed_at AS d_claimed_at,
+       d.claim_deadline AS d_claim_deadline, d.started_at AS d_started_at, d.suspect_since AS d_suspect_since, d.reason AS d_reason
    ), a AS (
-     ${attemptEndSql(`SELECT d.current_attempt_id, d.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline, d.started_at,
-       u.updated_at, d.suspect_since, d.reason,
-       CASE d.reason
-         WHEN 'timed_out' THEN jsonb_build_object('message', 'execution timeout passed', 'reason', 'timed_out',
-                                                  'attemptNo', d.attempt_no, 'agentId', d.agent_id)
-         WHEN 'lease_expired' THEN jsonb_build_object('message', 'lease expired: no heartbeat from the agent', 'reason', 'lease_expired',
-                                                      'attemptNo', d.attempt_no, 'agentId', d.agent_id) END,
-       NULL, u.status, CASE WHEN d.reason = 'timed_out' AND u.status = 'queued' THEN u.run_at END
-     FROM u JOIN d ON d.id = u.id`)}
+     ${attemptEndSql(`SELECT u.d_attempt_id, u.id, u.attempt_no, u.d_agent_id, u.d_claimed_at, u.d_claim_deadline, u.d_started_at,
+       u.updated_at, u.d_suspect_since, u.d_reason,
+       CASE u.d_reason WHEN 'timed_out' THEN ${reaperError('timed_out')} WHEN 'lease_expired' THEN ${reaperError('lease_expired')} END,
+       NULL, u.status, CASE WHEN u.d_reason = 'timed_out' AND u.status = 'queued' THEN u.run_at END
+     FROM u`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.dead' AS type,
-       u.updated_at AS at, ${notifiedJob('coalesce(a.error, job_error(u.id, u.status))')} AS job, to_jsonb(a) AS attempt
-     FROM u JOIN a ON a.job_id = u.id WHERE u.status = 'dead'`)}
-   SELECT u.id AS job_id, u.queue, d.current_attempt_id AS attempt_id, d.attempt_no, d.agent_id, d.reason, u.status,
+       u.updated_at AS at, ${notifiedJob(`CASE u.d_reason WHEN 'timed_out' THEN ${reaperError('timed_out')} ELSE ${reaperError('lease_expired')} END`)} AS job,
+       ${attemptJson('u.d_attempt_id', 'u.attempt_no', 'u.d_agent_id', 'u.d_reason', 'u.d_claimed_at', 'u.d_started_at', 'u.updated_at')} AS attempt
+     FROM u WHERE u.status = 'dead'`)}
+   SELECT u.id AS job_id, u.queue, u.d_attempt_id AS attempt_id, u.attempt_no, u.d_agent_id AS agent_id, u.d_reason AS reason, u.status,
      -- Wakes every coordinator's dispatcher for the queues that got jobs back now.
      (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue))
       FROM (SELECT DISTINCT queue FROM u WHERE status = 'queued' AND run_at <= coalesce($4::timestamptz, now())) q) AS notified
-   FROM u JOIN d ON d.id = u.id`,
+   FROM u`,
 );
+
+/** The error the reaper records for an attempt it ended (of the `jobs` row `u`, its attempt carried along). */
+function reaperError(reason: 'timed_out' | 'lease_expired'): string {
+  const message = reason === 'timed_out' ? 'execution timeout passed' : 'lease expired: no heartbeat from the agent';
+  return `jsonb_build_object('message', '${message}', 'reason', '${reason}', 'attemptNo', u.attempt_no, 'agentId', u.d_agent_id)`;
+}
 
 /**
  * Ends up to `limit` expired attempts and requeues their jobs (`dead` at the cap). The reaper

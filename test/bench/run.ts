@@ -187,7 +187,7 @@ async function throughputRep(s: System, o: BenchOptions, n: number) {
     const cpu0 = cpuNow(w, pm);
     const t0 = performance.now();
     await s.bulkEnqueue(n);
-    const ok = await until('drained', async () => (await s.remaining()) === 0, 300_000, 100);
+    const ok = await until('drained', () => s.drained(), 300_000, 100);
     const ms = performance.now() - t0;
     if (!ok) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
     const cpu = cpuPerJob(cpu0, w, pm, n);
@@ -229,7 +229,7 @@ async function latencyRep(s: System, o: BenchOptions) {
     const ok = await until('all started', async () => w.started.size >= total, 60_000);
     if (!ok) throw new Error(`${s.label}: only ${w.started.size} of ${total} jobs started`);
     // Every job started; its handler returns at once and its completion follows within moments.
-    await until('all done', async () => (await s.remaining()) === 0, 10_000);
+    await until('all done', () => s.drained(), 10_000);
     const cpu = cpuPerJob(cpu0, w, pm, total);
     return { latencies: [...w.started].map(([id, t]) => t - sent.get(id as number)!), cpu };
   } finally {

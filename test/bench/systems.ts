@@ -25,8 +25,11 @@ export interface System {
   pool: pg.Pool;
   bulkEnqueue(n: number, payload?: (i: number) => Record<string, unknown>): Promise<void>;
   enqueueOne(payload: Record<string, unknown>): Promise<void>;
-  /** Jobs not yet completed, as the database sees it (committed completions only). */
-  remaining(): Promise<number>;
+  /**
+   * Whether every job is completed, as the database sees it (committed completions only). An
+   * EXISTS, so the poll costs each system next to nothing however many jobs there are.
+   */
+  drained(): Promise<boolean>;
   reset(): Promise<void>;
   worker(mode: WorkerConfig['mode'], concurrency: number): Promise<WorkerConfig>;
   /** Lease (or expiry) that governs recovery of a dead worker's jobs, in ms, if the system has one. */
@@ -112,11 +115,11 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
     async enqueueOne(payload) {
       await enqueue(JSON.stringify({ queue: QUEUE, payload }));
     },
-    async remaining() {
-      // Served by the partial indexes of the queued and the held jobs: cheap however many are done.
-      return Number(
-        (await pool.query(`SELECT (SELECT count(*) FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL) + (SELECT count(*) FROM jobs WHERE current_attempt_id IS NOT NULL) AS n`)).rows[0].n,
-      );
+    async drained() {
+      // Served by the partial indexes of the queued and of the held jobs.
+      const q = `SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL)
+                    AND NOT EXISTS (SELECT 1 FROM jobs WHERE current_attempt_id IS NOT NULL) AS done`;
+      return (await pool.query(q)).rows[0].done as boolean;
     },
     async reset() {
       await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports CASCADE');
@@ -162,9 +165,9 @@ export async function graphile(adminUrl: string, batching: boolean): Promise<Sys
     async enqueueOne(payload) {
       await utils.addJob(QUEUE, payload);
     },
-    async remaining() {
+    async drained() {
       // graphile-worker deletes a job when it completes.
-      return Number((await pool.query(`SELECT count(*) AS n FROM graphile_worker._private_jobs`)).rows[0].n);
+      return (await pool.query(`SELECT NOT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS done`)).rows[0].done as boolean;
     },
     async reset() {
       await pool.query('DELETE FROM graphile_worker._private_jobs');
@@ -203,8 +206,9 @@ export async function pgboss(adminUrl: string, opts: { expireMs: number }): Prom
     async enqueueOne(payload) {
       await boss.send(QUEUE, payload);
     },
-    async remaining() {
-      return Number((await pool.query(`SELECT count(*) AS n FROM pgboss.job WHERE name = $1 AND state IN ('created', 'retry', 'active')`, [QUEUE])).rows[0].n);
+    async drained() {
+      const q = `SELECT NOT EXISTS (SELECT 1 FROM pgboss.job WHERE name = $1 AND state IN ('created', 'retry', 'active')) AS done`;
+      return (await pool.query(q, [QUEUE])).rows[0].done as boolean;
     },
     async reset() {
       await pool.query(`DELETE FROM pgboss.job WHERE name = $1`, [QUEUE]);
