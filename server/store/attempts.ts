@@ -134,9 +134,10 @@ export interface Claimed {
 // written when it ends.
 export const claimSql = statement(
   'jobClaim',
-  `WITH c AS (
+  `WITH c AS MATERIALIZED (
      -- Per queue, the first $2 claimable jobs in index order (locked, others' locks skipped);
-     -- of those, the first $2 overall. Unclaimed extras are unlocked when the statement commits.
+     -- of those, the first $2 overall. Unclaimed extras are unlocked when the statement
+     -- commits. MATERIALIZED: it runs once, as written, before the UPDATE reads it.
      SELECT k.id, k.priority, k.run_at FROM unnest($1::text[]) AS q(name)
      CROSS JOIN LATERAL (
        SELECT id, priority, run_at FROM jobs
@@ -152,24 +153,25 @@ export const claimSql = statement(
      ) k
      ORDER BY k.priority DESC NULLS LAST, k.run_at, k.id
      LIMIT $2
-   ), n AS (
-     SELECT r.id, r.rn, encode(substring(sha256($3::bytea || int4send(r.rn::int)) FROM 1 FOR 16), 'hex')::uuid AS attempt_id
+   ), m AS MATERIALIZED (
+     -- The candidates' ids, and each one's place (1-based) in claim order, looked up by id.
+     SELECT array_agg(r.id) AS ids, jsonb_object_agg(r.id, r.rn) AS rn
      FROM (SELECT c.id, row_number() OVER (ORDER BY c.priority DESC NULLS LAST, c.run_at, c.id) AS rn FROM c) r
    )
-   -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id.
-   UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1, current_attempt_id = n.attempt_id,
-     agent_id = ($4::text[])[($8::int2[])[n.rn]], progress = NULL, heartbeat_at = NULL,
+   -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id. The
+   -- rows are fetched by primary key from the id list, and each finds its place by its id: no
+   -- join, so no plan (generic or not, whatever the statistics say) reads jobs in any other way.
+   UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1,
+     current_attempt_id = encode(substring(sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int)) FROM 1 FOR 16), 'hex')::uuid,
+     agent_id = ($4::text[])[($8::int2[])[((SELECT rn FROM m) ->> j.id::text)::int]], progress = NULL, heartbeat_at = NULL,
      claimed_at = coalesce($6::timestamptz, now()),
      claim_deadline = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
      lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
      updated_at = coalesce($6::timestamptz, now())
-   FROM n
-   -- The id list as well as the join, so the rows are fetched by primary key however many
-   -- the planner guesses (a join alone can turn into a hash join over the whole table).
-   WHERE j.id = ANY (ARRAY(SELECT id FROM c)) AND j.id = n.id
+   WHERE j.id = ANY ((SELECT ids FROM m)::uuid[])
    -- What an Assign carries, times as epoch milliseconds (cheaper to read than timestamps). A
    -- job's error is that of an earlier attempt: only a job claimed before can have one.
-   RETURNING n.rn AS slot, j.id, j.queue, j.payload, j.priority, j.max_attempts, j.attempt_no, j.attempts_started,
+   RETURNING ((SELECT rn FROM m) ->> j.id::text)::int AS slot, j.id, j.queue, j.payload, j.priority, j.max_attempts, j.attempt_no, j.attempts_started,
      j.current_attempt_id, j.agent_id, j.execution_timeout_ms, j.idempotency_key, j.labels, j.notify_url,
      date_part('epoch', j.run_at) * 1000 AS run_at_ms, date_part('epoch', j.created_at) * 1000 AS created_at_ms,
      date_part('epoch', j.claimed_at) * 1000 AS claimed_at_ms, date_part('epoch', j.claim_deadline) * 1000 AS claim_deadline_ms,
@@ -410,11 +412,43 @@ function firstOfEach(items: AttemptRef[], out: Array<Outcome<unknown> | undefine
   const seen = new Set<string>();
   const batch: number[] = [];
   for (const [k, item] of items.entries()) {
-    if (out[k] || seen.has(item.attemptId)) continue;
-    seen.add(item.attemptId);
+    const key = item.attemptId.toLowerCase();
+    if (out[k] || seen.has(key)) continue;
+    seen.add(key);
     batch.push(k);
   }
   return batch;
+}
+
+/**
+ * A JSON object `{attempt id: value}` for the batched statements, which look each row's own
+ * value up by its attempt (`$n::jsonb ->> j.current_attempt_id::text`: keys as PostgreSQL
+ * writes a uuid). `json` gives each value as JSON text; items without one are left out.
+ */
+function byAttempt(ids: string[], json: (k: number) => string | undefined): string {
+  const parts: string[] = [];
+  for (const [k, id] of ids.entries()) {
+    const v = json(k);
+    if (v !== undefined) parts.push(`"${id.toLowerCase()}":${v}`);
+  }
+  return `{${parts.join(',')}}`;
+}
+
+/**
+ * The fence of the batched statements, for the `jobs` row `j`: its current attempt is one of
+ * `$1` (found through jobs_current_attempt_uq, in index order, which is also the order rows are
+ * locked in: batches cannot deadlock), held by the agent the call named for it (`$2`, a map),
+ * and of the job the call named, if it named one (`$3`, a map, or NULL). No join: each row is
+ * checked against its own entries, so the plan is an index scan whatever the statistics say.
+ */
+const batchFence = `j.current_attempt_id = ANY($1::uuid[]) AND j.agent_id = ($2::jsonb ->> j.current_attempt_id::text)
+       AND coalesce(($3::jsonb ->> j.current_attempt_id::text)::uuid = j.id, true)`;
+
+/** The fence parameters `$1`–`$3` of `batchFence` for a batch. */
+function fenceParams(items: AttemptRef[]): [string[], string, string | null] {
+  const ids = items.map((i) => i.attemptId);
+  const jobs = items.some((i) => i.jobId !== undefined) ? byAttempt(ids, (k) => (items[k]!.jobId === undefined ? undefined : JSON.stringify(items[k]!.jobId))) : null;
+  return [ids, byAttempt(ids, (k) => JSON.stringify(items[k]!.agentId)), jobs];
 }
 
 const jobByIdSql = statement('attemptJobById', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
@@ -438,28 +472,19 @@ export interface StartParams extends AttemptRef {
   leaseTtlMs: number;
 }
 
-// The fence, per item: the job's current attempt is attempt_id, held by agent_id, still only
-// claimed. Many attempts (of any agents) in one statement; rows are locked in id order so two
-// batches cannot deadlock. An item that matches nothing is explained afterwards, on its own.
-// Nothing it changes is indexed, so with room on the page it is a HOT update.
+// The fence (batchFence), and the attempt still only claimed. Many attempts (of any agents) in
+// one statement; an item that matches nothing is explained afterwards, on its own. Nothing it
+// changes is indexed, so with room on the page it is a HOT update.
 const startSql = (shape: Shape) =>
   statement(
     shape === 'job' ? 'attemptStart' : 'attemptStartMany',
-    `WITH i AS (
-       SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS i(attempt_id, agent_id, job_id)
-     ), o AS (
-       SELECT j.id FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
-       WHERE j.status = 'claimed' AND (i.job_id IS NULL OR j.id = i.job_id)
-       ORDER BY j.id
-       FOR UPDATE OF j
-     )
-     UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
+    `UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
        started_at = coalesce($5::timestamptz, now()),
        execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
        lease_expires_at = least(coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0),
                                 coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0)),
        heartbeat_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
-     FROM o WHERE j.id = o.id
+     WHERE ${batchFence} AND j.status = 'claimed'
      RETURNING ${shape === 'job' ? jobColumns('j') : summaryColumns('j')}`,
   );
 const startSqls = { job: startSql('job'), summary: startSql('summary') };
@@ -495,16 +520,10 @@ async function startMany(
   const out: Array<Outcome<JobSummary> | undefined> = p.items.map((i) => checkRef(i));
   const batch = firstOfEach(p.items, out);
   if (batch.length) {
-    const rows = await run<Record<string, unknown>>(db, startSqls[shape], [
-      batch.map((k) => p.items[k]!.attemptId),
-      batch.map((k) => p.items[k]!.agentId),
-      batch.map((k) => p.items[k]!.jobId ?? null),
-      p.leaseTtlMs,
-      p.now ?? null,
-    ]);
+    const rows = await run<Record<string, unknown>>(db, startSqls[shape], [...fenceParams(batch.map((k) => p.items[k]!)), p.leaseTtlMs, p.now ?? null]);
     const started = new Map(rows.map((r) => [r.current_attempt_id as string, r]));
     for (const k of batch) {
-      const row = started.get(p.items[k]!.attemptId);
+      const row = started.get(p.items[k]!.attemptId.toLowerCase());
       if (row) out[k] = ok(shape === 'job' ? toJob(row) : toSummary(row as never));
     }
   }
@@ -513,7 +532,7 @@ async function startMany(
     // A start that arrives after its own attempt already ran (started, or even reported: a
     // completion of a claimed attempt starts it implicitly) repeats what happened: duplicate.
     const o = await explain(db, { ...item, call: 'start' }, { json: null, retryable: null }, (l) =>
-      (l.current_attempt_id === item.attemptId && l.status === 'running') || l.kind ? duplicate(l.job_id) : undefined,
+      (l.current_attempt_id === item.attemptId.toLowerCase() && l.status === 'running') || l.kind ? duplicate(l.job_id) : undefined,
     );
     out[k] = await withJob(db, o);
   }
@@ -539,24 +558,17 @@ export interface HeartbeatResult {
   lost: Array<{ attemptId: string; reason: 'stale' | 'timed_out' | 'not_found' | 'forbidden'; current?: CurrentState }>;
 }
 
-// One UPDATE renews every item whose attempt is current, running, held by its agent and not
-// past its execution deadline. Rows are locked in id order so concurrent batches cannot
-// deadlock. It changes no indexed column: a HOT update when the page has room.
+// One UPDATE renews every item whose attempt is current (batchFence), running, and not past its
+// execution deadline, keeping the progress an item brings ($5, a map). It changes no indexed
+// column: a HOT update when the page has room.
 const heartbeatSql = statement(
   'attemptHeartbeat',
-  `WITH h AS (
-     SELECT * FROM unnest($1::uuid[], $2::text[], $5::jsonb[]) AS t(attempt_id, agent_id, progress)
-   ), l AS (
-     SELECT j.id, h.progress FROM jobs j JOIN h ON j.current_attempt_id = h.attempt_id AND j.agent_id = h.agent_id
-     WHERE j.status = 'running' AND (j.execution_deadline IS NULL OR j.execution_deadline > coalesce($4::timestamptz, now()))
-     ORDER BY j.id
-     FOR UPDATE OF j
-   )
-   UPDATE jobs j SET
-     lease_expires_at = least(coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8 / 1000.0), j.execution_deadline),
-     heartbeat_at = coalesce($4::timestamptz, now()),
-     progress = coalesce(l.progress, j.progress)
-   FROM l WHERE j.id = l.id
+  `UPDATE jobs j SET
+     lease_expires_at = least(coalesce($6::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0), j.execution_deadline),
+     heartbeat_at = coalesce($6::timestamptz, now()),
+     progress = coalesce($5::jsonb -> j.current_attempt_id::text, j.progress)
+   WHERE ${batchFence} AND j.status = 'running'
+     AND (j.execution_deadline IS NULL OR j.execution_deadline > coalesce($6::timestamptz, now()))
    RETURNING j.current_attempt_id AS attempt_id, j.agent_id, j.lease_expires_at`,
 );
 
@@ -590,26 +602,30 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
   if (bad) return bad;
   const result: HeartbeatResult = { renewed: [], pending: [], lost: [] };
   if (p.items.length === 0) return ok(result);
-  const progress: Array<string | null> = [];
+  const progress: Array<string | undefined> = [];
   for (const [i, item] of p.items.entries()) {
     if (item.progress === undefined) {
-      progress.push(null);
+      progress.push(undefined);
       continue;
     }
     const j = checkJson(`items.${i}.progress`, item.progress, { maxBytes: limits.progressBytes });
     if ('failure' in j) return j.failure;
     progress.push(j.json);
   }
-  const ids = p.items.map((i) => i.attemptId);
-  const agents = p.items.map((i) => i.agentId);
+  // One item per attempt in the statement; a second item for an attempt (another agent naming
+  // it) is answered by the lookup below.
+  const out: Array<Outcome<unknown> | undefined> = p.items.map(() => undefined);
+  const batch = firstOfEach(p.items, out).map((k) => ({ item: p.items[k]!, progress: progress[k] }));
+  const [ids, agents, jobs] = fenceParams(batch.map((b) => b.item));
   const rows = await run<{ attempt_id: string; agent_id: string; lease_expires_at: Date }>(db, heartbeatSql, [
     ids,
     agents,
+    jobs,
     p.leaseTtlMs,
+    byAttempt(ids, (k) => batch[k]!.progress),
     p.now ?? null,
-    progress,
   ]);
-  const key = (attemptId: string, agentId: string) => `${attemptId} ${agentId}`;
+  const key = (attemptId: string, agentId: string) => `${attemptId.toLowerCase()} ${agentId}`;
   const renewed = new Set<string>();
   for (const r of rows) {
     renewed.add(key(r.attempt_id, r.agent_id));
@@ -666,45 +682,50 @@ export interface CompleteParams extends AttemptRef {
   result: unknown;
 }
 
-// The fence, per item: the job's current attempt is attempt_id, held by agent_id, claimed or
-// running. Completing a claimed attempt starts it implicitly (it counts toward max_attempts).
-// Many attempts in one statement, rows locked in id order. The result is stored once, in the
-// job; the attempt's row is written here, with its claim, start and end; the job.succeeded
-// notification goes to the outbox in the same statement, only when someone listens.
+// The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
+// implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
+// another relation: o locks the rows (in index order) and keeps the attempt as the row holds it;
+// the attempt's row is written from o, with its claim, start and end; the job is updated by id,
+// its result (stored once, here) looked up by its attempt in $4. The job.succeeded notification
+// goes to the outbox in the same statement, only when someone listens.
 const completeSql = (shape: Shape) =>
   statement(
     shape === 'job' ? 'attemptComplete' : 'attemptCompleteMany',
-    `WITH i AS (
-       SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::jsonb[]) AS i(attempt_id, agent_id, job_id, result)
-     ), o AS (
-       SELECT j.id, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.claimed_at, j.claim_deadline, j.started_at,
-         j.suspect_since, i.result
-       FROM jobs j JOIN i ON j.current_attempt_id = i.attempt_id AND j.agent_id = i.agent_id
-       WHERE j.status IN ('claimed', 'running') AND (i.job_id IS NULL OR j.id = i.job_id)
-       ORDER BY j.id
-       FOR UPDATE OF j
+    `WITH o AS MATERIALIZED (
+       SELECT j.id, j.queue, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.run_at, j.claimed_at, j.claim_deadline,
+         j.started_at, j.suspect_since
+       FROM jobs j
+       WHERE ${batchFence} AND j.status IN ('claimed', 'running')
+       FOR UPDATE
+     ), a AS (
+       ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline,
+         coalesce(o.started_at, coalesce($5::timestamptz, now())), coalesce($5::timestamptz, now()), o.suspect_since,
+         'succeeded', NULL, NULL, 'succeeded', NULL
+       FROM o`)}
      ), u AS (
-       UPDATE jobs j SET status = 'succeeded', result = o.result,
-         attempts_started = j.attempts_started + (o.status = 'claimed')::int,
+       UPDATE jobs j SET status = 'succeeded', result = $4::jsonb -> j.current_attempt_id::text,
+         attempts_started = j.attempts_started + (j.status = 'claimed')::int,
          current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
          claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
          finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
-       FROM o WHERE j.id = o.id
-       -- The attempt as the row held it, carried along so that no later CTE joins u to o
-       -- (CTEs have no statistics: such a join is planned as a nested loop, n² for n items).
-       RETURNING j.*, o.current_attempt_id AS o_attempt_id, o.agent_id AS o_agent_id, o.claimed_at AS o_claimed_at,
-         o.claim_deadline AS o_claim_deadline, o.started_at AS o_started_at, o.suspect_since AS o_suspect_since
-     ), a AS (
-       ${attemptEndSql(`SELECT u.o_attempt_id, u.id, u.attempt_no, u.o_agent_id, u.o_claimed_at, u.o_claim_deadline,
-         coalesce(u.o_started_at, u.finished_at), u.finished_at, u.o_suspect_since, 'succeeded', NULL, NULL, 'succeeded', NULL
-       FROM u`)}
+       WHERE j.id = ANY (ARRAY(SELECT id FROM o))
+       RETURNING j.*
+     ), n AS (
+       -- The ended attempts by job, for the notifications (looked up, not joined).
+       SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
+       FROM o
      )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
-         ${notifiedJob('NULL::jsonb')} AS job,
-         ${attemptJson('u.o_attempt_id', 'u.attempt_no', 'u.o_agent_id', "'succeeded'", 'u.o_claimed_at', 'coalesce(u.o_started_at, u.finished_at)', 'u.finished_at')} AS attempt
+         ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
        FROM u
        WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}
-     SELECT u.o_attempt_id AS reported_by, ${shape === 'job' ? 'u.*, NULL::jsonb AS error' : summaryColumns('u')}
-     FROM u`,
+     ${
+       shape === 'job'
+         ? 'SELECT o.current_attempt_id AS reported_by, u.*, NULL::jsonb AS error FROM u JOIN o ON o.id = u.id'
+         : `SELECT o.current_attempt_id AS reported_by, o.id, o.queue, 'succeeded' AS status, o.attempt_no, NULL AS current_attempt_id,
+              date_part('epoch', o.run_at) * 1000 AS run_at_ms, date_part('epoch', coalesce($5::timestamptz, now())) * 1000 AS updated_at_ms,
+              NULL AS lease_ms
+            FROM o`
+     }`,
   );
 const completeSqls = { job: completeSql('job'), summary: completeSql('summary') };
 
@@ -739,16 +760,12 @@ async function completeMany(db: Queryable, p: { items: CompleteParams[]; now?: D
   });
   const batch = firstOfEach(p.items, out);
   if (batch.length) {
-    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], [
-      batch.map((k) => p.items[k]!.attemptId),
-      batch.map((k) => p.items[k]!.agentId),
-      batch.map((k) => p.items[k]!.jobId ?? null),
-      batch.map((k) => json[k]!),
-      p.now ?? null,
-    ]);
+    const items = batch.map((k) => p.items[k]!);
+    const fence = fenceParams(items);
+    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], [...fence, byAttempt(fence[0], (i) => json[batch[i]!]), p.now ?? null]);
     const done = new Map(rows.map(({ reported_by, ...r }) => [reported_by as string, r]));
     for (const k of batch) {
-      const row = done.get(p.items[k]!.attemptId);
+      const row = done.get(p.items[k]!.attemptId.toLowerCase());
       if (row) out[k] = ok(shape === 'job' ? toJob(row) : toSummary(row as never));
     }
   }

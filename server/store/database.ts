@@ -36,12 +36,16 @@ export interface OpenOptions {
  * statements run hundreds of times a second: planning each call afresh (a custom plan) costs
  * more than running it, so they use the generic plan. A generic plan is made from the table's
  * statistics at that moment, and a queue table's statistics can say "empty" just before a burst
- * of a hundred thousand jobs (analyzed while idle, or freshly truncated): the plan would then
- * scan and sort the whole table on every claim until the next ANALYZE. With sequential scans
- * off, every hot statement takes its index whatever the statistics say (each has one: that is
- * what test/store.claim-plan.test.ts holds them to). Operator reads keep the main pool.
+ * of a hundred thousand jobs (analyzed while idle, or freshly truncated): a plan made then
+ * believes reading all of `jobs` is free, and scans it (or hashes all of it for a join) on every
+ * call until the next ANALYZE; measured, a 128-job claim took 40–50 ms instead of 2. Every hot
+ * statement is written to find its rows by index, a few at a time, so on these connections the
+ * planner may not do otherwise: no sequential scans, and joins by nested loop over an index
+ * (test/store.claim-plan.test.ts holds every hot statement to that on "empty" statistics).
+ * Operator reads keep the main pool and the planner's free choice.
  */
-export const HOT_SETTINGS = 'SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan';
+export const HOT_SETTINGS =
+  'SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan';
 
 // int8 (bigint ids, counts) as numbers: every value we keep in one fits in 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
@@ -83,12 +87,27 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
  * `hot`: its connections take `HOT_SETTINGS` before their first query.
  */
 export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean } = {}): pg.Pool {
-  const pool = new pg.Pool({ connectionString: url, max, application_name: opts.hot ? 'leasehold-hot' : 'leasehold' });
-  // Queued on the new client before anything else it is asked to run.
-  if (opts.hot) pool.on('connect', (client) => void client.query(HOT_SETTINGS).catch(() => undefined));
+  const pool = new pg.Pool({
+    connectionString: url,
+    max,
+    application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
+    ...(opts.hot ? { Client: HotClient } : {}),
+  });
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
   return pool;
+}
+
+/** A client that takes `HOT_SETTINGS` as part of connecting, so a pool hands it out ready. */
+class HotClient extends pg.Client {
+  override connect(): Promise<pg.Client>;
+  override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
+  override connect(callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): Promise<pg.Client> | void {
+    const ready = super.connect().then(() => super.query(HOT_SETTINGS)).then(() => this as pg.Client);
+    if (!callback) return ready;
+    const cb = callback as (err: Error | null, c?: pg.Client) => void;
+    ready.then((c) => cb(null, c), (err: Error) => cb(err));
+  }
 }
 
 /** The URL with its password hidden, for logs and errors. */

@@ -48,57 +48,69 @@ export interface Rescued {
 // to `dead` writes its job.dead notification (always: it is an alert) in the same statement.
 const rescueSql = statement(
   'jobRescueExpired',
-  `WITH o AS (
-     SELECT id, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, lease_expires_at,
-       execution_deadline, claimed_at, claim_deadline, started_at, suspect_since
-     FROM jobs
-     WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
-     ORDER BY lease_expires_at
-     LIMIT $1
-     FOR UPDATE SKIP LOCKED
-   ), d AS (
-     SELECT o.*,
-       (CASE WHEN o.status = 'claimed' THEN 'claim_expired'
-             WHEN o.execution_deadline IS NOT NULL AND o.lease_expires_at >= o.execution_deadline THEN 'timed_out'
-             ELSE 'lease_expired' END)::attempt_status AS reason,
-       (CASE WHEN o.status = 'running' AND o.attempts_started >= o.max_attempts THEN 'dead'
-             ELSE 'queued' END)::job_status AS next
-     FROM o
+  `WITH d AS MATERIALIZED (
+     SELECT o.*, ${reasonSql('o')} AS reason, ${nextSql('o')} AS next,
+       CASE WHEN ${nextSql('o')} = 'queued' AND ${reasonSql('o')} = 'timed_out'
+            THEN coalesce($4::timestamptz, now()) + ${backoffSql('o.attempts_started', '$2', '$3')} END AS retry_at
+     FROM (
+       SELECT id, queue, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, lease_expires_at,
+         execution_deadline, claimed_at, claim_deadline, started_at, suspect_since
+       FROM jobs
+       WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
+       ORDER BY lease_expires_at
+       LIMIT $1
+       FOR UPDATE SKIP LOCKED
+     ) o
+   ), a AS (
+     ${attemptEndSql(`SELECT d.current_attempt_id, d.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline, d.started_at,
+       coalesce($4::timestamptz, now()), d.suspect_since, d.reason, ${errorSql('d')}, NULL, d.next, d.retry_at
+     FROM d`)}
+   ), m AS (
+     -- Per job, by id: a retry's due time (random jitter: computed once, above), and for a job
+     -- going to dead, its error and ended attempt as the notification shows them.
+     SELECT jsonb_object_agg(d.id, d.retry_at) FILTER (WHERE d.retry_at IS NOT NULL) AS retry,
+       jsonb_object_agg(d.id, jsonb_build_object('error', ${errorSql('d')},
+         'attempt', ${attemptJson('d.current_attempt_id', 'd.attempt_no', 'd.agent_id', 'd.reason', 'd.claimed_at', 'd.started_at', 'coalesce($4::timestamptz, now())')}))
+         FILTER (WHERE d.next = 'dead') AS dead
+     FROM d
    ), u AS (
-     UPDATE jobs j SET status = d.next,
+     -- By id, no join: what each job becomes follows from its row as it was (the same
+     -- expressions as in d, on the same locked row).
+     UPDATE jobs j SET status = ${nextSql('j')},
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
-       run_at = CASE WHEN d.next = 'queued' AND d.reason = 'timed_out'
-                     THEN coalesce($4::timestamptz, now()) + ${backoffSql('j.attempts_started', '$2', '$3')}
-                     ELSE j.run_at END,
-       finished_at = CASE WHEN d.next = 'dead' THEN coalesce($4::timestamptz, now()) END,
+       run_at = coalesce(((SELECT retry FROM m) ->> j.id::text)::timestamptz, j.run_at),
+       finished_at = CASE WHEN ${nextSql('j')} = 'dead' THEN coalesce($4::timestamptz, now()) END,
        updated_at = coalesce($4::timestamptz, now())
-     FROM d WHERE j.id = d.id
-     -- The attempt as the row held it, carried along so that no later CTE joins u to d (CTEs
-     -- have no statistics: such a join is planned as a nested loop, n² for n jobs).
-     RETURNING j.*, d.current_attempt_id AS d_attempt_id, d.agent_id AS d_agent_id, d.claimed_at AS d_claimed_at,
-       d.claim_deadline AS d_claim_deadline, d.started_at AS d_started_at, d.suspect_since AS d_suspect_since, d.reason AS d_reason
-   ), a AS (
-     ${attemptEndSql(`SELECT u.d_attempt_id, u.id, u.attempt_no, u.d_agent_id, u.d_claimed_at, u.d_claim_deadline, u.d_started_at,
-       u.updated_at, u.d_suspect_since, u.d_reason,
-       CASE u.d_reason WHEN 'timed_out' THEN ${reaperError('timed_out')} WHEN 'lease_expired' THEN ${reaperError('lease_expired')} END,
-       NULL, u.status, CASE WHEN u.d_reason = 'timed_out' AND u.status = 'queued' THEN u.run_at END
-     FROM u`)}
-   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.dead' AS type,
-       u.updated_at AS at, ${notifiedJob(`CASE u.d_reason WHEN 'timed_out' THEN ${reaperError('timed_out')} ELSE ${reaperError('lease_expired')} END`)} AS job,
-       ${attemptJson('u.d_attempt_id', 'u.attempt_no', 'u.d_agent_id', 'u.d_reason', 'u.d_claimed_at', 'u.d_started_at', 'u.updated_at')} AS attempt
+     WHERE j.id = ANY (ARRAY(SELECT id FROM d))
+     RETURNING j.*
+   )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.dead' AS type, u.updated_at AS at,
+       ${notifiedJob(`(SELECT dead FROM m) -> u.id::text -> 'error'`)} AS job, (SELECT dead FROM m) -> u.id::text -> 'attempt' AS attempt
      FROM u WHERE u.status = 'dead'`)}
-   SELECT u.id AS job_id, u.queue, u.d_attempt_id AS attempt_id, u.attempt_no, u.d_agent_id AS agent_id, u.d_reason AS reason, u.status,
+   SELECT d.id AS job_id, d.queue, d.current_attempt_id AS attempt_id, d.attempt_no, d.agent_id, d.reason, d.next AS status,
      -- Wakes every coordinator's dispatcher for the queues that got jobs back now.
-     (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue))
-      FROM (SELECT DISTINCT queue FROM u WHERE status = 'queued' AND run_at <= coalesce($4::timestamptz, now())) q) AS notified
-   FROM u`,
+     (SELECT count(pg_notify('${JOBS_CHANNEL}', q.queue)) FROM (SELECT DISTINCT queue FROM d WHERE next = 'queued' AND retry_at IS NULL) q) AS notified
+   FROM d`,
 );
 
-/** The error the reaper records for an attempt it ended (of the `jobs` row `u`, its attempt carried along). */
-function reaperError(reason: 'timed_out' | 'lease_expired'): string {
-  const message = reason === 'timed_out' ? 'execution timeout passed' : 'lease expired: no heartbeat from the agent';
-  return `jsonb_build_object('message', '${message}', 'reason', '${reason}', 'attemptNo', u.attempt_no, 'agentId', u.d_agent_id)`;
+/** How the attempt of the held `jobs` row `t` (as it was) ended: its start deadline, its lease, or its execution timeout passed. */
+function reasonSql(t: string): string {
+  return `(CASE WHEN ${t}.status = 'claimed' THEN 'claim_expired'
+                WHEN ${t}.execution_deadline IS NOT NULL AND ${t}.lease_expires_at >= ${t}.execution_deadline THEN 'timed_out'
+                ELSE 'lease_expired' END)::attempt_status`;
+}
+
+/** What the held `jobs` row `t` (as it was) becomes: dead when a started attempt reached the cap, else queued again. */
+function nextSql(t: string): string {
+  return `(CASE WHEN ${t}.status = 'running' AND ${t}.attempts_started >= ${t}.max_attempts THEN 'dead' ELSE 'queued' END)::job_status`;
+}
+
+/** The error the reaper records for the attempt it ended, from `t` with `reason`, `attempt_no` and `agent_id`. */
+function errorSql(t: string): string {
+  const of = (reason: string, message: string) =>
+    `jsonb_build_object('message', '${message}', 'reason', '${reason}', 'attemptNo', ${t}.attempt_no, 'agentId', ${t}.agent_id)`;
+  return `CASE ${t}.reason WHEN 'timed_out' THEN ${of('timed_out', 'execution timeout passed')}
+                           WHEN 'lease_expired' THEN ${of('lease_expired', 'lease expired: no heartbeat from the agent')} END`;
 }
 
 /**
