@@ -64,7 +64,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       heartbeatIntervalMs: config.heartbeatIntervalMs,
     });
     const dispatcher = new Dispatcher(db.hot, hub, log.child({ component: 'dispatcher' }), { claimTtlMs: config.claimTtlMs });
-    hub.on('credit', () => dispatcher.wake());
+    hub.on('credit', () => dispatcher.credit());
     hub.start();
     dispatcher.start();
     cleanups.push(() => dispatcher.stop());

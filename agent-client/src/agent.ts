@@ -327,7 +327,7 @@ export class Agent extends EventEmitter<AgentEvents> {
           r.deadline = deadline;
           if (!r.started) {
             r.started = true;
-            this.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
+            if (this.log.isLevelEnabled('debug')) this.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
             r.begin?.();
           }
         }
@@ -376,7 +376,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       };
     });
     this.running.set(c.attemptId, r);
-    this.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
+    if (this.log.isLevelEnabled('info')) this.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
     this.emit('assigned', { attemptId: c.attemptId, jobId: job.id, attemptNo: c.attemptNo });
   }
 
@@ -406,14 +406,14 @@ export class Agent extends EventEmitter<AgentEvents> {
       entry = { ...base, kind: 'failed', error: { message: e?.message || String(err), ...(details ? { details } : {}) } as OutboxEntry['error'], retryable };
     }
     entry.writtenAt = new Date().toISOString();
-    this.log.debug({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind }, 'handler returned; writing the outbox');
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind }, 'handler returned; writing the outbox');
     try {
       await this.outbox.put(entry);
     } catch (err) {
       this.log.error({ err, attemptId: r.attemptId }, 'could not write the outbox: the report is lost and the job will be redone');
     }
     this.running.delete(r.attemptId);
-    this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.signal.aborted }, 'handler finished');
+    if (this.log.isLevelEnabled('info')) this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.signal.aborted }, 'handler finished');
     this.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
     if (this.outbox.has(r.attemptId)) this.queueReport(entry);
     if (!this.draining) this.grantCredit();
@@ -522,7 +522,7 @@ export class Agent extends EventEmitter<AgentEvents> {
         case Outcome.OK:
         case Outcome.DUPLICATE:
           await this.outbox.remove(id);
-          this.log.info({ attemptId: id, outcome }, 'report acknowledged');
+          if (this.log.isLevelEnabled('info')) this.log.info({ attemptId: id, outcome }, 'report acknowledged');
           break;
         case Outcome.STALE:
           await this.outbox.supersede(id, outcome);

@@ -93,6 +93,8 @@ export class Session {
   heartbeatPending = false;
   readonly progress = new Map<string, unknown>();
   readonly connectedAt = new Date();
+  /** The dispatcher's key for sessions that are claimed for together (same queues and labels). */
+  groupKey: string | undefined;
 
   constructor(
     readonly agentId: string,
@@ -354,7 +356,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
             s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
             running.push(attemptId);
           }
-          this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
+          if (this.log.isLevelEnabled('info')) this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
         } else {
           if (o.outcome === 'stale') this.log.warn({ attemptId, agentId: s.agentId, current: o.current }, 'late start rejected');
           gone.push(attemptId);
@@ -416,7 +418,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
 function ackItem(attemptId: string, o: Outcome<JobSummary>, kind: 'completed' | 'failed', agentId: string, log: Logger): AckItem {
   switch (o.outcome) {
     case 'ok':
-      log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
+      if (log.isLevelEnabled('info')) log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
       return { attemptId, outcome: 'ok', message: `job ${o.value.id} is ${o.value.status}` };
     case 'duplicate':
       return { attemptId, outcome: 'duplicate', storedResult: o.value.result ?? undefined, message: 'already recorded: the stored outcome stands' };

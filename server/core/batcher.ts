@@ -1,7 +1,8 @@
 /**
  * Groups the starts, completions and failures reported by every stream of this coordinator:
- * whatever arrived since the last flush goes to the database as one statement per kind. Up to
- * `MAX_IN_FLIGHT` flushes run at once, so a slow statement does not hold up the next batch.
+ * whatever arrived since the last flush goes to the database as one statement per kind, each
+ * kind in a lane of its own with up to `MAX_IN_FLIGHT` statements at once, so a slow statement
+ * does not hold up the next batch, nor the other kinds.
  * Order between them does not matter for correctness: a completion of a claimed attempt starts
  * it implicitly, and a start that arrives after its attempt's report is answered `duplicate`.
  * Under load, batches grow by themselves; alone, an item waits only for the next turn of the
@@ -20,8 +21,8 @@ import {
 import type { Outcome } from './outcomes.js';
 import { limits } from './validation.js';
 
-/** Flushes allowed at once (each holds a pool connection for its statements). */
-const MAX_IN_FLIGHT = 3;
+/** Statements of one kind allowed at once (each holds a pool connection while it runs). */
+const MAX_IN_FLIGHT = 2;
 
 type Pending<P> = { p: P; at: number; resolve: (o: Outcome<JobSummary>) => void; reject: (e: unknown) => void };
 type StartItem = { attemptId: string; agentId: string };
@@ -35,45 +36,38 @@ export interface BatcherStats {
   statementMs: number;
 }
 
-export class ReportBatcher {
-  private starts: Array<Pending<StartItem>> = [];
-  private completes: Array<Pending<CompleteParams>> = [];
-  private fails: Array<Pending<FailParams>> = [];
-  private inFlight = new Set<Promise<void>>();
+/**
+ * One kind of item (starts, completions, failures): whatever arrived since its last flush goes
+ * out as one batch, with up to `MAX_IN_FLIGHT` batches of this kind running at once. Kinds do not
+ * wait for each other: a batch of completions is not held up behind a batch of starts.
+ */
+class Lane<P> {
+  private queue: Array<Pending<P>> = [];
+  private readonly inFlight = new Set<Promise<void>>();
   private scheduled = false;
-  readonly stats: BatcherStats = { statements: 0, items: 0, queuedMs: 0, statementMs: 0 };
 
   constructor(
-    private readonly db: Queryable,
+    private readonly run: (items: P[]) => Promise<Array<Outcome<JobSummary>>>,
+    private readonly stats: BatcherStats,
     private readonly log: Logger,
-    private readonly leaseTtlMs: number,
   ) {}
 
-  start(p: StartItem): Promise<Outcome<JobSummary>> {
-    return this.add(this.starts, p);
+  add(p: P): Promise<Outcome<JobSummary>> {
+    return new Promise((resolve, reject) => {
+      this.queue.push({ p, at: performance.now(), resolve, reject });
+      this.schedule();
+    });
   }
 
-  complete(p: CompleteParams): Promise<Outcome<JobSummary>> {
-    return this.add(this.completes, p);
+  get busy(): boolean {
+    return this.scheduled || this.inFlight.size > 0;
   }
 
-  fail(p: FailParams): Promise<Outcome<JobSummary>> {
-    return this.add(this.fails, p);
-  }
-
-  /** Waits until everything queued so far is written. */
   async idle(): Promise<void> {
-    while (this.inFlight.size || this.scheduled) {
+    while (this.busy) {
       if (this.inFlight.size) await Promise.all(this.inFlight);
       else await new Promise((r) => setImmediate(r));
     }
-  }
-
-  private add<P>(queue: Array<Pending<P>>, p: P): Promise<Outcome<JobSummary>> {
-    return new Promise((resolve, reject) => {
-      queue.push({ p, at: performance.now(), resolve, reject });
-      this.schedule();
-    });
   }
 
   private schedule(): void {
@@ -81,35 +75,23 @@ export class ReportBatcher {
     this.scheduled = true;
     setImmediate(() => {
       this.scheduled = false;
-      if (!this.starts.length && !this.completes.length && !this.fails.length) return;
-      const f: Promise<void> = this.flush().finally(() => {
+      if (!this.queue.length) return;
+      const batch = this.queue.splice(0, limits.claimBatch);
+      const f: Promise<void> = this.settle(batch).finally(() => {
         this.inFlight.delete(f);
-        if (this.starts.length || this.completes.length || this.fails.length) this.schedule();
+        if (this.queue.length) this.schedule();
       });
       this.inFlight.add(f);
+      // Another batch may start now if more is waiting and there is room.
+      if (this.queue.length) this.schedule();
     });
   }
 
-  private async flush(): Promise<void> {
-    const starts = this.starts.splice(0);
-    const completes = this.completes.splice(0);
-    const fails = this.fails.splice(0);
-    for (let i = 0; i < starts.length; i += limits.claimBatch) {
-      const chunk = starts.slice(i, i + limits.claimBatch);
-      await this.settle(chunk, () => attemptStartMany(this.db, { items: chunk.map((c) => c.p), leaseTtlMs: this.leaseTtlMs }));
-    }
-    for (let i = 0; i < completes.length; i += limits.claimBatch) {
-      const chunk = completes.slice(i, i + limits.claimBatch);
-      await this.settle(chunk, () => attemptCompleteMany(this.db, { items: chunk.map((c) => c.p) }));
-    }
-    if (fails.length) await this.settle(fails, () => Promise.all(fails.map((f) => attemptFail(this.db, f.p))));
-  }
-
-  private async settle<P>(chunk: Array<Pending<P>>, run: () => Promise<Array<Outcome<JobSummary>>>): Promise<void> {
+  private async settle(chunk: Array<Pending<P>>): Promise<void> {
     try {
       const t0 = performance.now();
       for (const c of chunk) this.stats.queuedMs += t0 - c.at;
-      const outcomes = await run();
+      const outcomes = await this.run(chunk.map((c) => c.p));
       this.stats.statementMs += performance.now() - t0;
       this.stats.statements++;
       this.stats.items += chunk.length;
@@ -117,6 +99,38 @@ export class ReportBatcher {
     } catch (err) {
       this.log.warn({ err, items: chunk.length }, 'a batch of reports failed');
       for (const c of chunk) c.reject(err);
+    }
+  }
+}
+
+export class ReportBatcher {
+  readonly stats: BatcherStats = { statements: 0, items: 0, queuedMs: 0, statementMs: 0 };
+  private readonly starts: Lane<StartItem>;
+  private readonly completes: Lane<CompleteParams>;
+  private readonly fails: Lane<FailParams>;
+
+  constructor(db: Queryable, log: Logger, leaseTtlMs: number) {
+    this.starts = new Lane((items) => attemptStartMany(db, { items, leaseTtlMs }), this.stats, log);
+    this.completes = new Lane((items) => attemptCompleteMany(db, { items }), this.stats, log);
+    this.fails = new Lane((items) => Promise.all(items.map((f) => attemptFail(db, f))), this.stats, log);
+  }
+
+  start(p: StartItem): Promise<Outcome<JobSummary>> {
+    return this.starts.add(p);
+  }
+
+  complete(p: CompleteParams): Promise<Outcome<JobSummary>> {
+    return this.completes.add(p);
+  }
+
+  fail(p: FailParams): Promise<Outcome<JobSummary>> {
+    return this.fails.add(p);
+  }
+
+  /** Waits until everything queued so far is written. */
+  async idle(): Promise<void> {
+    while (this.starts.busy || this.completes.busy || this.fails.busy) {
+      await Promise.all([this.starts.idle(), this.completes.idle(), this.fails.idle()]);
     }
   }
 }

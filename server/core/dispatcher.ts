@@ -5,6 +5,11 @@
  * (NOTIFY for a queue, a session with new credit, the reaper giving jobs back) and on a slow
  * poll as the fallback (scheduled jobs coming due, a missed notification). Rounds never overlap:
  * a wake during a round makes another round follow it.
+ *
+ * A group whose last claim came back short (fewer jobs than free slots) found its queues empty:
+ * new credit alone does not claim for it again (one job at a time, every completion would
+ * otherwise cost a claim that finds nothing). What can put jobs there wakes it: a NOTIFY for one
+ * of its queues (enqueue, requeue, the reaper), the poll, the listener reconnecting.
  */
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
@@ -30,6 +35,8 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   private poll: NodeJS.Timeout | undefined;
   private rotation = 0;
   private stopped = true;
+  /** Groups (by key) whose last claim found fewer jobs than slots. */
+  private readonly drained = new Set<string>();
 
   constructor(
     private readonly db: Queryable,
@@ -59,10 +66,25 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     await this.running;
   }
 
-  /** Asks for a round; with a queue, only if some waiting session serves it. */
+  /**
+   * Asks for a round, because jobs may have come: for `queue`, or anywhere (the poll, a
+   * reconnect). Only if some waiting session serves it.
+   */
   wake(queue?: string): void {
     if (this.stopped) return;
+    if (queue === undefined) this.drained.clear();
+    else for (const key of this.drained) if ((JSON.parse(key) as [string[]])[0].includes(queue)) this.drained.delete(key);
     if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
+    this.schedule();
+  }
+
+  /** Asks for a round because a session has free slots (groups known to be empty are skipped). */
+  credit(): void {
+    if (this.stopped) return;
+    this.schedule();
+  }
+
+  private schedule(): void {
     if (this.running) {
       this.again = true;
       return;
@@ -72,8 +94,14 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     });
   }
 
-  /** One round now (tests); joins the round in progress if there is one. */
+  /** Resolves when no round is running or asked for. */
+  async idle(): Promise<void> {
+    while (this.running) await this.running;
+  }
+
+  /** One round now, for every group (tests, tools); joins the round in progress if there is one. */
   async runOnce(): Promise<void> {
+    this.drained.clear();
     if (this.running) return this.running;
     await this.round();
   }
@@ -97,12 +125,13 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     const groups = new Map<string, Session[]>();
     for (const s of this.hub.sessions) {
       if (s.available <= 0) continue;
-      const key = JSON.stringify([[...s.queues].sort(), Object.entries(s.labels).sort()]);
+      const key = (s.groupKey ??= JSON.stringify([[...s.queues].sort(), Object.entries(s.labels).sort()]));
+      if (this.drained.has(key)) continue;
       groups.set(key, [...(groups.get(key) ?? []), s]);
     }
     let full = false;
     let claimed = 0;
-    for (const sessions of groups.values()) {
+    for (const [key, sessions] of groups) {
       const slots = this.interleave(sessions);
       if (!slots.length) continue;
       const first = sessions[0]!;
@@ -122,10 +151,12 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
         // A session that closed meanwhile never sees its jobs: they stay claimed until their
         // claim deadline and go back to the queue without counting as attempts.
         this.hub.assign(s, jobs);
-        for (const c of jobs) this.log.info({ jobId: c.job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, agentId: s.agentId }, 'job assigned');
+        // Per job, so only built when it is written.
+        if (this.log.isLevelEnabled('info')) for (const c of jobs) this.log.info({ jobId: c.job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, agentId: s.agentId }, 'job assigned');
       }
       claimed += o.value.length;
       if (o.value.length === slots.length) full = true;
+      else this.drained.add(key);
     }
     if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size, ms: performance.now() - t0 });
     return full;

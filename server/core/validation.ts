@@ -86,6 +86,16 @@ export const schemas = {
     .refine((s) => isHttpUrl(s), 'must be an absolute http:// or https:// URL'),
 } as const;
 
+/**
+ * Quick yes-answers for the shapes the hot verbs check on every call (an agent id, an attempt
+ * id, a queue name), without zod. A false is then explained by `check` with the schema.
+ */
+export const valid = {
+  id: (v: unknown): v is string => typeof v === 'string' && idPattern.test(v),
+  queue: (v: unknown): v is string => typeof v === 'string' && v.length <= limits.queueLength && queuePattern.test(v),
+  agentId: (v: unknown): v is string => typeof v === 'string' && v.length <= limits.agentIdLength && agentIdPattern.test(v),
+} as const;
+
 function isHttpUrl(s: string): boolean {
   try {
     const u = new URL(s);

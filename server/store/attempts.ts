@@ -39,7 +39,7 @@ import {
   type Failure,
   type Outcome,
 } from '../core/outcomes.js';
-import { agentIdPattern, check, checkAll, checkJson, idPattern, limits, schemas } from '../core/validation.js';
+import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { z } from 'zod';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
@@ -221,13 +221,29 @@ export async function jobClaim(db: Queryable, p: ClaimParams): Promise<Outcome<C
  * (in priority order) goes to `slots[n]`. What the dispatcher uses to batch waiting agents.
  */
 export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise<Outcome<Claimed[]>> {
-  const bad = checkAll(
-    check('slots', z.array(z.string()).min(1, 'must hold at least one slot').max(limits.claimBatch), p.slots),
-    check('slots', z.array(schemas.agentId), [...new Set(p.slots)]),
-    check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
-    check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
-    p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
-  );
+  // Once per dispatch round: the common well-formed case without zod, which explains the rest.
+  const quick =
+    Array.isArray(p.slots) &&
+    p.slots.length >= 1 &&
+    p.slots.length <= limits.claimBatch &&
+    p.slots.every(valid.agentId) &&
+    Array.isArray(p.queues) &&
+    p.queues.length >= 1 &&
+    p.queues.length <= limits.queuesPerClaim &&
+    p.queues.every(valid.queue) &&
+    Number.isInteger(p.claimTtlMs) &&
+    p.claimTtlMs >= 100 &&
+    p.claimTtlMs <= 86_400_000 &&
+    (p.labels === undefined || Object.keys(p.labels).length === 0);
+  const bad = quick
+    ? undefined
+    : checkAll(
+        check('slots', z.array(z.string()).min(1, 'must hold at least one slot').max(limits.claimBatch), p.slots),
+        check('slots', z.array(schemas.agentId), [...new Set(p.slots)]),
+        check('queues', z.array(schemas.queue).min(1, 'must name at least one queue').max(limits.queuesPerClaim), p.queues),
+        check('claimTtlMs', schemas.ttlMs, p.claimTtlMs),
+        p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
+      );
   if (bad) return bad;
   // The slots as distinct agents and, per slot, the 1-based index of its agent: a few names and
   // a short list of numbers instead of one name per slot.
@@ -390,16 +406,7 @@ interface AttemptRef {
 
 /** Validates an attempt reference: the well-formed case without zod (it runs per batch item). */
 function checkRef(p: AttemptRef): Failure | undefined {
-  if (
-    typeof p.attemptId === 'string' &&
-    idPattern.test(p.attemptId) &&
-    typeof p.agentId === 'string' &&
-    p.agentId.length <= limits.agentIdLength &&
-    agentIdPattern.test(p.agentId) &&
-    (p.jobId === undefined || (typeof p.jobId === 'string' && idPattern.test(p.jobId)))
-  ) {
-    return undefined;
-  }
+  if (valid.id(p.attemptId) && valid.agentId(p.agentId) && (p.jobId === undefined || valid.id(p.jobId))) return undefined;
   return checkAll(
     check('attemptId', schemas.id, p.attemptId),
     check('agentId', schemas.agentId, p.agentId),
@@ -589,16 +596,25 @@ const heartbeatLookupSql = statement(
  * exists and is the caller's gets a `stale_reports` row.
  */
 export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promise<Outcome<HeartbeatResult>> {
-  const bad = checkAll(
-    check(
-      'items',
-      z
-        .array(z.object({ attemptId: schemas.id, agentId: schemas.agentId, progress: z.unknown().optional() }))
-        .max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`),
-      p.items,
-    ),
-    check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs),
-  );
+  const quick =
+    Array.isArray(p.items) &&
+    p.items.length <= limits.heartbeatBatch &&
+    p.items.every((i) => valid.id(i.attemptId) && valid.agentId(i.agentId)) &&
+    Number.isInteger(p.leaseTtlMs) &&
+    p.leaseTtlMs >= 100 &&
+    p.leaseTtlMs <= 86_400_000;
+  const bad = quick
+    ? undefined
+    : checkAll(
+        check(
+          'items',
+          z
+            .array(z.object({ attemptId: schemas.id, agentId: schemas.agentId, progress: z.unknown().optional() }))
+            .max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`),
+          p.items,
+        ),
+        check('leaseTtlMs', schemas.ttlMs, p.leaseTtlMs),
+      );
   if (bad) return bad;
   const result: HeartbeatResult = { renewed: [], pending: [], lost: [] };
   if (p.items.length === 0) return ok(result);

@@ -9,7 +9,7 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
+import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { attemptEndSql, notifiedJob } from './attempts.js';
 import { currentOf, jobColumns, toJob, type Job } from './rows.js';
 import {
@@ -86,7 +86,7 @@ const byKeySql = statement(
  */
 export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outcome<Job>> {
   const bad = checkAll(
-    check('queue', schemas.queue, p.queue),
+    valid.queue(p.queue) ? undefined : check('queue', schemas.queue, p.queue),
     p.priority === undefined ? undefined : check('priority', schemas.priority, p.priority),
     p.maxAttempts === undefined ? undefined : check('maxAttempts', schemas.maxAttempts, p.maxAttempts),
     p.runAt === undefined ? undefined : check('runAt', schemas.date, p.runAt),

@@ -18,7 +18,8 @@ import {
 import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type Session } from '../core/agent-hub.js';
 import type { Failure } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
-import { fromValue, toConnectError, toPbClaimed, toPbCurrent, toPbOutcome } from './codec.js';
+import { assignMessage } from './assign-codec.js';
+import { fromValue, toConnectError, toPbCurrent, toPbOutcome } from './codec.js';
 
 export interface AgentRoutesDeps {
   hub: AgentHub;
@@ -149,7 +150,7 @@ function toServerMessage(o: AgentOutput): ServerMessage {
         },
       });
     case 'assign':
-      return create(ServerMessageSchema, { kind: { case: 'assign', value: { jobs: o.jobs.map(toPbClaimed) } } });
+      return assignMessage(o.jobs);
     case 'ack':
       return create(ServerMessageSchema, {
         kind: {
