@@ -87,6 +87,14 @@ export class Session {
   readonly held = new Map<string, { jobId: string; status: 'claimed' | 'running' }>();
   /** Attempts whose report arrived and is being written: never held again by a late start answer. */
   readonly reporting = new Set<string>();
+  /** Attempts whose start is being written. */
+  readonly starting = new Set<string>();
+  /**
+   * Attempts reported while their start was being written. Starts and reports are written by
+   * separate statements that may finish in either order: a start answered after its attempt's
+   * report (even one already written) must not make the session hold the attempt again.
+   */
+  readonly reportedWhileStarting = new Set<string>();
   credit: number;
   draining = false;
   closed = false;
@@ -347,12 +355,14 @@ export class AgentHub extends EventEmitter<HubEvents> {
     const running: string[] = [];
     await Promise.all(
       attemptIds.map(async (attemptId) => {
-        const o = await this.batcher.start({ attemptId, agentId: s.agentId });
+        s.starting.add(attemptId);
+        const o = await this.batcher.start({ attemptId, agentId: s.agentId }).finally(() => s.starting.delete(attemptId));
+        const reported = s.reportedWhileStarting.delete(attemptId);
         this.emit('attempt:start', { attemptId, agentId: s.agentId, outcome: o });
         if (o.outcome === 'ok' || o.outcome === 'duplicate') {
-          // Hold it only while it is still this attempt's and running: a duplicate start can
-          // arrive after the attempt's own report was written.
-          if (o.value.currentAttemptId === attemptId && o.value.status === 'running' && !s.closed && !s.reporting.has(attemptId)) {
+          // Hold it only while it is still this attempt's and running, and not reported: the
+          // start can be answered after the attempt's report was received, or even written.
+          if (o.value.currentAttemptId === attemptId && o.value.status === 'running' && !s.closed && !reported && !s.reporting.has(attemptId)) {
             s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
             running.push(attemptId);
           }
@@ -394,6 +404,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     for (const c of calls) {
       s.held.delete(c.attemptId);
       s.reporting.add(c.attemptId);
+      if (s.starting.has(c.attemptId)) s.reportedWhileStarting.add(c.attemptId);
     }
     this.emit('credit', s);
     const items = await Promise.all(
