@@ -43,7 +43,8 @@ describe.skipIf(!executablePath)('the dashboard in headless Chromium', () => {
     const waiting = await jobEnqueue(t.pool, { queue: 'dash-waiting', payload: { hello: 'dashboard' } });
     if (waiting.outcome !== 'ok') throw new Error('enqueue');
     const dead = await makeJob(t.pool, { queue: 'dash-dead', status: 'dead' });
-    await t.pool.query(`UPDATE jobs SET error = '{"message": "boom: the printer caught fire"}' WHERE id = $1`, [dead.id]);
+    // The job's error is its attempt's.
+    await t.pool.query(`UPDATE attempts SET error = '{"message": "boom: the printer caught fire"}' WHERE job_id = $1`, [dead.id]);
     const token = await lh.agent('dash-agent');
     const a = RawAgent.open(`127.0.0.1:${lh.port}`, { agentId: 'dash-agent', token, queues: ['dash-run'], slots: 1 });
     agents.push(a);

@@ -115,6 +115,7 @@ export function toPbAttempt(a: AttemptView): Attempt {
     startedAt: ts(a.startedAt),
     endedAt: ts(a.endedAt),
     suspectSince: ts(a.suspectSince),
+    error: obj(a.error),
   });
 }
 

@@ -1092,7 +1092,7 @@ export const QueueWaitSchema: GenMessage<QueueWait> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_admin_service, 30);
 
 /**
- * Transitions of one minute (from job_events), across all queues.
+ * Transitions of one minute (from the attempts that ended, and cancels of queued jobs), across all queues.
  *
  * @generated from message leasehold.v1.MinuteCounts
  */
