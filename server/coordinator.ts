@@ -147,6 +147,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       sessionStaleAfterMs: registry.staleAfterMs,
       metrics,
       credentials,
+      dispatcher,
     };
     const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());

@@ -1,13 +1,17 @@
 /**
  * The dispatcher does not claim for a group whose queues it just found empty because a slot was
  * freed; it claims again when jobs can have come (a NOTIFY for the queue, the poll). One job at a
- * time, every completion used to cost a claim that found nothing.
+ * time, every completion used to cost a claim that found nothing. And an enqueue on this
+ * coordinator claims its job for a waiting agent here at once, unless a job waits before it.
  */
+import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import { expect, it } from 'vitest';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { useCoordinator } from './helpers/coordinator.js';
+import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
+import { rpc } from './helpers/http.js';
+import { checkInvariants } from './helpers/invariants.js';
 import { RawAgent, toStruct } from './helpers/raw-agent.js';
 
 const t = useTestDb();
@@ -44,6 +48,57 @@ it('claims after a NOTIFY, not after every freed slot of a group it found empty'
     lh.c.dispatcher.wake();
     await lh.c.dispatcher.idle();
     expect(rounds.at(-1)).toMatchObject({ claimed: 0 });
+  } finally {
+    a.close();
+  }
+});
+
+it('hands a job enqueued on the gateway to a waiting agent here, claimed by the enqueue itself, unless a job waits before it', async () => {
+  const token = await lh.agent('quick');
+  const a = RawAgent.open(`127.0.0.1:${lh.port}`, { agentId: 'quick', token, queues: ['direct'], slots: 1 });
+  try {
+    await a.next('welcome');
+    await lh.c.dispatcher.idle();
+    const rounds: Array<{ claimed: number }> = [];
+    lh.c.dispatcher.on('dispatch:round', (r) => rounds.push(r));
+    const enqueue = (payload: object, priority = 0) =>
+      rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'direct', payload, priority }, ADMIN_KEY);
+    // The agent waits: the job is claimed for it by the enqueue, and assigned without a round.
+    const first = await enqueue({ n: 1 });
+    expect(first.status).toBe(200);
+    expect(first.json.job).toMatchObject({ status: 'JOB_STATUS_CLAIMED', agentId: 'quick', attemptNo: 1 });
+    const assign = (await a.next('assign')).assign;
+    expect(assign.jobs[0]).toMatchObject({ attemptId: first.json.job.currentAttemptId, attemptNo: 1, job: { id: first.json.job.id } });
+    expect(rounds).toEqual([]);
+    // Its only slot is taken: the next job waits in the queue, as does one after it.
+    const second = await enqueue({ n: 2 });
+    expect(second.json.job.status).toBe('JOB_STATUS_QUEUED');
+    // A third arrives while the second waits: even for an agent with a free slot, the enqueue
+    // does not claim it past the job waiting before it.
+    const third = await jobEnqueue(t.pool, {
+      queue: 'direct',
+      payload: { n: 3 },
+      handOff: { agentId: 'quick', agentLabels: {}, attemptId: randomUUID(), claimTtlMs: 30_000 },
+    });
+    expect(third.outcome === 'ok' && third.value.status).toBe('queued');
+    // Done with the first, the agent gives its slot back: the round claims the one that waited first.
+    const attemptId = assign.jobs[0].attemptId as string;
+    a.send({ started: { attemptIds: [attemptId] } });
+    await a.next('renewed');
+    a.send({ completed: { results: [{ attemptId, result: toStruct({}) }] } });
+    await a.next('ack');
+    a.send({ credit: { n: 1 } });
+    const next = (await a.next('assign')).assign;
+    expect(next.jobs[0].job.id).toBe(second.json.job.id);
+    // A job with a label the agent lacks is not handed to it either.
+    const labelled = await jobEnqueue(t.pool, {
+      queue: 'elsewhere',
+      payload: {},
+      labels: { gpu: 'yes' },
+      handOff: { agentId: 'quick', agentLabels: {}, attemptId: randomUUID(), claimTtlMs: 30_000 },
+    });
+    expect(labelled.outcome === 'ok' && labelled.value.status).toBe('queued');
+    await checkInvariants(t.pool);
   } finally {
     a.close();
   }

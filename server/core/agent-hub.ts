@@ -282,12 +282,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.emit('session:close', s, { lost: why.lost });
   }
 
-  /** Gives claimed jobs to the sessions of their slots; returns those whose session is gone. */
+  /**
+   * Gives claimed jobs to a session, into slots the caller reserved (took from its credit)
+   * before claiming: a claim made for a session never outruns its free slots, however the
+   * dispatcher's rounds and enqueue hand-offs interleave.
+   */
   assign(s: Session, jobs: Claimed[]): void {
-    for (const c of jobs) {
-      s.held.set(c.attemptId, { jobId: c.job.id, status: 'claimed' });
-      s.credit--;
-    }
+    for (const c of jobs) s.held.set(c.attemptId, { jobId: c.job.id, status: 'claimed' });
     s.send({ type: 'assign', jobs });
   }
 

@@ -11,6 +11,7 @@
  * otherwise cost a claim that finds nothing). What can put jobs there wakes it: a NOTIFY for one
  * of its queues (enqueue, requeue, the reaper), the poll, the listener reconnecting.
  */
+import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
 import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
@@ -26,6 +27,24 @@ export interface DispatcherConfig {
 export interface DispatcherEvents {
   'dispatch:round': [{ claimed: number; groups: number; ms: number }];
   'dispatch:error': [Error];
+  /** A job was claimed by its enqueue for a waiting session here (`reserve` / `settle`). */
+  'dispatch:handoff': [Claimed];
+}
+
+/** A slot reserved for a job being enqueued, and what the enqueue needs to claim it there. */
+export interface HandOff {
+  session: Session;
+  agentId: string;
+  agentLabels: Record<string, string>;
+  /** The attempt id the enqueue gives the job if it claims it: 128 bits from the CSPRNG. */
+  attemptId: string;
+  claimTtlMs: number;
+}
+
+/** 128 random bits written as a UUID (not a v4 UUID: every bit is random). */
+function randomAttemptId(): string {
+  const h = randomBytes(16).toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
 /** Claims for waiting sessions and assigns; `runOnce()` does one round now. */
@@ -34,6 +53,8 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   private again = false;
   private poll: NodeJS.Timeout | undefined;
   private rotation = 0;
+  /** Where the next enqueue hand-off starts looking among the sessions. */
+  private turn = 0;
   private stopped = true;
   /** Groups (by key) whose last claim found fewer jobs than slots. */
   private readonly drained = new Set<string>();
@@ -135,18 +156,31 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       const slots = this.interleave(sessions);
       if (!slots.length) continue;
       const first = sessions[0]!;
-      const o = await jobClaimSlots(this.db, {
-        slots: slots.map((s) => s.agentId),
-        queues: first.queues,
-        labels: first.labels,
-        claimTtlMs: this.config.claimTtlMs,
-      });
-      if (o.outcome !== 'ok') throw new Error(`jobClaimSlots refused: ${JSON.stringify(o)}`);
+      // The slots are taken from the sessions' credit while the claim runs (an enqueue hand-off
+      // meanwhile finds them gone); those the claim did not fill are given back.
+      for (const s of slots) s.credit--;
+      const unfilled = new Map<Session, number>();
+      for (const s of slots) unfilled.set(s, (unfilled.get(s) ?? 0) + 1);
+      let o: Awaited<ReturnType<typeof jobClaimSlots>>;
+      try {
+        o = await jobClaimSlots(this.db, {
+          slots: slots.map((s) => s.agentId),
+          queues: first.queues,
+          labels: first.labels,
+          claimTtlMs: this.config.claimTtlMs,
+        });
+        if (o.outcome !== 'ok') throw new Error(`jobClaimSlots refused: ${JSON.stringify(o)}`);
+      } catch (err) {
+        for (const [s, n] of unfilled) s.credit += n;
+        throw err;
+      }
       const bySession = new Map<Session, Claimed[]>();
       for (const c of o.value) {
         const s = slots[c.slot]!;
         bySession.set(s, [...(bySession.get(s) ?? []), c]);
+        unfilled.set(s, unfilled.get(s)! - 1);
       }
+      for (const [s, n] of unfilled) s.credit += n;
       for (const [s, jobs] of bySession) {
         // A session that closed meanwhile never sees its jobs: they stay claimed until their
         // claim deadline and go back to the queue without counting as attempts.
@@ -160,6 +194,38 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     }
     if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size, ms: performance.now() - t0 });
     return full;
+  }
+
+  /**
+   * For a job being enqueued on this coordinator: takes a free slot of a session here that
+   * serves `queue` and carries `labels`, so the enqueue can claim the job for its agent in the
+   * same statement (`jobEnqueue`'s hand-off) instead of a NOTIFY, a round and a claim after it.
+   * Sessions take turns. `settle` must follow, whatever the enqueue did.
+   */
+  reserve(queue: string, labels: Record<string, string> | undefined): HandOff | undefined {
+    if (this.stopped) return undefined;
+    const sessions = [...this.hub.sessions];
+    for (let i = 0; i < sessions.length; i++) {
+      const s = sessions[(i + this.turn) % sessions.length]!;
+      if (s.available <= 0 || !s.queues.includes(queue)) continue;
+      if (labels && Object.entries(labels).some(([k, v]) => s.labels[k] !== v)) continue;
+      this.turn = (i + this.turn + 1) % sessions.length;
+      s.credit--;
+      return { session: s, agentId: s.agentId, agentLabels: s.labels, attemptId: randomAttemptId(), claimTtlMs: this.config.claimTtlMs };
+    }
+    return undefined;
+  }
+
+  /** After the enqueue: the job the statement claimed for the session goes to it; else the slot is given back. */
+  settle(h: HandOff, claimed: Claimed | undefined): void {
+    if (claimed && claimed.attemptId === h.attemptId) {
+      this.hub.assign(h.session, [claimed]);
+      this.emit('dispatch:handoff', claimed);
+      if (this.log.isLevelEnabled('info')) this.log.info({ jobId: claimed.job.id, attemptId: claimed.attemptId, agentId: h.agentId }, 'job assigned as enqueued');
+      return;
+    }
+    h.session.credit++;
+    this.hub.emit('credit', h.session);
   }
 
   /** Round-robin over the sessions' free slots, starting at a rotating offset, capped at one claim batch. */

@@ -52,6 +52,11 @@ export interface EnqueueParams {
    * idempotency comparison: a duplicate enqueue keeps the first call's URL.
    */
   notifyUrl?: string;
+  /**
+   * A free slot of an agent on the caller's coordinator (the dispatcher's `reserve`): the job is
+   * claimed for it by the enqueue itself when nothing comes before it (see the statement).
+   */
+  handOff?: { agentId: string; agentLabels: Record<string, string>; attemptId: string; claimTtlMs: number };
   now?: Date;
 }
 
@@ -59,18 +64,44 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 
 // The row is the enqueue's record: what was asked for stays in its columns, the time in
 // created_at. Nothing else is written.
+//
+// With a hand-off ($11–$14: an agent with a free slot on the caller's coordinator, its labels,
+// a fresh attempt id and the claim TTL), the job is inserted already claimed for that agent (the
+// claim and its attempt as jobClaim makes them) when it could have been claimed for it right
+// away: due now, its labels carried by the agent, and no due queued job in the queue that the
+// agent could take would come before it (priority, then age: the job is the newest). That
+// check reads jobs_claim_idx from the front of the queue and stops at the first match. Then no
+// NOTIFY is sent: the job is not waiting.
 const enqueueSql = statement(
   'jobEnqueue',
-  `WITH n AS (
+  `WITH h AS (
+     SELECT $12::text IS NOT NULL
+       AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
+       AND $9::jsonb <@ $13::jsonb
+       AND NOT EXISTS (
+         SELECT 1 FROM jobs q
+         WHERE q.current_attempt_id IS NULL AND q.finished_at IS NULL AND q.queue = $1 AND q.priority >= $3
+           AND q.run_at <= coalesce($8::timestamptz, now()) AND (q.labels = '{}'::jsonb OR q.labels <@ $13::jsonb)
+       ) AS yes
+   ), n AS (
      INSERT INTO jobs (queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
-                       labels, notify_url, created_at, updated_at)
-     VALUES ($1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
-             coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()))
+                       labels, notify_url, created_at, updated_at,
+                       status, attempt_no, current_attempt_id, agent_id, claimed_at, claim_deadline, lease_expires_at)
+     SELECT $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
+            coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
+            CASE WHEN h.yes THEN 'claimed' ELSE 'queued' END::job_status, CASE WHEN h.yes THEN 1 ELSE 0 END,
+            CASE WHEN h.yes THEN $11::uuid END, CASE WHEN h.yes THEN $12::text END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END
+     FROM h
      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
      RETURNING *
    )
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
-   SELECT n.*, NULL::jsonb AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.run_at <= now()) AS notified FROM n`,
+   SELECT n.*, NULL::jsonb AS error,
+     (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.status = 'queued' AND n.run_at <= now()) AS notified
+   FROM n`,
 );
 
 // Runs after an ON CONFLICT DO NOTHING returned nothing: a new snapshot, so it sees the
@@ -112,6 +143,10 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.now ?? null,
     JSON.stringify(p.labels ?? {}),
     p.notifyUrl ?? null,
+    p.handOff?.attemptId ?? null,
+    p.handOff?.agentId ?? null,
+    JSON.stringify(p.handOff?.agentLabels ?? {}),
+    p.handOff?.claimTtlMs ?? null,
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 

@@ -8,13 +8,15 @@ import type { ConnectRouter } from '@connectrpc/connect';
 import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
-import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Queryable } from '../store/index.js';
+import type { Dispatcher } from '../core/dispatcher.js';
+import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Claimed, type Job, type Queryable } from '../store/index.js';
 import { statusFilter, toPbDetail, toPbJob, unwrap } from './codec.js';
 
 export interface JobRoutesDeps {
   db: Queryable;
   log: Logger;
   activity?: Activity | undefined;
+  dispatcher?: Dispatcher | undefined;
 }
 
 export function jobRoutes(deps: JobRoutesDeps) {
@@ -22,6 +24,9 @@ export function jobRoutes(deps: JobRoutesDeps) {
   return (router: ConnectRouter) =>
     router.service(JobService, {
       async enqueueJob(req) {
+        const labels = Object.keys(req.labels).length ? req.labels : undefined;
+        // A waiting agent here can have the job at once, claimed by the enqueue itself.
+        const h = deps.dispatcher?.reserve(req.queue, labels);
         const o = await jobEnqueue(db, {
           queue: req.queue,
           payload: req.payload ?? {},
@@ -32,7 +37,12 @@ export function jobRoutes(deps: JobRoutesDeps) {
           ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
           ...(Object.keys(req.labels).length ? { labels: req.labels } : {}),
           ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
+          ...(h ? { handOff: h } : {}),
+        }).catch((err: unknown) => {
+          if (h) deps.dispatcher!.settle(h, undefined);
+          throw err;
         });
+        if (h) deps.dispatcher!.settle(h, o.outcome === 'ok' && o.value.currentAttemptId === h.attemptId ? claimedOf(o.value, h.attemptId) : undefined);
         const { value, outcome } = unwrap(o);
         if (o.outcome === 'ok') {
           log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
@@ -67,4 +77,9 @@ export function jobRoutes(deps: JobRoutesDeps) {
         return { job: toPbJob(value.job), outcome };
       },
     });
+}
+
+/** The job an enqueue claimed for a waiting agent, as the dispatcher hands jobs out. */
+function claimedOf(job: Job, attemptId: string): Claimed {
+  return { job, slot: 0, agentId: job.agentId!, attemptId, attemptNo: job.attemptNo, claimDeadline: job.claimDeadline! };
 }

@@ -170,8 +170,9 @@ export function createMetrics(src: MetricsSources): Metrics {
   }
 
   // ── claims, starts, reports ──
-  const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });
+  const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; enqueue: by the enqueue itself for a waiting agent; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });
   on(src.dispatcher, 'dispatch:round', (x: { claimed: number }) => claims.inc({ via: 'stream' }, x.claimed));
+  on(src.dispatcher, 'dispatch:handoff', () => claims.inc({ via: 'enqueue' }));
   on(src.activity, 'attempt:claim', (x: { jobs: unknown[] }) => claims.inc({ via: 'gateway' }, x.jobs.length));
   const rounds = new Counter({ name: 'leasehold_dispatch_rounds_total', help: 'Dispatch rounds that had waiting agents.', registers: r });
   on(src.dispatcher, 'dispatch:round', () => rounds.inc());

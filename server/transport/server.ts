@@ -9,6 +9,7 @@ import type { ConnectRouter } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
+import type { Dispatcher } from '../core/dispatcher.js';
 import type { CredentialCache } from '../core/credential-cache.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
@@ -43,6 +44,8 @@ export interface ServerDeps {
    * revocations); without it every call is verified in the database.
    */
   credentials?: CredentialCache<Principal> | undefined;
+  /** When given, an enqueue can claim its job for a waiting agent here at once (`Dispatcher.reserve`). */
+  dispatcher?: Dispatcher | undefined;
 }
 
 export interface TlsFiles {
