@@ -74,7 +74,7 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 // NOTIFY is sent: the job is not waiting.
 const enqueueSql = statement(
   'jobEnqueue',
-  `WITH h AS (
+  `WITH h AS MATERIALIZED (
      SELECT $12::text IS NOT NULL
        AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
        AND $9::jsonb <@ $13::jsonb
