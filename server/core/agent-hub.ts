@@ -431,7 +431,8 @@ function ackItem(attemptId: string, o: Outcome<JobSummary>, kind: 'completed' | 
   switch (o.outcome) {
     case 'ok':
       if (log.isLevelEnabled('info')) log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
-      return { attemptId, outcome: 'ok', message: `job ${o.value.id} is ${o.value.status}` };
+      // No message: Ack.Item.message says why, for anything but OK (and it is on every job).
+      return { attemptId, outcome: 'ok', message: '' };
     case 'duplicate':
       return { attemptId, outcome: 'duplicate', storedResult: o.value.result ?? undefined, message: 'already recorded: the stored outcome stands' };
     case 'stale':
