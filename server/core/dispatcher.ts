@@ -3,8 +3,10 @@
  * as `Assign`. Sessions serving the same queues with the same labels are claimed for together,
  * in one statement, their slots interleaved so each gets a fair share. A round runs when woken
  * (NOTIFY for a queue, a session with new credit, the reaper giving jobs back) and on a slow
- * poll as the fallback (scheduled jobs coming due, a missed notification). Rounds never overlap:
- * a wake during a round makes another round follow it.
+ * poll as the fallback (scheduled jobs coming due, a missed notification). Up to two rounds run
+ * at once (a round takes the slots it claims for from their sessions' credit before its claim,
+ * so the other round, and an enqueue's hand-off, see only what is left); a wake while both run
+ * makes another round follow.
  *
  * A group whose last claim came back short (fewer jobs than free slots) found its queues empty:
  * new credit alone does not claim for it again (one job at a time, every completion would
@@ -17,6 +19,9 @@ import type { Logger } from '../log.js';
 import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
 import type { AgentHub, Session } from './agent-hub.js';
 import { limits } from './validation.js';
+
+/** Rounds at once: while one waits for its claim, the slots freed meanwhile can be claimed. */
+const MAX_ROUNDS = 2;
 
 export interface DispatcherConfig {
   claimTtlMs: number;
@@ -49,7 +54,8 @@ function randomAttemptId(): string {
 
 /** Claims for waiting sessions and assigns; `runOnce()` does one round now. */
 export class Dispatcher extends EventEmitter<DispatcherEvents> {
-  private running: Promise<void> | undefined;
+  /** The round loops running (at most `MAX_ROUNDS`). */
+  private readonly loops = new Set<Promise<void>>();
   private again = false;
   private poll: NodeJS.Timeout | undefined;
   private rotation = 0;
@@ -84,7 +90,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.poll);
-    await this.running;
+    await this.idle();
   }
 
   /**
@@ -106,24 +112,23 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   }
 
   private schedule(): void {
-    if (this.running) {
+    if (this.loops.size >= MAX_ROUNDS) {
       this.again = true;
       return;
     }
-    this.running = this.loop().finally(() => {
-      this.running = undefined;
-    });
+    const l: Promise<void> = this.loop().finally(() => this.loops.delete(l));
+    this.loops.add(l);
   }
 
   /** Resolves when no round is running or asked for. */
   async idle(): Promise<void> {
-    while (this.running) await this.running;
+    while (this.loops.size) await Promise.all(this.loops);
   }
 
-  /** One round now, for every group (tests, tools); joins the round in progress if there is one. */
+  /** One round now, for every group (tests, tools); joins the rounds in progress if there are some. */
   async runOnce(): Promise<void> {
     this.drained.clear();
-    if (this.running) return this.running;
+    if (this.loops.size) return this.idle();
     await this.round();
   }
 
