@@ -2,7 +2,7 @@
  * What operators read (AdminService, the CLI, the dashboard, the metrics gauges) and the one
  * maintenance write they have: purging finished jobs. Every read here is read-only; none is on a
  * hot path, and none added an index that the transition statements pay for, except BRIN on
- * `job_events.at` (nearly free: events are appended in time order).
+ * `attempts.ended_at` and `job_events.at` (nearly free: both are appended in time order).
  */
 import { z } from 'zod';
 import { invalid, ok, type Outcome } from '../core/outcomes.js';

@@ -11,21 +11,11 @@
 import { create, toBinary, type JsonValue } from '@bufbuild/protobuf';
 import { WireType } from '@bufbuild/protobuf/wire';
 import { ServerMessageSchema, ServerMessage_AssignSchema, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
-import { ClaimedJobSchema, JobStatus } from '../../gen/leasehold/v1/job_pb.js';
+import { ClaimedJobSchema } from '../../gen/leasehold/v1/job_pb.js';
 import type { Claimed } from '../store/index.js';
-import { toPbClaimed } from './codec.js';
+import { toPbClaimed, toPbStatus } from './codec.js';
 
 const LEN = WireType.LengthDelimited;
-
-const jobStatus: Record<string, JobStatus> = {
-  queued: JobStatus.QUEUED,
-  claimed: JobStatus.CLAIMED,
-  running: JobStatus.RUNNING,
-  succeeded: JobStatus.SUCCEEDED,
-  failed: JobStatus.FAILED,
-  dead: JobStatus.DEAD,
-  canceled: JobStatus.CANCELED,
-};
 
 type Obj = { [k: string]: JsonValue };
 const isObject = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -189,7 +179,7 @@ function jobSize(c: Claimed): number {
   if (j.queue) size += lenField(Buffer.byteLength(j.queue));
   if (isObject(j.payload)) size += lenField(structSize(j.payload));
   if (j.priority !== 0) size += 1 + int32Size(j.priority);
-  if (jobStatus[j.status]) size += 2;
+  if (toPbStatus(j.status)) size += 2;
   size += lenField(timeSize(j.runAt.getTime()));
   if (j.maxAttempts !== 0) size += 1 + int32Size(j.maxAttempts);
   if (j.attemptNo !== 0) size += 1 + int32Size(j.attemptNo);
@@ -227,7 +217,7 @@ function writeJob(o: Out, c: Claimed, size: number): void {
     o.tag(4, WireType.Varint);
     o.int32(j.priority);
   }
-  const status = jobStatus[j.status];
+  const status = toPbStatus(j.status);
   if (status) {
     o.tag(5, WireType.Varint);
     o.varint(status);
