@@ -160,6 +160,48 @@ describe('ctx.signal', () => {
     // Before the coordinator's lease (1.5 s from the last renewal) could have passed.
     expect(abortedAt - silentAt).toBeLessThan(1500);
   });
+
+  it('gives back an attempt whose start was confirmed only after it had given up on it', async () => {
+    // The first start of this queue's job commits 2 s late, as if its statement had waited that
+    // long for a connection (a PostgreSQL restart): a trigger sleeps, then moves the lease to
+    // what a statement starting now would set. That is longer than the agent waits for the
+    // confirmation (lease − one heartbeat = 1.2 s): it drops the attempt and frees its slot;
+    // then the start commits and heartbeats renew the attempt. Unless the agent gives it back,
+    // the coordinator renews it forever and the job never ends.
+    await t.pool.query(`CREATE OR REPLACE FUNCTION sdk_slow_start() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.queue = 'sdk-slow-start' AND OLD.status = 'claimed' AND NEW.status = 'running' AND NEW.attempt_no = 1 THEN
+          PERFORM pg_sleep(2);
+          NEW.started_at := clock_timestamp();
+          NEW.lease_expires_at := NEW.lease_expires_at + (clock_timestamp() - now());
+        END IF;
+        RETURN NEW;
+      END $$`);
+    await t.pool.query(`CREATE TRIGGER sdk_slow_start BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION sdk_slow_start()`);
+    try {
+      const { agent } = await newAgent('sdk-slow-start', ['sdk-slow-start']);
+      const ran: number[] = [];
+      agent.handle('sdk-slow-start', (j) => {
+        ran.push(j.attemptNo);
+        return { attemptNo: j.attemptNo };
+      });
+      const aborted = once(agent, 'aborted');
+      await agent.start();
+      const j = await enqueue('sdk-slow-start');
+      expect(String((await aborted)[0].reason)).toMatch(/local lease deadline passed/);
+      await waitFor('succeeded', async () => (await job(j.id)).status === 'succeeded', 10_000);
+      const row = await job(j.id);
+      expect(row.attempt_no).toBe(2);
+      expect(row.result).toEqual({ attemptNo: 2 });
+      expect(ran).toEqual([2]); // the first attempt's handler never ran
+      const first = (await t.pool.query(`SELECT status::text, error, retryable FROM attempts WHERE job_id = $1 AND attempt_no = 1`, [j.id])).rows[0];
+      expect(first).toMatchObject({ status: 'failed', retryable: true });
+      expect(first.error.message).toMatch(/not running this attempt/);
+      await checkInvariants(t.pool);
+    } finally {
+      await t.pool.query(`DROP TRIGGER sdk_slow_start ON jobs; DROP FUNCTION sdk_slow_start()`);
+    }
+  });
 });
 
 describe('ctx.step', () => {

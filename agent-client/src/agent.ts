@@ -9,7 +9,9 @@
  * - Keeps a local lease deadline per attempt: received_at + lease TTL − one heartbeat interval,
  *   from the assignment and then from each `Renewed` the coordinator sends when a heartbeat
  *   renewed the lease; when it passes, or on `Revoke` or `Cancel`, the attempt's signal aborts.
- *   A handler still running one interval after that is reported as a zombie.
+ *   A handler still running one interval after that is reported as a zombie. A `Renewed` for
+ *   an attempt it does not run (given up before its start was confirmed) is answered with a
+ *   retryable `Failed`, so the coordinator stops renewing it and the job is retried.
  * - Writes each result or failure to the durable outbox before sending it, resends what is not
  *   acknowledged at every connection, and forgets (ok, duplicate) or sets aside (stale) on `Ack`.
  */
@@ -114,6 +116,8 @@ export class Agent extends EventEmitter<AgentEvents> {
   private creditPending = 0;
   private sendScheduled = false;
   private ackWaiters: Array<() => void> = [];
+  /** Attempts given back with `release` and not yet acknowledged. */
+  private readonly released = new Set<string>();
   private signalHandlers: Array<[NodeJS.Signals, () => void]> = [];
   /** Cuts the reconnect wait short (on stop). */
   private wakeLoop: (() => void) | undefined;
@@ -295,6 +299,7 @@ export class Agent extends EventEmitter<AgentEvents> {
         this.leaseTtlMs = k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs;
         this.heartbeatMs = k.value.heartbeatInterval ? durationMs(k.value.heartbeatInterval) : this.heartbeatMs;
         this.connected = true;
+        this.released.clear(); // a new session holds only what Hello resumed
         this.log.info({ sessionId: k.value.sessionId, leaseTtlMs: this.leaseTtlMs, heartbeatMs: this.heartbeatMs }, 'connected to the coordinator');
         this.heartbeatTimer = setInterval(() => this.heartbeat(), this.heartbeatMs);
         this.heartbeat();
@@ -321,9 +326,16 @@ export class Agent extends EventEmitter<AgentEvents> {
         return;
       case 'renewed': {
         const deadline = Date.now() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
+        let notRunning: string[] | undefined;
         for (const id of k.value.attemptIds) {
           const r = this.running.get(id);
-          if (!r || r.abort.signal.aborted) continue;
+          if (!r) {
+            // Neither running nor reported: this agent gave the attempt up (its start came back
+            // after the local deadline) or lost its report. Heartbeats would renew it forever.
+            if (!this.outbox.has(id)) (notRunning ??= []).push(id);
+            continue;
+          }
+          if (r.abort.signal.aborted) continue;
           r.deadline = deadline;
           if (!r.started) {
             r.started = true;
@@ -331,6 +343,7 @@ export class Agent extends EventEmitter<AgentEvents> {
             r.begin?.();
           }
         }
+        if (notRunning) this.release(notRunning);
         return;
       }
       case 'drain':
@@ -473,6 +486,30 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.emit('aborted', { attemptId: r.attemptId, reason });
   }
 
+  /**
+   * Gives back attempts the coordinator renews but this agent does not run: a retryable
+   * `Failed`, so the job is retried (by this agent or another) instead of held. Not durable: if
+   * it is lost, the next `Renewed` asks again.
+   */
+  private release(attemptIds: string[]): void {
+    const ids = attemptIds.filter((id) => !this.released.has(id));
+    if (!ids.length) return;
+    for (const id of ids) this.released.add(id);
+    this.log.warn({ attemptIds: ids }, 'the coordinator renewed attempts this agent is not running: giving them back');
+    this.send({
+      kind: {
+        case: 'failed',
+        value: {
+          failures: ids.map((attemptId) => ({
+            attemptId,
+            error: { message: 'the agent is not running this attempt (it gave it up before the start was confirmed, or lost its report)' },
+            retryable: true,
+          })),
+        },
+      },
+    });
+  }
+
   // ─────────────────────────────── outbox ───────────────────────────────
 
   private queueReport(e: OutboxEntry): void {
@@ -517,6 +554,10 @@ export class Agent extends EventEmitter<AgentEvents> {
   private async onAck(item: ServerMessage_Ack_Item): Promise<void> {
     const id = item.attemptId;
     const outcome = Outcome[item.outcome] ?? String(item.outcome);
+    if (this.released.delete(id) && !this.outbox.has(id)) {
+      this.log.info({ attemptId: id, outcome, message: item.message }, 'attempt given back');
+      return;
+    }
     try {
       switch (item.outcome) {
         case Outcome.OK:

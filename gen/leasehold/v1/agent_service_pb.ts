@@ -650,7 +650,9 @@ export const ServerMessage_DrainSchema: GenMessage<ServerMessage_Drain> = /*@__P
  * The leases of these attempts were renewed by the agent's heartbeat, each for lease_ttl from
  * now (the coordinator's now). The agent sets its local deadline to
  * received_at + lease_ttl - heartbeat_interval; without renewals it aborts the work when that
- * passes, because the coordinator may have given the job to another agent.
+ * passes, because the coordinator may have given the job to another agent. Every heartbeat
+ * renews every attempt the stream holds: an agent that is not running one of these (it gave
+ * it up before its start was confirmed) answers Failed{retryable: true} to give it back.
  *
  * @generated from message leasehold.v1.ServerMessage.Renewed
  */
