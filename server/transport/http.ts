@@ -36,6 +36,9 @@ import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
 import { listenOn, routes, type ServerDeps, type TlsFiles } from './server.js';
 
+/** How long an idle kept-alive connection is kept (longer than clients and proxies keep theirs). */
+export const KEEP_ALIVE_MS = 65_000;
+
 /** Largest request body the gateway reads (documents inside are bounded lower, 256 KiB). */
 export const HTTP_READ_MAX_BYTES = 1024 * 1024;
 
@@ -90,6 +93,11 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
     ? https.createServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) }, onRequest)
     : http.createServer(onRequest);
   server.requestTimeout = 60_000;
+  // An idle kept-alive connection stays open longer than clients keep theirs (Node's global
+  // agent 5 s, load balancers commonly 60 s): the client closes first, and never sends a request
+  // into a socket the server is closing at that very moment (ECONNRESET). Node's own default
+  // (5 s) races with exactly those clients.
+  server.keepAliveTimeout = KEEP_ALIVE_MS;
   const address = await listenOn(server, addr);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'HTTP listening');
   let closing: Promise<void> | undefined;

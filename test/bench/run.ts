@@ -223,7 +223,9 @@ async function latencyRep(s: System, o: BenchOptions) {
       const wait = due - Date.now();
       if (wait > 0) await new Promise((r) => setTimeout(r, wait));
       sent.set(i, Date.now());
-      pending.push(s.enqueueOne({ id: i }));
+      const p = s.enqueueOne({ id: i });
+      p.catch(() => undefined); // awaited below (Promise.all), not an unhandled rejection meanwhile
+      pending.push(p);
     }
     await Promise.all(pending);
     const ok = await until('all started', async () => w.started.size >= total, 60_000);

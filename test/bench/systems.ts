@@ -76,7 +76,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
   const grpcUrl = `http://127.0.0.1:${c.grpc.address.port}`;
   // What n8n's HTTP Request node does: JSON over HTTP/1.1 with keep-alive.
   const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
-  const enqueue = (body: string) =>
+  const enqueue = (body: string, retried = false): Promise<void> =>
     new Promise<void>((resolve, reject) => {
       const req = http.request(
         {
@@ -93,7 +93,12 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
           res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`EnqueueJob: HTTP ${res.statusCode} ${Buffer.concat(chunks).toString()}`))));
         },
       );
-      req.on('error', reject);
+      req.on('error', (err: NodeJS.ErrnoException) => {
+        // A kept-alive socket the server closed (idle) as this request went out: the retry Node's
+        // docs show for it (the server had stopped reading that socket).
+        if (req.reusedSocket && err.code === 'ECONNRESET' && !retried) enqueue(body, true).then(resolve, reject);
+        else reject(err);
+      });
       req.end(body);
     });
   let n = 0;
