@@ -43,7 +43,7 @@ describe('connections', () => {
       new Promise<{ status: number; reused: boolean; keepAlive: string | undefined }>((resolve, reject) => {
         const req = http.get(`${lh.httpUrl}/healthz`, { agent }, (res) => {
           res.resume();
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, reused: req.reusedSocket, keepAlive: res.headers['keep-alive'] }));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, reused: req.reusedSocket, keepAlive: res.headers['keep-alive']?.toString() }));
         });
         req.on('error', reject);
       });
