@@ -92,3 +92,6 @@ start().then(
 
 // A clean exit on SIGINT (so `--cpu-prof` can write its profile); the benchmark itself kills with SIGKILL.
 process.on('SIGINT', () => process.exit(0));
+// The benchmark gone (it crashed or was killed): nothing is left to measure for, so no orphan
+// keeps running (and using the CPU the next run measures).
+process.on('disconnect', () => process.exit(0));
