@@ -62,8 +62,8 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   /** Where the next enqueue hand-off starts looking among the sessions. */
   private turn = 0;
   private stopped = true;
-  /** Groups (by key) whose last claim found fewer jobs than slots. */
-  private readonly drained = new Set<string>();
+  /** Groups (by key, with their queues) whose last claim found fewer jobs than slots. */
+  private readonly drained = new Map<string, readonly string[]>();
 
   constructor(
     private readonly db: Queryable,
@@ -100,7 +100,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   wake(queue?: string): void {
     if (this.stopped) return;
     if (queue === undefined) this.drained.clear();
-    else for (const key of this.drained) if ((JSON.parse(key) as [string[]])[0].includes(queue)) this.drained.delete(key);
+    else for (const [key, queues] of this.drained) if (queues.includes(queue)) this.drained.delete(key);
     if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
     this.schedule();
   }
@@ -153,7 +153,9 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       if (s.available <= 0) continue;
       const key = (s.groupKey ??= JSON.stringify([[...s.queues].sort(), Object.entries(s.labels).sort()]));
       if (this.drained.has(key)) continue;
-      groups.set(key, [...(groups.get(key) ?? []), s]);
+      const group = groups.get(key);
+      if (group) group.push(s);
+      else groups.set(key, [s]);
     }
     let full = false;
     let claimed = 0;
@@ -182,7 +184,9 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       const bySession = new Map<Session, Claimed[]>();
       for (const c of o.value) {
         const s = slots[c.slot]!;
-        bySession.set(s, [...(bySession.get(s) ?? []), c]);
+        const jobs = bySession.get(s);
+        if (jobs) jobs.push(c);
+        else bySession.set(s, [c]);
         unfilled.set(s, unfilled.get(s)! - 1);
       }
       for (const [s, n] of unfilled) s.credit += n;
@@ -195,7 +199,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       }
       claimed += o.value.length;
       if (o.value.length === slots.length) full = true;
-      else this.drained.add(key);
+      else this.drained.set(key, first.queues);
     }
     if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size, ms: performance.now() - t0 });
     return full;

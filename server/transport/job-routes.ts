@@ -35,7 +35,7 @@ export function jobRoutes(deps: JobRoutesDeps) {
           ...(req.runAt ? { runAt: timestampDate(req.runAt) } : {}),
           ...(req.executionTimeout ? { executionTimeoutMs: durationMs(req.executionTimeout) } : {}),
           ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
-          ...(Object.keys(req.labels).length ? { labels: req.labels } : {}),
+          ...(labels ? { labels } : {}),
           ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
           ...(h ? { handOff: h } : {}),
         }).catch((err: unknown) => {
