@@ -24,8 +24,8 @@ import {
   type AgentMessage,
   type ServerMessage,
   type ServerMessage_Ack_Item,
-} from '../../gen/leasehold/v1/agent_service_pb.js';
-import { Outcome, type ClaimedJob } from '../../gen/leasehold/v1/job_pb.js';
+} from './gen/leasehold/v1/agent_service_pb.js';
+import { Outcome, type ClaimedJob } from './gen/leasehold/v1/job_pb.js';
 import { CoordinatorChannel, grpc, type TlsOption } from './channel.js';
 import { createContext, JobError, type JobContext, type JobInfo } from './context.js';
 import { Outbox, type OutboxEntry } from './outbox.js';

@@ -10,13 +10,13 @@ import {
   ServerMessageSchema,
   type AgentMessage,
   type ServerMessage,
-} from '../../gen/leasehold/v1/agent_service_pb.js';
+} from './gen/leasehold/v1/agent_service_pb.js';
 import {
   RecordStepRequestSchema,
   RecordStepResponseSchema,
   ReserveStepRequestSchema,
   ReserveStepResponseSchema,
-} from '../../gen/leasehold/v1/attempt_service_pb.js';
+} from './gen/leasehold/v1/attempt_service_pb.js';
 
 /** TLS for the channel: `true` for the system roots, or PEM file paths (mTLS with cert and key). */
 export type TlsOption = boolean | { ca?: string; cert?: string; key?: string };
