@@ -139,6 +139,18 @@ describe('leasehold-agent', () => {
     expect(b.error.details).toMatchObject({ exitCode: 3 });
   });
 
+  it('fails at once, not retried, a command that cannot be spawned at all (spawn itself throws)', async () => {
+    // A NUL byte makes spawn() throw before any process exists, as a .cmd without a shell does
+    // on Windows (EINVAL): the job fails for good with the reason, it is not retried.
+    const c = await config('runner-unspawnable', { bad: { command: [process.execPath, 'a\u0000b'] } });
+    startRunner(c.file);
+    const j = await enqueue('bad', {}, { maxAttempts: 5 });
+    await waitFor('failed', async () => (await job(j.id)).status === 'failed', 20_000);
+    const b = await job(j.id);
+    expect(b.attempt_no).toBe(1);
+    expect(b.error.message).toMatch(/^cannot start ".*node.*": ERR_INVALID_ARG_VALUE$/);
+  });
+
   it('kills the command and its grandchild on timeout', async () => {
     const c = await config('runner-timeout', { slow: { command: node('tree.mjs'), timeout: '1s', killGrace: '300ms' } });
     startRunner(c.file);

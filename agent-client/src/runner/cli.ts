@@ -86,7 +86,7 @@ async function killLeftovers(pidDir: string): Promise<void> {
     const rec = await readFile(file, 'utf8')
       .then((t) => JSON.parse(t) as PidRecord)
       .catch(() => undefined);
-    if (rec && (await killLeftover(rec))) log.warn({ pid: rec.pid, file }, 'stopped a command left running by an earlier agent process');
+    if (rec && (await killLeftover(rec, log))) log.warn({ pid: rec.pid, file }, 'stopped a command left running by an earlier agent process');
     await rm(file, { force: true });
   }
 }

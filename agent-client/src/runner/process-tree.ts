@@ -5,6 +5,9 @@
  * - Elsewhere: the command runs as the leader of a new process group (`detached`), so
  *   `kill(-pid)` reaches its children and grandchildren: SIGTERM first, SIGKILL after the grace.
  * - Windows: `taskkill /PID <pid> /T` asks the tree to close, `taskkill /PID <pid> /T /F` forces it.
+ *   Where taskkill refuses `/T` (Wine's does) or fails otherwise, the failure is logged and the
+ *   runner stops the tree itself: the descendants found by parent process id (`wmic`, else
+ *   PowerShell's `Get-CimInstance`), each asked to close, then terminated.
  *
  * The runner records each running command in a pid file; at the next start, trees left behind
  * by an agent that was killed outright are stopped (after checking the process is still that
@@ -14,6 +17,7 @@ import { execFile, type ChildProcess, type SpawnOptions } from 'node:child_proce
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import type { Logger } from 'pino';
 
 const exec = promisify(execFile);
 
@@ -69,15 +73,17 @@ function signalGroup(pgid: number, signal: NodeJS.Signals): void {
  * Windows the group gets SIGKILL even when the leader exited at once, so a grandchild that
  * ignored SIGTERM does not outlive it.
  */
-export async function killTree(child: ChildProcess, graceMs: number, platform: Platform = process.platform): Promise<void> {
+export async function killTree(child: ChildProcess, graceMs: number, opts: { platform?: Platform; log?: Pick<Logger, 'warn'> } = {}): Promise<void> {
   const pid = child.pid;
   if (pid === undefined) return;
-  if (platform === 'win32') {
+  if ((opts.platform ?? process.platform) === 'win32') {
     if (exited(child)) return;
+    // The tree as it is now: once the command exits, taskkill /T can no longer find its children.
+    const known = await windowsTree(pid);
     const { polite, force } = windowsKillCommands(pid);
-    await exec(polite[0], polite[1]).catch(() => undefined);
-    if (await wait(child, graceMs)) return;
-    await exec(force[0], force[1]).catch(() => undefined);
+    if (!(await taskkill(polite, opts.log))) await Promise.all([...known].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
+    if ((await wait(child, graceMs)) && known.size <= 1) return;
+    if (!(await taskkill(force, opts.log)) || known.size > 1) terminate(new Set([...known, ...(await windowsTree(pid))]));
     await wait(child, 5000);
     return;
   }
@@ -85,6 +91,96 @@ export async function killTree(child: ChildProcess, graceMs: number, platform: P
   await wait(child, graceMs);
   signalGroup(pid, 'SIGKILL');
   await wait(child, 5000);
+}
+
+/** Runs a taskkill command line; false (logged with its output) when it fails. */
+async function taskkill([cmd, args]: [string, string[]], log: Pick<Logger, 'warn'> | undefined): Promise<boolean> {
+  try {
+    await exec(cmd, args);
+    return true;
+  } catch (err) {
+    const e = err as { code?: unknown; stdout?: string; stderr?: string; message: string };
+    const output = `${e.stdout ?? ''}${e.stderr ?? ''}`.trim() || e.message;
+    // Exit 128: the process is already gone, nothing to stop.
+    if (e.code !== 128) log?.warn({ command: [cmd, ...args].join(' '), exitCode: e.code, output }, 'taskkill failed: stopping the tree by parent process ids');
+    return false;
+  }
+}
+
+/** Terminates each pid (TerminateProcess on Windows); one already gone is skipped. */
+function terminate(pids: Set<number>): void {
+  for (const p of pids) {
+    try {
+      process.kill(p, 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  }
+}
+
+/** Decodes a Windows tool's output: UTF-16LE (wmic, when not on a console) or UTF-8. */
+export function decodeWindowsOutput(b: Buffer): string {
+  const utf16 = (b[0] === 0xff && b[1] === 0xfe) || (b.length > 1 && b[1] === 0 && b[0] !== 0);
+  return (utf16 ? b.toString('utf16le') : b.toString('utf8')).replace(/^\uFEFF/, '');
+}
+
+/**
+ * Parses a process list of parent and process ids: `wmic process get ParentProcessId,ProcessId`
+ * (a header, then columns) or lines of `parent pid` (PowerShell). Returns pid → parent pid.
+ */
+export function parseProcessParents(text: string): Map<number, number> {
+  const parents = new Map<number, number>();
+  const lines = text.split(/\r?\n/).map((l) => l.trim()).filter(Boolean);
+  let order: [number, number] = [0, 1];
+  if (lines[0] && /[a-z]/i.test(lines[0])) {
+    // The columns' order from where their names stand (Wine's wmic runs the names together).
+    const head = lines.shift()!.toLowerCase();
+    const parentAt = head.indexOf('parentprocessid');
+    const pidAt = head.replace('parentprocessid', ' '.repeat(15)).indexOf('processid');
+    if (parentAt < 0 || pidAt < 0) return parents;
+    order = parentAt < pidAt ? [0, 1] : [1, 0];
+  }
+  for (const l of lines) {
+    const cols = l.split(/\s+/).map(Number);
+    const parent = cols[order[0]];
+    const pid = cols[order[1]];
+    if (Number.isInteger(parent) && Number.isInteger(pid) && pid! > 0) parents.set(pid!, parent!);
+  }
+  return parents;
+}
+
+/** `pid` and its descendants, from the parent ids of every process. */
+export function descendants(pid: number, parents: Map<number, number>): Set<number> {
+  const tree = new Set([pid]);
+  for (let grew = true; grew; ) {
+    grew = false;
+    for (const [p, parent] of parents) {
+      if (!tree.has(p) && tree.has(parent)) {
+        tree.add(p);
+        grew = true;
+      }
+    }
+  }
+  return tree;
+}
+
+/** The command lines that list every process with its parent, tried in order. */
+export const windowsProcessListCommands: [string, string[]][] = [
+  ['wmic', ['process', 'get', 'ParentProcessId,ProcessId']],
+  ['powershell.exe', ['-NoProfile', '-NonInteractive', '-Command', 'Get-CimInstance Win32_Process | ForEach-Object { "$($_.ParentProcessId) $($_.ProcessId)" }']],
+];
+
+/** `pid` and its descendants on Windows (just `pid` when no process list can be had). */
+async function windowsTree(pid: number): Promise<Set<number>> {
+  for (const [cmd, args] of windowsProcessListCommands) {
+    const out = await exec(cmd, args, { encoding: 'buffer', windowsHide: true }).then(
+      (r) => decodeWindowsOutput(r.stdout),
+      () => '',
+    );
+    const parents = parseProcessParents(out);
+    if (parents.size) return descendants(pid, parents);
+  }
+  return new Set([pid]);
 }
 
 /** What a pid file records about a running command. */
@@ -97,10 +193,27 @@ export interface PidRecord {
   image?: string;
 }
 
-/** Identifies a process just spawned, for a pid file. */
-export async function describeProcess(pid: number, command: string, platform: Platform = process.platform): Promise<PidRecord> {
+/**
+ * The image name Windows shows for a command spawned as configured: the shell (`cmd.exe`, or
+ * `%ComSpec%`) when it runs through one, else the file, `.exe` added when it has no extension.
+ */
+export function expectedImage(command: { file: string; shell?: boolean }, env: NodeJS.ProcessEnv = process.env): string {
+  if (command.shell) return path.win32.basename(env.ComSpec ?? env.comspec ?? 'cmd.exe');
+  const base = path.win32.basename(command.file);
+  return path.win32.extname(base) ? base : `${base}.exe`;
+}
+
+/**
+ * Identifies a process just spawned, for a pid file. On Windows, the image that the pid really
+ * runs (`tasklist`), or, where tasklist cannot tell, the one expected from the configuration.
+ */
+export async function describeProcess(pid: number, command: { file: string; shell?: boolean }, platform: Platform = process.platform): Promise<PidRecord> {
   if (platform === 'linux') return { pid, platform, ...(await linuxStartTicks(pid).then((s) => (s ? { startTicks: s } : {}))) };
-  if (platform === 'win32') return { pid, platform, image: path.win32.basename(command) };
+  if (platform === 'win32') {
+    const [cmd, args] = windowsProcessQuery(pid);
+    const seen = parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
+    return { pid, platform, image: seen ?? expectedImage(command) };
+  }
   return { pid, platform };
 }
 
@@ -115,13 +228,13 @@ async function linuxStartTicks(pid: number): Promise<string | undefined> {
  * Stops a tree left running by an earlier agent process, if the pid still runs that command.
  * Returns whether something was killed.
  */
-export async function killLeftover(rec: PidRecord): Promise<boolean> {
+export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
   if (rec.platform === 'win32') {
     const [cmd, args] = windowsProcessQuery(rec.pid);
     const image = parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
     if (!image || !rec.image || image.toLowerCase() !== rec.image.toLowerCase()) return false;
-    const { force } = windowsKillCommands(rec.pid);
-    await exec(force[0], force[1]).catch(() => undefined);
+    const known = await windowsTree(rec.pid);
+    if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(known);
     return true;
   }
   if (rec.platform === 'linux') {

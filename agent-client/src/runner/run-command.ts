@@ -4,7 +4,7 @@
  * between success, a retryable failure and a final one. Timeout, cancel, revoke and shutdown
  * stop the whole process tree.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -31,13 +31,24 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     ...(payload.length <= PAYLOAD_ENV_MAX ? { LEASEHOLD_PAYLOAD: payload } : {}),
   };
   const [file, ...args] = cmd.command as [string, ...string[]];
-  const child = spawn(file, args, {
-    cwd: cmd.cwd,
-    env,
-    shell: cmd.shell,
-    stdio: ['pipe', 'pipe', 'pipe'],
-    ...treeSpawnOptions(),
-  });
+  const cannotStart = (err: unknown) => {
+    const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
+    // Node refuses to run a batch file without a shell (EINVAL, thrown by spawn itself).
+    const hint = code === 'EINVAL' && /\.(cmd|bat)$/i.test(file) && !cmd.shell ? ': a .cmd or .bat file needs "shell": true (docs/agent.md)' : '';
+    return new JobError(`cannot start ${JSON.stringify(file)}: ${code}${hint}`, { retryable: false });
+  };
+  let child: ChildProcessWithoutNullStreams;
+  try {
+    child = spawn(file, args, {
+      cwd: cmd.cwd,
+      env,
+      shell: cmd.shell,
+      stdio: ['pipe', 'pipe', 'pipe'],
+      ...treeSpawnOptions(),
+    });
+  } catch (err) {
+    throw cannotStart(err);
+  }
   const spawned = new Promise<void>((resolve, reject) => {
     child.once('spawn', resolve);
     child.once('error', reject);
@@ -45,15 +56,16 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   try {
     await spawned;
   } catch (err) {
-    throw new JobError(`cannot start ${JSON.stringify(file)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { retryable: false });
+    throw cannotStart(err);
   }
   const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
   await mkdir(opts.pidDir, { recursive: true });
-  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, file)));
+  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
   opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
 
   child.stdin.on('error', () => undefined); // a command that does not read its input
-  child.stdin.end(payload);
+  // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
+  child.stdin.end(`${payload}\n`);
 
   let lastJson: unknown;
   createInterface({ input: child.stdout }).on('line', (line) => {
@@ -77,7 +89,7 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     if (stopped) return;
     stopped = why;
     opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, why }, 'stopping the command and its children');
-    void killTree(child, cmd.killGrace);
+    void killTree(child, cmd.killGrace, { log: opts.log });
   };
   const timer = cmd.timeout ? setTimeout(() => stop(`timed out after ${cmd.timeout} ms`), cmd.timeout) : undefined;
   const onAbort = () => stop(String((ctx.signal.reason as Error)?.message ?? 'aborted'));
