@@ -42,12 +42,13 @@ it('the Linux walk-through of docs/agent.md runs as pasted', async () => {
   expect(stdout, stderr).toMatch(/job [0-9a-f-]{36}: JOB_STATUS_SUCCEEDED \{"sum":42\}/);
 }, 150_000);
 
-it('the WinSW template runs the agent bin with the guide\'s configuration path', () => {
+it('the WinSW template runs the installed package\'s bin with the guide\'s configuration path', () => {
   const xml = readFileSync(path.join(root, 'examples/windows/leasehold-agent.xml'), 'utf8');
   for (const tag of ['id', 'executable', 'arguments', 'workingdirectory', 'stoptimeout', 'logpath']) {
     expect(xml, tag).toMatch(new RegExp(`<${tag}>[^<]+</${tag}>`));
   }
-  expect(xml).toMatch(/<arguments>"C:\\leasehold\\agent-client\\bin\\leasehold-agent\.mjs" --config "C:\\leasehold\\agent\.json"<\/arguments>/);
+  // The package installed in C:\leasehold (test/agent-wine.test.ts runs these arguments under Wine).
+  expect(xml).toMatch(/<arguments>"C:\\leasehold\\node_modules\\@leasehold\\agent-client\\bin\\leasehold-agent\.mjs" --config "C:\\leasehold\\agent\.json"<\/arguments>/);
   expect(guide).toContain('C:\\leasehold\\agent.json');
   // Balanced tags: every element opened is closed.
   const open = [...xml.replace(/<!--[\s\S]*?-->/g, '').matchAll(/<(\/?)([a-zA-Z]+)[^>]*?(\/?)>/g)];

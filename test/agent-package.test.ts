@@ -22,20 +22,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { buildSingleFileAgent, installAgent, packAgent, root } from './helpers/agent-package.js';
 
 const run = promisify(execFile);
-const root = path.resolve(import.meta.dirname, '..');
 const readme = readFileSync(path.join(root, 'agent-client/README.md'), 'utf8');
 const rootPkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> };
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_ADMIN_KEY: 'dev-admin-key' });
-
-/** npm with output captured; a clean environment for the consumer (no workspace settings leak in). */
-function npm(args: string[], cwd: string) {
-  const env = { ...process.env };
-  for (const k of Object.keys(env)) if (k.startsWith('npm_')) delete env[k];
-  return run('npm', args, { cwd, env, maxBuffer: 16 << 20 });
-}
 
 /** Every package directory name under node_modules, scoped ones as `@scope/name`, nested included. */
 function installedPackages(dir: string, found = new Set<string>()): Set<string> {
@@ -58,10 +51,9 @@ let tgz = '';
 
 beforeAll(async () => {
   work = await mkdtemp(path.join(os.tmpdir(), 'leasehold-agent-package-'));
-  const { stdout } = await npm(['pack', '--json', '--pack-destination', work], path.join(root, 'agent-client'));
-  const packed = JSON.parse(stdout) as { filename: string; files: { path: string }[] }[];
-  tgz = path.join(work, packed[0]!.filename);
-  const files = packed[0]!.files.map((f) => f.path);
+  const packed = await packAgent(work);
+  tgz = packed.tgz;
+  const files = packed.files;
   // What runs, nothing else: compiled JavaScript with its types, the bin, the README.
   expect(files).toContain('dist/index.js');
   expect(files).toContain('dist/index.d.ts');
@@ -71,10 +63,8 @@ beforeAll(async () => {
   expect(files.filter((f) => f.startsWith('src/'))).toEqual([]);
 
   app = path.join(work, 'app');
-  await run('mkdir', ['-p', app]);
-  await writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'my-agent', private: true, type: 'module' }));
   // @types/node as a TypeScript user has it; the same version as this repository's.
-  await npm(['install', '--no-audit', '--no-fund', tgz, `@types/node@${rootPkg.devDependencies['@types/node']}`], app);
+  await installAgent(app, tgz, [`@types/node@${rootPkg.devDependencies['@types/node']}`]);
 }, 300_000);
 
 afterAll(async () => {
@@ -191,7 +181,7 @@ describe('the single-file agent (npm run build:agent)', () => {
     const dir = path.join(work, 'pc');
     await run('mkdir', ['-p', dir]);
     const file = path.join(dir, 'leasehold-agent.mjs');
-    await npm(['run', '-s', 'build:agent', '--', file], root);
+    await buildSingleFileAgent(file);
     await writeFile(
       path.join(dir, 'add.mjs'),
       "let s = '';\nprocess.stdin.on('data', (d) => (s += d)).on('end', () => { const p = JSON.parse(s); console.log(JSON.stringify({ sum: p.a + p.b })); });\n",

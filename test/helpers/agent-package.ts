@@ -1,0 +1,38 @@
+/**
+ * @leasehold/agent-client as a user gets it: packed with `npm pack` in agent-client/ (prepack
+ * compiles it) and installed with `npm install <tgz>` into an empty folder outside the
+ * repository. Also the single-file agent of `npm run build:agent`.
+ */
+import { execFile } from 'node:child_process';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { promisify } from 'node:util';
+
+const run = promisify(execFile);
+export const root = path.resolve(import.meta.dirname, '../..');
+
+/** npm with output captured, without the npm_* settings of the run that started the tests. */
+export function npm(args: string[], cwd: string) {
+  const env = { ...process.env };
+  for (const k of Object.keys(env)) if (k.startsWith('npm_')) delete env[k];
+  return run('npm', args, { cwd, env, maxBuffer: 16 << 20 });
+}
+
+/** Packs the agent package into `dir`; returns the tarball's path and the files it holds. */
+export async function packAgent(dir: string): Promise<{ tgz: string; files: string[] }> {
+  const { stdout } = await npm(['pack', '--json', '--pack-destination', dir], path.join(root, 'agent-client'));
+  const packed = JSON.parse(stdout) as { filename: string; files: { path: string }[] }[];
+  return { tgz: path.join(dir, packed[0]!.filename), files: packed[0]!.files.map((f) => f.path) };
+}
+
+/** Installs `tgz` (and `extra` packages) into a new folder `app` holding only a package.json. */
+export async function installAgent(app: string, tgz: string, extra: string[] = []): Promise<void> {
+  await mkdir(app, { recursive: true });
+  await writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'my-agent', private: true, type: 'module' }));
+  await npm(['install', '--no-audit', '--no-fund', tgz, ...extra], app);
+}
+
+/** Writes the single-file agent (`npm run build:agent`) to `file`. */
+export async function buildSingleFileAgent(file: string): Promise<void> {
+  await npm(['run', '-s', 'build:agent', '--', file], root);
+}
