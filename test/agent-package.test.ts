@@ -5,7 +5,7 @@
  * - the installed tree holds the agent's own dependencies and none of the server's or the
  *   tests' (tsx, embedded PostgreSQL, vitest, playwright, the benchmark peers);
  * - plain `node` imports it (an .mjs), and a TypeScript consumer type-checks against its .d.ts
- *   (with a misuse that must be refused, so the types are real);
+ *   (an ES module, `.mts`, with a misuse that must be refused, so the types are real);
  * - the example agent of agent-client/README.md, run with plain `node`, does a job for a
  *   coordinator started from the checkout, and SIGINT drains it to a clean exit;
  * - `npx leasehold-agent --check` checks a configuration against that coordinator.
@@ -90,10 +90,10 @@ describe('@leasehold/agent-client installed from its tarball', () => {
   it('type-checks a TypeScript consumer against its .d.ts, and refuses a misuse', async () => {
     await writeFile(
       path.join(app, 'tsconfig.json'),
-      JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, types: ['node'] }, include: ['*.ts'] }),
+      JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, types: ['node'] }, include: ['*.mts'] }),
     );
     await writeFile(
-      path.join(app, 'agent.ts'),
+      path.join(app, 'agent.mts'),
       [
         "import { createAgent, JobError, type Handler, type JobContext } from '@leasehold/agent-client';",
         'const resize: Handler = async (job, ctx: JobContext) => {',
@@ -114,13 +114,13 @@ describe('@leasehold/agent-client installed from its tarball', () => {
       throw new Error(`tsc refused the consumer:\n${e.stdout}`);
     });
     // Without the expectation the misuse is an error: the types are not `any`.
-    await writeFile(path.join(app, 'agent.ts'), readFileSync(path.join(app, 'agent.ts'), 'utf8').replace('// @ts-expect-error slots is a number', ''));
+    await writeFile(path.join(app, 'agent.mts'), readFileSync(path.join(app, 'agent.mts'), 'utf8').replace('// @ts-expect-error slots is a number', ''));
     const refused = await run(process.execPath, [tsc, '-p', app], { cwd: app }).then(
       () => '',
       (e: { stdout: string }) => e.stdout,
     );
-    expect(refused).toMatch(/agent\.ts\(10,.*error TS2322/);
-    await rm(path.join(app, 'agent.ts'));
+    expect(refused).toMatch(/agent\.mts\(10,.*error TS2322/);
+    await rm(path.join(app, 'agent.mts'));
   });
 
   it("runs agent-client/README.md's example agent with plain node against a coordinator", async () => {

@@ -4,7 +4,7 @@
  * repository. Also the single-file agent of `npm run build:agent`.
  */
 import { execFile } from 'node:child_process';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 
@@ -25,10 +25,9 @@ export async function packAgent(dir: string): Promise<{ tgz: string; files: stri
   return { tgz: path.join(dir, packed[0]!.filename), files: packed[0]!.files.map((f) => f.path) };
 }
 
-/** Installs `tgz` (and `extra` packages) into a new folder `app` holding only a package.json. */
+/** `npm install <tgz> [extra…]` in `app`, an empty folder (made if missing), as docs/agent.md says. */
 export async function installAgent(app: string, tgz: string, extra: string[] = []): Promise<void> {
   await mkdir(app, { recursive: true });
-  await writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'my-agent', private: true, type: 'module' }));
   await npm(['install', '--no-audit', '--no-fund', tgz, ...extra], app);
 }
 

@@ -20,7 +20,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/job.proto.
  */
 export const file_leasehold_v1_job: GenFile = /*@__PURE__*/
-  fileDesc("ChZsZWFzZWhvbGQvdjEvam9iLnByb3RvEgxsZWFzZWhvbGQudjEipgYKA0pvYhIKCgJpZBgBIAEoCRINCgVxdWV1ZRgCIAEoCRIoCgdwYXlsb2FkGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCghwcmlvcml0eRgEIAEoBRInCgZzdGF0dXMYBSABKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEioKBnJ1bl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMbWF4X2F0dGVtcHRzGAcgASgFEhIKCmF0dGVtcHRfbm8YCCABKAUSGAoQYXR0ZW1wdHNfc3RhcnRlZBgJIAEoBRIaChJjdXJyZW50X2F0dGVtcHRfaWQYCiABKAkSEAoIYWdlbnRfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoRZXhlY3V0aW9uX3RpbWVvdXQYDSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoPaWRlbXBvdGVuY3lfa2V5GA4gASgJEicKBnJlc3VsdBgPIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJgoFZXJyb3IYECABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmNyZWF0ZWRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpub3RpZnlfdXJsGBQgASgJEi0KBmxhYmVscxgVIAMoCzIdLmxlYXNlaG9sZC52MS5Kb2IuTGFiZWxzRW50cnkSKAoIcHJvZ3Jlc3MYFiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKFAwoHQXR0ZW1wdBIKCgJpZBgBIAEoCRISCgphdHRlbXB0X25vGAIgASgFEhAKCGFnZW50X2lkGAMgASgJEisKBnN0YXR1cxgEIAEoDjIbLmxlYXNlaG9sZC52MS5BdHRlbXB0U3RhdHVzEi4KCmNsYWltZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNsYWltX2RlYWRsaW5lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpzdGFydGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNc3VzcGVjdF9zaW5jZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoFZXJyb3IYCiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IocBCghKb2JFdmVudBIKCgJpZBgBIAEoAxIMCgRraW5kGAIgASgJEhIKCmF0dGVtcHRfaWQYAyABKAkSJgoCYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBGRhdGEYBSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Io4CCgRTdGVwEgwKBHN0ZXAYASABKAkSKAoGc3RhdHVzGAIgASgOMhgubGVhc2Vob2xkLnYxLlN0ZXBTdGF0dXMSEgoKYXR0ZW1wdF9pZBgDIAEoCRIbChNwcmV2aW91c19hdHRlbXB0X2lkGAQgASgJEiYKBm91dHB1dBgFIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIUCgxyZXNlcnZhdGlvbnMYBiABKAUSLgoKc3RhcnRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIu4BCgtTdGFsZVJlcG9ydBIKCgJpZBgBIAEoAxIOCgZqb2JfaWQYAiABKAkSEgoKYXR0ZW1wdF9pZBgDIAEoCRIQCghhZ2VudF9pZBgEIAEoCRIMCgRjYWxsGAUgASgJEhoKEmN1cnJlbnRfYXR0ZW1wdF9pZBgGIAEoCRIaChJjdXJyZW50X2F0dGVtcHRfbm8YByABKAUSLwoOY3VycmVudF9zdGF0dXMYCCABKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEiYKAmF0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ3CgxDdXJyZW50U3RhdGUSDgoGam9iX2lkGAEgASgJEicKBnN0YXR1cxgCIAEoDjIXLmxlYXNlaG9sZC52MS5Kb2JTdGF0dXMSEgoKYXR0ZW1wdF9ubxgDIAEoBRIaChJjdXJyZW50X2F0dGVtcHRfaWQYBCABKAkiSQoMQXR0ZW1wdEVycm9yEg8KB21lc3NhZ2UYASABKAkSKAoHZGV0YWlscxgCIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiiAEKCkNsYWltZWRKb2ISHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYhISCgphdHRlbXB0X2lkGAIgASgJEhIKCmF0dGVtcHRfbm8YAyABKAUSMgoOY2xhaW1fZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKs0BCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19DTEFJTUVEEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhMKD0pPQl9TVEFUVVNfREVBRBAGEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQByqfAgoNQXR0ZW1wdFN0YXR1cxIeChpBVFRFTVBUX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFkFUVEVNUFRfU1RBVFVTX0NMQUlNRUQQARIaChZBVFRFTVBUX1NUQVRVU19SVU5OSU5HEAISHAoYQVRURU1QVF9TVEFUVVNfU1VDQ0VFREVEEAMSGQoVQVRURU1QVF9TVEFUVVNfRkFJTEVEEAQSIAocQVRURU1QVF9TVEFUVVNfQ0xBSU1fRVhQSVJFRBAFEiAKHEFUVEVNUFRfU1RBVFVTX0xFQVNFX0VYUElSRUQQBhIcChhBVFRFTVBUX1NUQVRVU19USU1FRF9PVVQQBxIbChdBVFRFTVBUX1NUQVRVU19DQU5DRUxFRBAIKlgKClN0ZXBTdGF0dXMSGwoXU1RFUF9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNTVEVQX1NUQVRVU19TVEFSVEVEEAESFAoQU1RFUF9TVEFUVVNfRE9ORRACKrUBCgdPdXRjb21lEhcKE09VVENPTUVfVU5TUEVDSUZJRUQQABIOCgpPVVRDT01FX09LEAESFQoRT1VUQ09NRV9EVVBMSUNBVEUQAhIRCg1PVVRDT01FX1NUQUxFEAMSFAoQT1VUQ09NRV9DT05GTElDVBAEEhUKEU9VVENPTUVfTk9UX0ZPVU5EEAUSFQoRT1VUQ09NRV9GT1JCSURERU4QBhITCg9PVVRDT01FX0lOVkFMSUQQB2IGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChZsZWFzZWhvbGQvdjEvam9iLnByb3RvEgxsZWFzZWhvbGQudjEipgYKA0pvYhIKCgJpZBgBIAEoCRINCgVxdWV1ZRgCIAEoCRIoCgdwYXlsb2FkGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCghwcmlvcml0eRgEIAEoBRInCgZzdGF0dXMYBSABKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEioKBnJ1bl9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMbWF4X2F0dGVtcHRzGAcgASgFEhIKCmF0dGVtcHRfbm8YCCABKAUSGAoQYXR0ZW1wdHNfc3RhcnRlZBgJIAEoBRIaChJjdXJyZW50X2F0dGVtcHRfaWQYCiABKAkSEAoIYWdlbnRfaWQYCyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoRZXhlY3V0aW9uX3RpbWVvdXQYDSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoPaWRlbXBvdGVuY3lfa2V5GA4gASgJEicKBnJlc3VsdBgPIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJgoFZXJyb3IYECABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmNyZWF0ZWRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYEiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpub3RpZnlfdXJsGBQgASgJEi0KBmxhYmVscxgVIAMoCzIdLmxlYXNlaG9sZC52MS5Kb2IuTGFiZWxzRW50cnkSKAoIcHJvZ3Jlc3MYFiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJ3CgxDdXJyZW50U3RhdGUSDgoGam9iX2lkGAEgASgJEicKBnN0YXR1cxgCIAEoDjIXLmxlYXNlaG9sZC52MS5Kb2JTdGF0dXMSEgoKYXR0ZW1wdF9ubxgDIAEoBRIaChJjdXJyZW50X2F0dGVtcHRfaWQYBCABKAkiSQoMQXR0ZW1wdEVycm9yEg8KB21lc3NhZ2UYASABKAkSKAoHZGV0YWlscxgCIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiiAEKCkNsYWltZWRKb2ISHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYhISCgphdHRlbXB0X2lkGAIgASgJEhIKCmF0dGVtcHRfbm8YAyABKAUSMgoOY2xhaW1fZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKs0BCglKb2JTdGF0dXMSGgoWSk9CX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUpPQl9TVEFUVVNfUVVFVUVEEAESFgoSSk9CX1NUQVRVU19DTEFJTUVEEAISFgoSSk9CX1NUQVRVU19SVU5OSU5HEAMSGAoUSk9CX1NUQVRVU19TVUNDRUVERUQQBBIVChFKT0JfU1RBVFVTX0ZBSUxFRBAFEhMKD0pPQl9TVEFUVVNfREVBRBAGEhcKE0pPQl9TVEFUVVNfQ0FOQ0VMRUQQByq1AQoHT3V0Y29tZRIXChNPVVRDT01FX1VOU1BFQ0lGSUVEEAASDgoKT1VUQ09NRV9PSxABEhUKEU9VVENPTUVfRFVQTElDQVRFEAISEQoNT1VUQ09NRV9TVEFMRRADEhQKEE9VVENPTUVfQ09ORkxJQ1QQBBIVChFPVVRDT01FX05PVF9GT1VORBAFEhUKEU9VVENPTUVfRk9SQklEREVOEAYSEwoPT1VUQ09NRV9JTlZBTElEEAdiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * A job: the current state of its row. The history is in Attempt, JobEvent and StaleReport.
@@ -192,292 +192,6 @@ export const JobSchema: GenMessage<Job> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_job, 0);
 
 /**
- * One attempt of a job: created by a claim, ended by complete, fail, expiry or cancel.
- *
- * @generated from message leasehold.v1.Attempt
- */
-export type Attempt = Message<"leasehold.v1.Attempt"> & {
-  /**
-   * The attempt id: the fencing token every call on its behalf carries.
-   *
-   * @generated from field: string id = 1;
-   */
-  id: string;
-
-  /**
-   * 1 for the first claim of the job, then +1 per claim.
-   *
-   * @generated from field: int32 attempt_no = 2;
-   */
-  attemptNo: number;
-
-  /**
-   * The agent that claimed it; only that agent may start, heartbeat, complete or fail it.
-   *
-   * @generated from field: string agent_id = 3;
-   */
-  agentId: string;
-
-  /**
-   * How the attempt stands or ended.
-   *
-   * @generated from field: leasehold.v1.AttemptStatus status = 4;
-   */
-  status: AttemptStatus;
-
-  /**
-   * When it was claimed.
-   *
-   * @generated from field: google.protobuf.Timestamp claimed_at = 5;
-   */
-  claimedAt?: Timestamp | undefined;
-
-  /**
-   * Start by this time, or the attempt ends as claim_expired.
-   *
-   * @generated from field: google.protobuf.Timestamp claim_deadline = 6;
-   */
-  claimDeadline?: Timestamp | undefined;
-
-  /**
-   * When it was started.
-   *
-   * @generated from field: google.protobuf.Timestamp started_at = 7;
-   */
-  startedAt?: Timestamp | undefined;
-
-  /**
-   * When it ended.
-   *
-   * @generated from field: google.protobuf.Timestamp ended_at = 8;
-   */
-  endedAt?: Timestamp | undefined;
-
-  /**
-   * Set while the agent's stream is lost and the attempt has not been resumed: its lease runs
-   * down untouched, and a reconnect that lists it in Hello.resume clears this.
-   *
-   * @generated from field: google.protobuf.Timestamp suspect_since = 9;
-   */
-  suspectSince?: Timestamp | undefined;
-
-  /**
-   * The failure the attempt reported, or the reaper's account of the lease or the execution
-   * timeout it lost ({message, reason, ...}); unset for the other endings and while it runs.
-   *
-   * @generated from field: google.protobuf.Struct error = 10;
-   */
-  error?: JsonObject | undefined;
-};
-
-/**
- * Describes the message leasehold.v1.Attempt.
- * Use `create(AttemptSchema)` to create a new message.
- */
-export const AttemptSchema: GenMessage<Attempt> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 1);
-
-/**
- * One transition of a job, as its history records it: the enqueue (the job's row), each
- * attempt's claim, start and end (the attempt's row, written by the statement that ended it),
- * and the transitions no attempt makes (an operator's requeue, the cancel of a queued job).
- *
- * @generated from message leasehold.v1.JobEvent
- */
-export type JobEvent = Message<"leasehold.v1.JobEvent"> & {
-  /**
-   * Position in the job's history (1 for the enqueue); increases with time.
-   *
-   * @generated from field: int64 id = 1;
-   */
-  id: bigint;
-
-  /**
-   * What happened: enqueued, claimed, started, completed, failed, retry_scheduled,
-   * claim_expired, lease_expired, timed_out, dead, canceled, requeued.
-   *
-   * @generated from field: string kind = 2;
-   */
-  kind: string;
-
-  /**
-   * The attempt the transition was made for, if any.
-   *
-   * @generated from field: string attempt_id = 3;
-   */
-  attemptId: string;
-
-  /**
-   * When it happened (database time).
-   *
-   * @generated from field: google.protobuf.Timestamp at = 4;
-   */
-  at?: Timestamp | undefined;
-
-  /**
-   * What the transition set, by the job's column name (status always; an attempt's number,
-   * agent and start deadline on its claim; an error or a retry's due time on its end).
-   *
-   * @generated from field: google.protobuf.Struct data = 5;
-   */
-  data?: JsonObject | undefined;
-};
-
-/**
- * Describes the message leasehold.v1.JobEvent.
- * Use `create(JobEventSchema)` to create a new message.
- */
-export const JobEventSchema: GenMessage<JobEvent> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 2);
-
-/**
- * One entry of the step ledger: at most one recorded outcome per (job_id, step).
- *
- * @generated from message leasehold.v1.Step
- */
-export type Step = Message<"leasehold.v1.Step"> & {
-  /**
-   * The step name, unique within the job; job_id:step is the downstream idempotency key.
-   *
-   * @generated from field: string step = 1;
-   */
-  step: string;
-
-  /**
-   * Reserved (started) or recorded (done).
-   *
-   * @generated from field: leasehold.v1.StepStatus status = 2;
-   */
-  status: StepStatus;
-
-  /**
-   * The attempt holding the reservation, or the one that recorded the outcome.
-   *
-   * @generated from field: string attempt_id = 3;
-   */
-  attemptId: string;
-
-  /**
-   * The attempt whose unrecorded reservation this one took over, if any.
-   *
-   * @generated from field: string previous_attempt_id = 4;
-   */
-  previousAttemptId: string;
-
-  /**
-   * The recorded output (any JSON value); unset while started.
-   *
-   * @generated from field: google.protobuf.Value output = 5;
-   */
-  output?: Value | undefined;
-
-  /**
-   * How many attempts reserved the step; more than one means its outcome was once unknown.
-   *
-   * @generated from field: int32 reservations = 6;
-   */
-  reservations: number;
-
-  /**
-   * When it was first reserved.
-   *
-   * @generated from field: google.protobuf.Timestamp started_at = 7;
-   */
-  startedAt?: Timestamp | undefined;
-
-  /**
-   * When its outcome was recorded.
-   *
-   * @generated from field: google.protobuf.Timestamp finished_at = 8;
-   */
-  finishedAt?: Timestamp | undefined;
-};
-
-/**
- * Describes the message leasehold.v1.Step.
- * Use `create(StepSchema)` to create a new message.
- */
-export const StepSchema: GenMessage<Step> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 3);
-
-/**
- * A call made on behalf of an attempt that was no longer current, logged with both attempt ids.
- *
- * @generated from message leasehold.v1.StaleReport
- */
-export type StaleReport = Message<"leasehold.v1.StaleReport"> & {
-  /**
-   * Position in the log.
-   *
-   * @generated from field: int64 id = 1;
-   */
-  id: bigint;
-
-  /**
-   * The job the call was about.
-   *
-   * @generated from field: string job_id = 2;
-   */
-  jobId: string;
-
-  /**
-   * The attempt that made the late call.
-   *
-   * @generated from field: string attempt_id = 3;
-   */
-  attemptId: string;
-
-  /**
-   * The agent that made it.
-   *
-   * @generated from field: string agent_id = 4;
-   */
-  agentId: string;
-
-  /**
-   * The call: start, heartbeat, complete, fail or step.
-   *
-   * @generated from field: string call = 5;
-   */
-  call: string;
-
-  /**
-   * The job's current attempt at the time of the call, if it had one.
-   *
-   * @generated from field: string current_attempt_id = 6;
-   */
-  currentAttemptId: string;
-
-  /**
-   * The job's attempt_no at the time of the call.
-   *
-   * @generated from field: int32 current_attempt_no = 7;
-   */
-  currentAttemptNo: number;
-
-  /**
-   * The job's status at the time of the call.
-   *
-   * @generated from field: leasehold.v1.JobStatus current_status = 8;
-   */
-  currentStatus: JobStatus;
-
-  /**
-   * When the call was made.
-   *
-   * @generated from field: google.protobuf.Timestamp at = 9;
-   */
-  at?: Timestamp | undefined;
-};
-
-/**
- * Describes the message leasehold.v1.StaleReport.
- * Use `create(StaleReportSchema)` to create a new message.
- */
-export const StaleReportSchema: GenMessage<StaleReport> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 4);
-
-/**
  * What a stale (or conflicting) caller is told: the job's state now.
  *
  * @generated from message leasehold.v1.CurrentState
@@ -517,7 +231,7 @@ export type CurrentState = Message<"leasehold.v1.CurrentState"> & {
  * Use `create(CurrentStateSchema)` to create a new message.
  */
 export const CurrentStateSchema: GenMessage<CurrentState> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 5);
+  messageDesc(file_leasehold_v1_job, 1);
 
 /**
  * An error reported by an attempt. Stored on the job as {"message": message, ...details}.
@@ -545,7 +259,7 @@ export type AttemptError = Message<"leasehold.v1.AttemptError"> & {
  * Use `create(AttemptErrorSchema)` to create a new message.
  */
 export const AttemptErrorSchema: GenMessage<AttemptError> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 6);
+  messageDesc(file_leasehold_v1_job, 2);
 
 /**
  * A job handed to an agent by a claim. The agent must start it before claim_deadline.
@@ -587,7 +301,7 @@ export type ClaimedJob = Message<"leasehold.v1.ClaimedJob"> & {
  * Use `create(ClaimedJobSchema)` to create a new message.
  */
 export const ClaimedJobSchema: GenMessage<ClaimedJob> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job, 7);
+  messageDesc(file_leasehold_v1_job, 3);
 
 /**
  * The state of a job.
@@ -663,116 +377,6 @@ export const JobStatusSchema: GenEnum<JobStatus> = /*@__PURE__*/
   enumDesc(file_leasehold_v1_job, 0);
 
 /**
- * The state of one attempt.
- *
- * @generated from enum leasehold.v1.AttemptStatus
- */
-export enum AttemptStatus {
-  /**
-   * Never stored.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_UNSPECIFIED = 0;
-   */
-  UNSPECIFIED = 0,
-
-  /**
-   * Claimed, waiting for start before claim_deadline.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_CLAIMED = 1;
-   */
-  CLAIMED = 1,
-
-  /**
-   * Started; holds the job's lease.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_RUNNING = 2;
-   */
-  RUNNING = 2,
-
-  /**
-   * Completed the job.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_SUCCEEDED = 3;
-   */
-  SUCCEEDED = 3,
-
-  /**
-   * Reported a failure (retryable or final).
-   *
-   * @generated from enum value: ATTEMPT_STATUS_FAILED = 4;
-   */
-  FAILED = 4,
-
-  /**
-   * Not started before its claim deadline; does not count toward max_attempts.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_CLAIM_EXPIRED = 5;
-   */
-  CLAIM_EXPIRED = 5,
-
-  /**
-   * Its lease ran out without a heartbeat.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_LEASE_EXPIRED = 6;
-   */
-  LEASE_EXPIRED = 6,
-
-  /**
-   * Ran past the job's execution_timeout.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_TIMED_OUT = 7;
-   */
-  TIMED_OUT = 7,
-
-  /**
-   * Ended because the job was canceled.
-   *
-   * @generated from enum value: ATTEMPT_STATUS_CANCELED = 8;
-   */
-  CANCELED = 8,
-}
-
-/**
- * Describes the enum leasehold.v1.AttemptStatus.
- */
-export const AttemptStatusSchema: GenEnum<AttemptStatus> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_job, 1);
-
-/**
- * The state of one entry of the step ledger.
- *
- * @generated from enum leasehold.v1.StepStatus
- */
-export enum StepStatus {
-  /**
-   * Never stored.
-   *
-   * @generated from enum value: STEP_STATUS_UNSPECIFIED = 0;
-   */
-  UNSPECIFIED = 0,
-
-  /**
-   * Reserved by an attempt and not recorded yet: the effect may or may not have happened.
-   *
-   * @generated from enum value: STEP_STATUS_STARTED = 1;
-   */
-  STARTED = 1,
-
-  /**
-   * Recorded: output is the step's outcome, and no attempt runs the effect again.
-   *
-   * @generated from enum value: STEP_STATUS_DONE = 2;
-   */
-  DONE = 2,
-}
-
-/**
- * Describes the enum leasehold.v1.StepStatus.
- */
-export const StepStatusSchema: GenEnum<StepStatus> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_job, 2);
-
-/**
  * The outcome of a call, as a value. OK and DUPLICATE answer with gRPC status OK; on the unary
  * services every other outcome is the call's error code instead (STALE ABORTED, CONFLICT
  * ALREADY_EXISTS, NOT_FOUND NOT_FOUND, FORBIDDEN PERMISSION_DENIED, INVALID INVALID_ARGUMENT).
@@ -844,5 +448,5 @@ export enum Outcome {
  * Describes the enum leasehold.v1.Outcome.
  */
 export const OutcomeSchema: GenEnum<Outcome> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_job, 3);
+  enumDesc(file_leasehold_v1_job, 1);
 
