@@ -10,6 +10,12 @@
  * from a configuration saved as Notepad saves it (byte order mark, CRLF), a token file and an
  * outbox on `C:\`; `--check` first; Ctrl-C (SIGINT) drains it to exit code 0.
  *
+ * What cannot be checked under Wine, and why (docs/agent.md lists it too): the agent as a
+ * WinSW service (no service manager to speak of); `taskkill /T` itself (Wine's taskkill refuses
+ * `/T`, so the tree is stopped by the fallback, which this test requires to have run); the
+ * cleanup after a crashed agent (Wine's `tasklist` lists nothing, so the runner cannot confirm a
+ * pid still runs the recorded image and rightly leaves it alone); PowerShell commands.
+ *
  * Skipped where Wine is not installed, unless LEASEHOLD_REQUIRE_WINE=1 (CI sets it), which
  * makes a missing Wine a failure.
  */
