@@ -161,7 +161,8 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
 
         // Timeout: cmd and its ping are both gone (taskkill /T is refused here: the tree is found by parent ids).
         await waitFor('the ping to time out running', async () => (await pings(pingBase)) > 0, 60_000);
-        await waitFor('the timed-out job dead-lettered', async () => (await job(timedOut)).status === 'dead', 60_000);
+        await waitFor('the timed-out job ended', async () => ['dead', 'failed', 'succeeded', 'canceled'].includes((await job(timedOut)).status), 90_000);
+        expect((await job(timedOut)).status, await history(timedOut)).toBe('dead');
         expect((await job(timedOut)).error.message).toMatch(/^timed out after 3000 ms/);
         await waitFor('no ping left of the timed-out job', async () => (await pings(pingBase)) === 0, 20_000);
         expect(agent.output()).toMatch(/taskkill failed: stopping the tree by parent process ids/);
@@ -177,6 +178,10 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
         agent.child.kill('SIGINT');
         expect(await agent.exited).toBe(0);
         expect(agent.output()).toMatch(/shutting down: draining/);
+      } catch (err) {
+        // What the agent said, with the failure: the test's folder is removed afterwards.
+        (err as Error).message += `\n--- the agent's log, last lines ---\n${agent.output().split('\n').slice(-40).join('\n')}`;
+        throw err;
       } finally {
         agent.child.kill('SIGKILL');
       }

@@ -19,7 +19,15 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from 'pino';
 
-const exec = promisify(execFile);
+const execRaw = promisify(execFile);
+/**
+ * The Windows tools this file runs (taskkill, tasklist, wmic, PowerShell), each given at most
+ * TOOL_TIMEOUT_MS: a tool that hangs (WMI starting on a loaded machine, say) must not leave a
+ * command running past its timeout.
+ */
+const TOOL_TIMEOUT_MS = 10_000;
+const exec = ((cmd: string, args: string[], opts: Record<string, unknown> = {}) =>
+  execRaw(cmd, args, { timeout: TOOL_TIMEOUT_MS, windowsHide: true, ...opts })) as unknown as typeof execRaw;
 
 export type Platform = NodeJS.Platform;
 
@@ -78,12 +86,20 @@ export async function killTree(child: ChildProcess, graceMs: number, opts: { pla
   if (pid === undefined) return;
   if ((opts.platform ?? process.platform) === 'win32') {
     if (exited(child)) return;
-    // The tree as it is now: once the command exits, taskkill /T can no longer find its children.
-    const known = await windowsTree(pid);
+    // The tree as it is now (once the command exits, taskkill /T can no longer find its
+    // children), taken while taskkill asks it to close.
+    const snapshot = windowsTree(pid);
     const { polite, force } = windowsKillCommands(pid);
-    if (!(await taskkill(polite, opts.log))) await Promise.all([...known].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
+    if (!(await taskkill(polite, opts.log))) await Promise.all([...(await snapshot)].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
+    const known = await snapshot;
     if ((await wait(child, graceMs)) && known.size <= 1) return;
-    if (!(await taskkill(force, opts.log)) || known.size > 1) terminate(new Set([...known, ...(await windowsTree(pid))]));
+    if (!(await taskkill(force, opts.log)) || known.size > 1) {
+      // The command (our child: this always reaches it) and what it had started, at once; then
+      // whatever was started since the snapshot.
+      terminate(known);
+      const late = await windowsTree(pid);
+      terminate(new Set([...late].filter((p) => !known.has(p))));
+    }
     await wait(child, 5000);
     return;
   }
@@ -173,7 +189,7 @@ export const windowsProcessListCommands: [string, string[]][] = [
 /** `pid` and its descendants on Windows (just `pid` when no process list can be had). */
 async function windowsTree(pid: number): Promise<Set<number>> {
   for (const [cmd, args] of windowsProcessListCommands) {
-    const out = await exec(cmd, args, { encoding: 'buffer', windowsHide: true }).then(
+    const out = await exec(cmd, args, { encoding: 'buffer' }).then(
       (r) => decodeWindowsOutput(r.stdout),
       () => '',
     );
