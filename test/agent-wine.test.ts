@@ -34,8 +34,12 @@ import { rpc } from './helpers/http.js';
 import { setUpWine, stopWine, wineMissing, type Wine } from './helpers/wine.js';
 
 const run = promisify(execFile);
-const missing = await wineMissing();
-if (missing && process.env.LEASEHOLD_REQUIRE_WINE === '1') throw new Error(`LEASEHOLD_REQUIRE_WINE=1 but ${missing}`);
+// .ci/run runs this file on its own after the suite (LEASEHOLD_WINE_TEST=after-suite during the
+// suite): Windows programs under Wine are slow enough that, beside the suite's heaviest files on
+// two cores, their timing is what gets tested rather than their behaviour.
+const later = process.env.LEASEHOLD_WINE_TEST === 'after-suite' ? 'run on its own after the suite (.ci/run)' : undefined;
+const missing = later ?? (await wineMissing());
+if (!later && missing && process.env.LEASEHOLD_REQUIRE_WINE === '1') throw new Error(`LEASEHOLD_REQUIRE_WINE=1 but ${missing}`);
 
 const t = useTestDb();
 // Claims and leases of 30 s: a Windows Node.js under Wine, beside the rest of the suite on two
@@ -176,7 +180,8 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
 
         // Ctrl-C drains and exits 0.
         agent.child.kill('SIGINT');
-        expect(await agent.exited).toBe(0);
+        const code = await Promise.race([agent.exited, new Promise<string>((r) => setTimeout(() => r('still running 60 s after SIGINT'), 60_000))]);
+        expect(code).toBe(0);
         expect(agent.output()).toMatch(/shutting down: draining/);
       } catch (err) {
         // What the agent said, with the failure: the test's folder is removed afterwards.
@@ -185,6 +190,6 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
       } finally {
         agent.child.kill('SIGKILL');
       }
-    }, 300_000);
+    }, 480_000);
   }
 });
