@@ -22,7 +22,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
-import { buildSingleFileAgent, installAgent, packAgent, root } from './helpers/agent-package.js';
+import { buildSingleFileAgent, cleanEnv, installAgent, packAgent, root } from './helpers/agent-package.js';
 
 const run = promisify(execFile);
 const readme = readFileSync(path.join(root, 'agent-client/README.md'), 'utf8');
@@ -166,9 +166,7 @@ describe('@leasehold/agent-client installed from its tarball', () => {
     const token = await lh.agent('package-check');
     const config = path.join(app, 'agent.json');
     await writeFile(config, JSON.stringify({ url: lh.url, token, slots: 2, outboxDir: path.join(app, 'runner-outbox'), queues: { add: { command: ['node', 'add.mjs'], timeout: '1m' } } }));
-    const env = { ...process.env };
-    for (const k of Object.keys(env)) if (k.startsWith('npm_')) delete env[k];
-    const { stdout } = await run('npx', ['--no-install', 'leasehold-agent', '--config', config, '--check'], { cwd: app, env });
+    const { stdout } = await run('npx', ['--no-install', 'leasehold-agent', '--config', config, '--check'], { cwd: app, env: cleanEnv() });
     expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);
     expect(stdout).toMatch(/coordinator ok/);
     // The bin ran the compiled runner: the package has no source to run.

@@ -11,11 +11,16 @@ import { promisify } from 'node:util';
 const run = promisify(execFile);
 export const root = path.resolve(import.meta.dirname, '../..');
 
-/** npm with output captured, without the npm_* settings of the run that started the tests. */
-export function npm(args: string[], cwd: string) {
+/** This process's environment without the npm_* settings of the run that started the tests. */
+export function cleanEnv(): NodeJS.ProcessEnv {
   const env = { ...process.env };
   for (const k of Object.keys(env)) if (k.startsWith('npm_')) delete env[k];
-  return run('npm', args, { cwd, env, maxBuffer: 16 << 20 });
+  return env;
+}
+
+/** npm with output captured, in a clean environment (`cleanEnv`). */
+export function npm(args: string[], cwd: string) {
+  return run('npm', args, { cwd, env: cleanEnv(), maxBuffer: 16 << 20 });
 }
 
 /** Packs the agent package into `dir`; returns the tarball's path and the files it holds. */

@@ -22,12 +22,11 @@ import type { Logger } from 'pino';
 const execRaw = promisify(execFile);
 /**
  * The Windows tools this file runs (taskkill, tasklist, wmic, PowerShell), each given at most
- * TOOL_TIMEOUT_MS: a tool that hangs (WMI starting on a loaded machine, say) must not leave a
+ * 10 s: a tool that hangs (WMI starting on a loaded machine, say) must not leave a
  * command running past its timeout.
  */
-const TOOL_TIMEOUT_MS = 10_000;
-const exec = ((cmd: string, args: string[], opts: Record<string, unknown> = {}) =>
-  execRaw(cmd, args, { timeout: TOOL_TIMEOUT_MS, windowsHide: true, ...opts })) as unknown as typeof execRaw;
+const TOOL_OPTIONS = { timeout: 10_000, windowsHide: true };
+const exec = (cmd: string, args: string[]) => execRaw(cmd, args, TOOL_OPTIONS);
 
 export type Platform = NodeJS.Platform;
 
@@ -189,7 +188,7 @@ export const windowsProcessListCommands: [string, string[]][] = [
 /** `pid` and its descendants on Windows (just `pid` when no process list can be had). */
 async function windowsTree(pid: number): Promise<Set<number>> {
   for (const [cmd, args] of windowsProcessListCommands) {
-    const out = await exec(cmd, args, { encoding: 'buffer' }).then(
+    const out = await execRaw(cmd, args, { ...TOOL_OPTIONS, encoding: 'buffer' }).then(
       (r) => decodeWindowsOutput(r.stdout),
       () => '',
     );
@@ -197,6 +196,12 @@ async function windowsTree(pid: number): Promise<Set<number>> {
     if (parents.size) return descendants(pid, parents);
   }
   return new Set([pid]);
+}
+
+/** The image a pid runs, as tasklist says (undefined when it cannot tell, as under Wine). */
+async function windowsImage(pid: number): Promise<string | undefined> {
+  const [cmd, args] = windowsProcessQuery(pid);
+  return parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
 }
 
 /** What a pid file records about a running command. */
@@ -225,11 +230,7 @@ export function expectedImage(command: { file: string; shell?: boolean }, env: N
  */
 export async function describeProcess(pid: number, command: { file: string; shell?: boolean }, platform: Platform = process.platform): Promise<PidRecord> {
   if (platform === 'linux') return { pid, platform, ...(await linuxStartTicks(pid).then((s) => (s ? { startTicks: s } : {}))) };
-  if (platform === 'win32') {
-    const [cmd, args] = windowsProcessQuery(pid);
-    const seen = parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
-    return { pid, platform, image: seen ?? expectedImage(command) };
-  }
+  if (platform === 'win32') return { pid, platform, image: (await windowsImage(pid)) ?? expectedImage(command) };
   return { pid, platform };
 }
 
@@ -246,8 +247,7 @@ async function linuxStartTicks(pid: number): Promise<string | undefined> {
  */
 export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
   if (rec.platform === 'win32') {
-    const [cmd, args] = windowsProcessQuery(rec.pid);
-    const image = parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
+    const image = await windowsImage(rec.pid);
     if (!image || !rec.image || image.toLowerCase() !== rec.image.toLowerCase()) return false;
     const known = await windowsTree(rec.pid);
     if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(known);
