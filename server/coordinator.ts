@@ -10,6 +10,7 @@ import { AgentHub } from './core/agent-hub.js';
 import { CredentialCache } from './core/credential-cache.js';
 import { Dispatcher } from './core/dispatcher.js';
 import { Purger } from './core/purger.js';
+import { QueueWaker } from './core/queue-waker.js';
 import { Reaper } from './core/reaper.js';
 import { SessionRegistry } from './core/session-registry.js';
 import { WebhookDeliverer } from './core/webhook-deliverer.js';
@@ -68,6 +69,10 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     hub.start();
     dispatcher.start();
     cleanups.push(() => dispatcher.stop());
+
+    // Gateway enqueues wake the dispatchers after their commit (see QueueWaker).
+    const waker = new QueueWaker(db.hot, log.child({ component: 'dispatcher' }), (queue) => dispatcher.wake(queue));
+    cleanups.push(() => waker.stop());
 
     const registry = new SessionRegistry(db.pool, hub, log.child({ component: 'sessions' }));
     registry.start();
@@ -148,6 +153,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       metrics,
       credentials,
       dispatcher,
+      waker,
     };
     const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());

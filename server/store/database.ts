@@ -83,19 +83,62 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
 }
 
 /**
+ * How long a pool keeps a connection nobody uses (pg's default is 10 s). Opening one costs a
+ * backend process, a SCRAM exchange and every statement planned afresh; with the 10 s default a
+ * pool shrank between bursts and grew again in the next one, opening a dozen connections at once
+ * on a busy machine: enqueues waited half a second for them (docs/performance.md, "Connections
+ * that came and went").
+ */
+export const IDLE_CONNECTION_MS = 600_000;
+
+/**
  * A pool whose idle-client errors (a server restart, a killed backend) are logged, not thrown.
  * `hot`: its connections take `HOT_SETTINGS` before their first query.
  */
 export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean } = {}): pg.Pool {
-  const pool = new pg.Pool({
+  const pool = new ClosingPool({
     connectionString: url,
     max,
+    idleTimeoutMillis: IDLE_CONNECTION_MS,
     application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
     ...(opts.hot ? { Client: HotClient } : {}),
   });
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
   return pool;
+}
+
+/**
+ * A pool whose `end()` resolves when its connections are closed. pg-pool's resolves once it has
+ * asked them to close: a database stopped right after it (the embedded one at shutdown) ended
+ * them first, and every one logged "idle database connection failed" (57P01).
+ */
+class ClosingPool extends pg.Pool {
+  private readonly open = new Set<pg.PoolClient>();
+
+  constructor(config: pg.PoolConfig) {
+    super(config);
+    this.on('connect', (c) => this.open.add(c));
+    this.on('remove', (c) => this.open.delete(c));
+  }
+
+  override async end(): Promise<void> {
+    await super.end();
+    if (!this.open.size) return;
+    // Each closes within a round trip; the bound only keeps a dead server from holding a shutdown.
+    await new Promise<void>((resolve) => {
+      const finish = () => {
+        clearTimeout(bound);
+        this.off('remove', closed);
+        resolve();
+      };
+      const closed = () => {
+        if (!this.open.size) finish();
+      };
+      const bound = setTimeout(finish, 5000);
+      this.on('remove', closed);
+    });
+  }
 }
 
 /** A client that takes `HOT_SETTINGS` as part of connecting, so a pool hands it out ready. */

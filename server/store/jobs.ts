@@ -57,6 +57,12 @@ export interface EnqueueParams {
    * claimed for it by the enqueue itself when nothing comes before it (see the statement).
    */
   handOff?: { agentId: string; agentLabels: Record<string, string>; attemptId: string; claimTtlMs: number };
+  /**
+   * Whether the statement itself NOTIFYs the dispatchers when the job is queued and due
+   * (default). A caller that wakes them after the commit instead (`QueueWaker`: the gateway)
+   * passes false, so that enqueues do not commit one at a time on PostgreSQL's NOTIFY lock.
+   */
+  notify?: boolean;
   now?: Date;
 }
 
@@ -71,7 +77,8 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 // away: due now, its labels carried by the agent, and no due queued job in the queue that the
 // agent could take would come before it (priority, then age: the job is the newest). That
 // check reads jobs_claim_idx from the front of the queue and stops at the first match. Then no
-// NOTIFY is sent: the job is not waiting.
+// NOTIFY is sent: the job is not waiting. Nor when $15 is false: the caller wakes the
+// dispatchers after the commit (see `jobsNotify`).
 const enqueueSql = statement(
   'jobEnqueue',
   `WITH h AS MATERIALIZED (
@@ -100,7 +107,7 @@ const enqueueSql = statement(
    )
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
    SELECT n.*, NULL::jsonb AS error,
-     (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.status = 'queued' AND n.run_at <= now()) AS notified
+     (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE $15::boolean AND n.status = 'queued' AND n.run_at <= now()) AS notified
    FROM n`,
 );
 
@@ -147,6 +154,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.handOff?.agentId ?? null,
     JSON.stringify(p.handOff?.agentLabels ?? {}),
     p.handOff?.claimTtlMs ?? null,
+    p.notify ?? true,
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 

@@ -1,6 +1,7 @@
 /**
  * LISTEN/NOTIFY between coordinators: `leasehold_jobs` carries a queue name when jobs become
- * due there (sent by the enqueue, requeue and rescue statements); `leasehold_control` carries
+ * due there (sent by the requeue and rescue statements, and after a gateway enqueue by
+ * `jobsNotify`, or by the enqueue statement itself for other callers); `leasehold_control` carries
  * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain, the end of
  * a revoked agent's streams) and, for every coordinator, the credentials to forget (sent by the
  * revoking statement itself, so no revocation commits without it).
@@ -24,6 +25,19 @@ export type ControlMessage =
 
 const controlSql = statement('controlNotify', `SELECT pg_notify('${CONTROL_CHANNEL}', $1)`);
 
+// A transaction that NOTIFYs holds a database-wide lock from its commit's start to its end, WAL
+// flush included, so that notifications are queued in commit order: notifying transactions
+// commit one at a time, each waiting for its own flush. This one carries nothing but the
+// notifications (what they announce is already committed), so it commits asynchronously
+// (`set_config(…, true)` is SET LOCAL: this statement's transaction only) and holds the lock
+// for microseconds instead of a flush. If PostgreSQL crashes before flushing it, the wake-up is
+// lost and the dispatchers' poll finds the jobs.
+const jobsNotifySql = statement(
+  'jobsNotify',
+  `SELECT set_config('synchronous_commit', 'off', true) AS sync,
+          (SELECT count(pg_notify('${JOBS_CHANNEL}', q)) FROM unnest($1::text[]) q) AS notified`,
+);
+
 /**
  * The SQL expression that sends `{type: 'credentials', kind, name}` on the control channel, for
  * the revoking statements of keys.ts and agents.ts to embed: `nameSql` is a column of their rows.
@@ -35,6 +49,14 @@ export function credentialsNotifySql(kind: 'key' | 'agent', nameSql: string): st
 /** Sends a control message to every coordinator (delivered when the caller's transaction commits). */
 export async function controlNotify(db: Queryable, msg: ControlMessage): Promise<void> {
   await run(db, controlSql, [JSON.stringify(msg)]);
+}
+
+/**
+ * Tells every coordinator's dispatcher that `queues` have due jobs, in a transaction of its own
+ * (sent after the transaction that made them due has committed).
+ */
+export async function jobsNotify(db: Queryable, queues: readonly string[]): Promise<void> {
+  await run(db, jobsNotifySql, [queues]);
 }
 
 export interface ListenerEvents {

@@ -9,6 +9,7 @@ import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import type { Dispatcher } from '../core/dispatcher.js';
+import type { QueueWaker } from '../core/queue-waker.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Claimed, type Job, type Queryable } from '../store/index.js';
 import { statusFilter, toPbDetail, toPbJob, unwrap } from './codec.js';
 
@@ -17,6 +18,7 @@ export interface JobRoutesDeps {
   log: Logger;
   activity?: Activity | undefined;
   dispatcher?: Dispatcher | undefined;
+  waker?: QueueWaker | undefined;
 }
 
 export function jobRoutes(deps: JobRoutesDeps) {
@@ -38,6 +40,8 @@ export function jobRoutes(deps: JobRoutesDeps) {
           ...(labels ? { labels } : {}),
           ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
           ...(h ? { handOff: h } : {}),
+          // With a waker, the dispatchers are woken after the commit (see QueueWaker).
+          notify: !deps.waker,
         }).catch((err: unknown) => {
           if (h) deps.dispatcher!.settle(h, undefined);
           throw err;
@@ -45,6 +49,7 @@ export function jobRoutes(deps: JobRoutesDeps) {
         if (h) deps.dispatcher!.settle(h, o.outcome === 'ok' && o.value.currentAttemptId === h.attemptId ? claimedOf(o.value, h.attemptId) : undefined);
         const { value, outcome } = unwrap(o);
         if (o.outcome === 'ok') {
+          if (value.status === 'queued' && value.runAt.getTime() <= Date.now()) deps.waker?.wake(value.queue);
           log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
           deps.activity?.emit('job:enqueued', value);
         }

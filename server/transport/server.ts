@@ -19,6 +19,7 @@ import { attemptRoutes } from './attempt-routes.js';
 import { authInterceptor, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
+import type { QueueWaker } from '../core/queue-waker.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
 
@@ -46,6 +47,11 @@ export interface ServerDeps {
   credentials?: CredentialCache<Principal> | undefined;
   /** When given, an enqueue can claim its job for a waiting agent here at once (`Dispatcher.reserve`). */
   dispatcher?: Dispatcher | undefined;
+  /**
+   * When given, a gateway enqueue wakes the dispatchers after its commit through it, instead of
+   * a NOTIFY inside the enqueue's transaction.
+   */
+  waker?: QueueWaker | undefined;
 }
 
 export interface TlsFiles {
