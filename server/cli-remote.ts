@@ -153,13 +153,16 @@ export function registerRemoteCommands(program: Command): void {
   const agents = program.commands.find((c) => c.name() === 'agents') ?? program.command('agents');
   agents.description('agent identities (each connects with its own token), their streams and what they hold');
 
-  remote(agents.command('add <name>').description('register an agent and print its token (shown once)')).action(
-    action(async (api, name: string, f: ApiFlags) => {
-      const r = await api.admin.createAgent({ agentId: name });
-      if (f.json) return printJson(CreateAgentResponseSchema, r);
-      out(`agent ${r.agentId} created; its token (shown once, keep it secret):\n${r.token}`);
-    }),
-  );
+  remote(agents.command('add <name>').description('register an agent and print its token (shown once)'))
+    .option('--quiet', 'print only the token')
+    .action(
+      action(async (api, name: string, f: ApiFlags & { quiet?: boolean }) => {
+        const r = await api.admin.createAgent({ agentId: name });
+        if (f.json) return printJson(CreateAgentResponseSchema, r);
+        if (f.quiet) return out(r.token);
+        out(`agent ${r.agentId} created; its token (shown once, keep it secret):\n${r.token}`);
+      }),
+    );
 
   remote(agents.command('list').description('list agents with their streams, slots and held (suspect) attempts'))
     .option('--all', 'include revoked agents that hold nothing')

@@ -95,6 +95,16 @@ describe('agent tokens from the command line', () => {
     expect((dup as { code: number }).code).toBe(1);
     expect((dup as { stderr: string }).stderr).toMatch(/already exists/);
   });
+
+  it('`leasehold agents add NAME --quiet` prints the token alone, for scripts', async () => {
+    const env = { ...process.env, LEASEHOLD_URL: lh.httpUrl, LEASEHOLD_KEY: ADMIN_KEY, LEASEHOLD_LOG_LEVEL: 'warn', LEASEHOLD_LOG_FORMAT: 'json' };
+    const root = path.resolve(import.meta.dirname, '..');
+    const add = await run(process.execPath, ['--import', 'tsx', 'server/cli.ts', 'agents', 'add', 'cli-quiet', '--quiet'], { cwd: root, env });
+    expect(add.stdout).toMatch(/^\S+\n$/);
+    const a = agent(`127.0.0.1:${lh.port}`, { agentId: 'cli-quiet', token: add.stdout.trim(), queues: ['cli'], slots: 1 });
+    await a.next('welcome');
+    a.close();
+  });
 });
 
 describe('TLS', () => {

@@ -224,6 +224,24 @@ describe('bad input on the stream', () => {
     expect(end.details).toMatch(/first message on the stream must be Hello/);
   });
 
+  it('clamps a Credit above the slots of Hello (never more held than slots) and ends the stream on Credit{0}', async () => {
+    const token = await lh.agent('generous');
+    const a = agent({ agentId: 'generous', token, queues: ['generous'], slots: 2 });
+    await a.next('welcome');
+    a.send({ credit: { n: 1000 } });
+    const jobs = [await enqueue('generous'), await enqueue('generous'), await enqueue('generous')];
+    const assigned = new Set<string>();
+    while (assigned.size < 2) for (const j of (await a.next('assign')).assign.jobs) assigned.add(j.job.id as string);
+    await lh.c.dispatcher.runOnce(); // a round with the credit granted: still only two held
+    const rows = (await t.pool.query('SELECT id::text, status::text FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id', [jobs.map((j) => j.id)])).rows;
+    expect(rows.filter((r) => r.status === 'claimed')).toHaveLength(2);
+    expect(rows.filter((r) => r.status === 'queued')).toHaveLength(1);
+    a.send({ credit: { n: 0 } });
+    const end = await a.ended;
+    expect(end.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(end.details).toMatch(/Credit\.n must be a positive number/);
+  });
+
   it('refuses an unknown token with UNAUTHENTICATED and a malformed Hello with INVALID_ARGUMENT', async () => {
     const bad = agent({ agentId: 'nobody', token: 'lh_agent_wrong', queues: ['q'], slots: 1 });
     expect((await bad.ended).code).toBe(grpc.status.UNAUTHENTICATED);

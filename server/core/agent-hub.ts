@@ -241,7 +241,8 @@ export class AgentHub extends EventEmitter<HubEvents> {
       case 'hello':
         throw new ProtocolError('Hello was already received on this stream');
       case 'credit':
-        if (!Number.isInteger(m.n) || m.n < 1 || m.n > s.slots) throw new ProtocolError(`Credit.n must be 1..${s.slots} (the slots of Hello), got ${m.n}`);
+        if (!Number.isInteger(m.n) || m.n < 1) throw new ProtocolError(`Credit.n must be a positive number of jobs, got ${m.n}`);
+        // Over-granting is harmless: credit never exceeds the slots of Hello.
         s.credit = Math.min(s.credit + m.n, s.slots);
         this.emit('credit', s);
         return;

@@ -165,7 +165,7 @@ export const AgentMessage_HelloSchema: GenMessage<AgentMessage_Hello> = /*@__PUR
  */
 export type AgentMessage_Credit = Message<"leasehold.v1.AgentMessage.Credit"> & {
   /**
-   * Number of additional jobs; positive.
+   * Number of additional jobs; positive. Credit never exceeds Hello.slots: more is clamped.
    *
    * @generated from field: int32 n = 1;
    */
