@@ -35,6 +35,13 @@ export interface Config {
   webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number };
   /** Every dead-letter alert is also POSTed here (`LEASEHOLD_ALERT_URL`), signed with the notify secret. */
   alertUrl: string | undefined;
+  /**
+   * A new agent stream must send Hello within this (`LEASEHOLD_HELLO_TIMEOUT`, default 10 s) or
+   * is closed with DEADLINE_EXCEEDED; at most `helloPendingMax` (`LEASEHOLD_HELLO_PENDING_MAX`,
+   * default 256) streams wait for theirs at once, the rest are refused with RESOURCE_EXHAUSTED.
+   */
+  helloTimeoutMs: number;
+  helloPendingMax: number;
   /** TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
   tls: { certFile: string; keyFile: string } | undefined;
 }
@@ -106,6 +113,8 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       backoffMs: duration('LEASEHOLD_WEBHOOK_BACKOFF', env.LEASEHOLD_WEBHOOK_BACKOFF, 5_000, 0),
     },
     alertUrl: env.LEASEHOLD_ALERT_URL || undefined,
+    helloTimeoutMs: duration('LEASEHOLD_HELLO_TIMEOUT', env.LEASEHOLD_HELLO_TIMEOUT, 10_000, 100),
+    helloPendingMax: count('LEASEHOLD_HELLO_PENDING_MAX', env.LEASEHOLD_HELLO_PENDING_MAX, 256, 1, 100_000),
     tls: undefined,
   };
   if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {

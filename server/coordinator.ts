@@ -147,6 +147,8 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       leaseTtlMs: config.leaseTtlMs,
       claimTtlMs: config.claimTtlMs,
       heartbeatIntervalMs: config.heartbeatIntervalMs,
+      helloTimeoutMs: config.helloTimeoutMs,
+      helloPendingMax: config.helloPendingMax,
       activity,
       retentionMs: config.retentionMs,
       sessionStaleAfterMs: registry.staleAfterMs,

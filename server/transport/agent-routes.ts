@@ -24,23 +24,35 @@ import { fromValue, toConnectError, toPbCurrent, toPbOutcome } from './codec.js'
 export interface AgentRoutesDeps {
   hub: AgentHub;
   log: Logger;
+  /** A new stream must say Hello within this; default 10 s. */
+  helloTimeoutMs?: number | undefined;
+  /** At most this many streams wait for their Hello at once; default 256. */
+  helloPendingMax?: number | undefined;
 }
 
 export function agentRoutes(deps: AgentRoutesDeps) {
+  // Streams that have not said Hello yet hold memory and a connection without any credential:
+  // they are few and short-lived, or refused.
+  const waiting = { n: 0 };
   return (router: ConnectRouter) =>
     router.service(AgentService, {
-      connect: (requests: AsyncIterable<AgentMessage>, ctx: HandlerContext) => connect(deps, requests, ctx),
+      connect: (requests: AsyncIterable<AgentMessage>, ctx: HandlerContext) => connect(deps, waiting, requests, ctx),
     });
 }
 
-async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMessage>, ctx: HandlerContext): AsyncGenerator<ServerMessage> {
+async function* connect(
+  deps: AgentRoutesDeps,
+  waiting: { n: number },
+  requests: AsyncIterable<AgentMessage>,
+  ctx: HandlerContext,
+): AsyncGenerator<ServerMessage> {
   const { hub, log } = deps;
   const raw = requests[Symbol.asyncIterator]();
   // A frame that does not decode is the agent's mistake: INVALID_ARGUMENT, not INTERNAL.
   const it: AsyncIterator<AgentMessage> = {
     next: () => raw.next().catch((err: unknown) => Promise.reject(asReadError(err))),
   };
-  const first = await it.next();
+  const first = await firstMessage(deps, waiting, it);
   if (first.done) return;
   if (first.value.kind.case !== 'hello') {
     throw new ConnectError(
@@ -99,6 +111,32 @@ async function* connect(deps: AgentRoutesDeps, requests: AsyncIterable<AgentMess
     // sending: returning ends the call, which ends the reading; waiting for it would wait for
     // the agent.
     if (readingDone) await reading;
+  }
+}
+
+/**
+ * The stream's first message, within the Hello timeout; refused at once when too many streams
+ * already wait for theirs.
+ */
+async function firstMessage(deps: AgentRoutesDeps, waiting: { n: number }, it: AsyncIterator<AgentMessage>): Promise<IteratorResult<AgentMessage>> {
+  const max = deps.helloPendingMax ?? 256;
+  if (waiting.n >= max) {
+    deps.log.warn({ waiting: waiting.n }, 'agent stream refused: too many streams waiting for their Hello');
+    throw new ConnectError(`too many streams waiting to say Hello (${max}), retry later`, Code.ResourceExhausted);
+  }
+  const ms = deps.helloTimeoutMs ?? 10_000;
+  waiting.n++;
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      it.next(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new ConnectError(`no Hello within ${ms} ms of opening the stream`, Code.DeadlineExceeded)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+    waiting.n--;
   }
 }
 

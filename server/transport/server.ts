@@ -32,6 +32,9 @@ export interface ServerDeps {
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
+  /** How long a new agent stream may take to say Hello (default 10 s), and how many may wait at once (default 256). */
+  helloTimeoutMs?: number | undefined;
+  helloPendingMax?: number | undefined;
   /** What the unary routes did, for metrics; optional (tests build listeners without it). */
   activity?: Activity | undefined;
   /** AdminService.PurgeJobs without older_than purges past this (`LEASEHOLD_RETENTION`). */
@@ -87,14 +90,14 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const health = createHealth({
     services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService', 'leasehold.v1.AdminService'],
   });
-  const handler = connectNodeAdapter({
+  const handler = plainGrpcMessages(connectNodeAdapter({
     // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
     // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
     acceptCompression: [],
     routes: routes(deps, health),
     interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
     readMaxBytes: READ_MAX_BYTES,
-  });
+  }));
   const server = tls
     ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true }, handler)
     : http2.createServer(handler);
@@ -121,6 +124,39 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
         clearTimeout(deadline);
       })()),
   };
+}
+
+type NodeHandler = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void;
+
+/**
+ * Error messages every gRPC client reads as sent. Connect percent-encodes `grpc-message` with
+ * `encodeURIComponent`; grpc-js (our SDK's transport, and others') decodes it with `decodeURI`,
+ * which leaves `%3A`, `%2C`, `%3B`… as they are, so "Hello refused: …" arrived as
+ * "Hello refused%3A …". The gRPC spec asks only for bytes outside 0x20–0x7E and `%` to be
+ * encoded, which every decoder undoes: the header is re-encoded that way, in the headers of an
+ * error without messages and in the trailers.
+ */
+function plainGrpcMessages(handler: NodeHandler): NodeHandler {
+  return (req, res) => {
+    const writeHead = res.writeHead.bind(res) as (status: number, headers?: http2.OutgoingHttpHeaders) => unknown;
+    const addTrailers = res.addTrailers.bind(res);
+    (res as { writeHead: unknown }).writeHead = (status: number, headers?: http2.OutgoingHttpHeaders) => writeHead(status, headers && withPlainMessage(headers));
+    res.addTrailers = (trailers) => addTrailers(withPlainMessage(trailers));
+    handler(req, res);
+  };
+}
+
+function withPlainMessage<H extends Record<string, unknown>>(headers: H): H {
+  const m = headers['grpc-message'];
+  if (typeof m !== 'string') return headers;
+  let text: string;
+  try {
+    text = decodeURIComponent(m);
+  } catch {
+    return headers;
+  }
+  const encoded = Array.from(Buffer.from(text, 'utf8'), (b) => (b >= 0x20 && b <= 0x7e && b !== 0x25 ? String.fromCharCode(b) : `%${b.toString(16).toUpperCase().padStart(2, '0')}`)).join('');
+  return { ...headers, 'grpc-message': encoded };
 }
 
 /** `host:port` or `[v6]:port` → [host, port]. */
