@@ -4,8 +4,13 @@
  * fields, huge strings, deep nesting, unknown enums, random bytes); the server must answer each
  * with a 4xx or INVALID_ARGUMENT, keep serving, and write nothing.
  */
+import { fromBinary } from '@bufbuild/protobuf';
 import fc from 'fast-check';
 import { afterAll, describe, expect, it } from 'vitest';
+import { Health } from '../gen/grpc/health/v1/health_pb.js';
+import { AdminService } from '../gen/leasehold/v1/admin_service_pb.js';
+import { AttemptService } from '../gen/leasehold/v1/attempt_service_pb.js';
+import { JobService } from '../gen/leasehold/v1/job_service_pb.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
 import { grpc } from './helpers/raw-agent.js';
@@ -89,6 +94,70 @@ describe('fuzzing the HTTP gateway', () => {
     );
     console.log('gateway fuzz statuses', Object.fromEntries(statuses));
     expect(await counts()).toEqual(before);
+    expect((await fetch(`${lh.httpUrl}/healthz`)).status).toBe(200);
+  }, 180_000);
+});
+
+describe('raw protobuf on every unary method', () => {
+  const unary = [JobService, AttemptService, AdminService, Health].flatMap((svc) =>
+    svc.methods.filter((m) => m.methodKind === 'unary').map((m) => ({ path: `/${svc.typeName}/${m.name}`, input: m.input })),
+  );
+  const clients: grpc.Client[] = [];
+  afterAll(() => clients.forEach((c) => c.close()));
+  const client = () => {
+    const c = new grpc.Client(`127.0.0.1:${lh.port}`, grpc.credentials.createInsecure());
+    clients.push(c);
+    return c;
+  };
+  const call = (c: grpc.Client, path: string, bytes: Buffer) =>
+    new Promise<{ code: number; details: string }>((resolve) => {
+      c.makeUnaryRequest(path, (b: Buffer) => b, (b: Buffer) => b, bytes, new grpc.Metadata(), (err: grpc.ServiceError | null) =>
+        resolve(err ? { code: err.code, details: err.details } : { code: grpc.status.OK, details: '' }),
+      );
+    });
+  // Random bytes, and bytes that look like protobuf: a tag of a real field number with every wire
+  // type, followed by random bytes (wrong types, truncated lengths).
+  const bytes = fc.oneof(
+    fc.uint8Array({ minLength: 1, maxLength: 200 }),
+    fc.tuple(fc.integer({ min: 1, max: 12 }), fc.integer({ min: 0, max: 7 }), fc.uint8Array({ maxLength: 40 })).map(([field, wire, rest]) =>
+      Uint8Array.from([(field << 3) | wire, ...rest]),
+    ),
+  );
+
+  it(`answers ${RUNS} undecodable requests on gRPC and on the gateway with INVALID_ARGUMENT / 400 naming the message, and keeps serving`, async () => {
+    const before = await counts();
+    const c = client();
+    const seen = { malformed: 0, decodable: 0 };
+    await fc.assert(
+      fc.asyncProperty(fc.constantFrom(...unary), bytes, async (m, raw) => {
+        const b = Buffer.from(raw);
+        let decodable = true;
+        try {
+          fromBinary(m.input, b);
+        } catch {
+          decodable = false;
+        }
+        seen[decodable ? 'decodable' : 'malformed']++;
+        const g = await call(c, m.path, b);
+        const res = await fetch(`${lh.httpUrl}${m.path}`, { method: 'POST', headers: { 'content-type': 'application/proto' }, body: b });
+        const text = await res.text();
+        if (!decodable) {
+          expect(g.code, `${m.path} gRPC ${g.code} ${g.details}`).toBe(grpc.status.INVALID_ARGUMENT);
+          expect(g.details).toMatch(new RegExp(`^malformed ${m.input.typeName.replaceAll('.', '\\.')}: `));
+          expect(res.status, `${m.path} HTTP ${res.status} ${text}`).toBe(400);
+          expect(JSON.parse(text)).toMatchObject({ code: 'invalid_argument', outcome: 'invalid', message: expect.stringMatching(/^malformed /) });
+        } else {
+          // Decoded (into some message): whatever the answer, never the server's own failure.
+          expect([grpc.status.INTERNAL, grpc.status.UNKNOWN], `${m.path} gRPC ${g.code} ${g.details}`).not.toContain(g.code);
+          expect(res.status, `${m.path} HTTP ${res.status} ${text}`).toBeLessThan(500);
+        }
+      }),
+      { numRuns: RUNS },
+    );
+    console.log('raw protobuf fuzz', seen);
+    expect(seen.malformed).toBeGreaterThan(0);
+    expect(await counts()).toEqual(before); // no key was given: nothing could be written
+    expect(await call(c, '/grpc.health.v1.Health/Check', Buffer.alloc(0))).toEqual({ code: grpc.status.OK, details: '' });
     expect((await fetch(`${lh.httpUrl}/healthz`)).status).toBe(200);
   }, 180_000);
 });

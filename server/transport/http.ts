@@ -34,7 +34,7 @@ import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
-import { listenOn, routes, type ServerDeps, type TlsFiles } from './server.js';
+import { listenOn, malformedMessage, routes, type ServerDeps, type TlsFiles } from './server.js';
 
 /** How long an idle kept-alive connection is kept (longer than clients and proxies keep theirs). */
 export const KEEP_ALIVE_MS = 65_000;
@@ -70,6 +70,9 @@ const captureFailure: Interceptor = (next) => async (req) => {
 export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
   const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AdminService'] });
   const router = createConnectRouter({
+    // The Connect protocol only (JSON, or application/proto): gRPC is the gRPC listener's.
+    grpc: false,
+    grpcWeb: false,
     interceptors: [captureFailure, authInterceptor({ db: deps.db, credentials: deps.credentials })],
     // Over the limit the request never reaches the router; this is a second guard.
     readMaxBytes: HTTP_READ_MAX_BYTES,
@@ -167,6 +170,11 @@ async function handle(
     if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) connect = parsed as Record<string, unknown>;
   } catch {
     connect = undefined;
+  }
+  // Bytes that do not decode as the method's input are the caller's mistake, not INTERNAL.
+  if (connect?.code === 'internal' && typeof connect.message === 'string' && connect.message.startsWith('parse binary: ')) {
+    connect = { code: 'invalid_argument', message: malformedMessage(handler.method.input.typeName, connect.message) };
+    uRes.status = 400;
   }
   const { status, json } = errorBody(uRes.status, connect, holder.failure);
   uRes.header?.forEach((v, k) => {

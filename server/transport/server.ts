@@ -5,7 +5,7 @@
 import { readFileSync } from 'node:fs';
 import http2 from 'node:http2';
 import type { AddressInfo, Server } from 'node:net';
-import type { ConnectRouter } from '@connectrpc/connect';
+import { Code, type ConnectRouter } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
@@ -90,14 +90,26 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const health = createHealth({
     services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService', 'leasehold.v1.AdminService'],
   });
-  const handler = plainGrpcMessages(connectNodeAdapter({
-    // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
-    // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
-    acceptCompression: [],
-    routes: routes(deps, health),
-    interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
-    readMaxBytes: READ_MAX_BYTES,
-  }));
+  // The input message of each method, to name it when its bytes do not decode.
+  const inputs = new Map<string, string>();
+  const handler = plainGrpcMessages(
+    connectNodeAdapter({
+      // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
+      // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
+      acceptCompression: [],
+      // gRPC only on this listener (grpcurl, buf curl --protocol grpc, agents); the Connect
+      // protocol is the HTTP listener's.
+      connect: false,
+      grpcWeb: false,
+      routes: (router) => {
+        routes(deps, health)(router);
+        for (const h of router.handlers) inputs.set(h.requestPath, h.method.input.typeName);
+      },
+      interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
+      readMaxBytes: READ_MAX_BYTES,
+    }),
+    inputs,
+  );
   const server = tls
     ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true }, handler)
     : http2.createServer(handler);
@@ -136,17 +148,23 @@ type NodeHandler = (req: http2.Http2ServerRequest, res: http2.Http2ServerRespons
  * encoded, which every decoder undoes: the header is re-encoded that way, in the headers of an
  * error without messages and in the trailers.
  */
-function plainGrpcMessages(handler: NodeHandler): NodeHandler {
+function plainGrpcMessages(handler: NodeHandler, inputs: ReadonlyMap<string, string>): NodeHandler {
   return (req, res) => {
+    const input = inputs.get((req.url ?? '').split('?', 1)[0]!);
     const writeHead = res.writeHead.bind(res) as (status: number, headers?: http2.OutgoingHttpHeaders) => unknown;
     const addTrailers = res.addTrailers.bind(res);
-    (res as { writeHead: unknown }).writeHead = (status: number, headers?: http2.OutgoingHttpHeaders) => writeHead(status, headers && withPlainMessage(headers));
-    res.addTrailers = (trailers) => addTrailers(withPlainMessage(trailers));
+    (res as { writeHead: unknown }).writeHead = (status: number, headers?: http2.OutgoingHttpHeaders) => writeHead(status, headers && withPlainMessage(headers, input));
+    res.addTrailers = (trailers) => addTrailers(withPlainMessage(trailers, input));
     handler(req, res);
   };
 }
 
-function withPlainMessage<H extends Record<string, unknown>>(headers: H): H {
+/**
+ * `grpc-message` re-encoded as above; and bytes that do not decode as the method's input are the
+ * caller's mistake: Connect answers INTERNAL ("parse binary: …"), this makes it INVALID_ARGUMENT
+ * naming the message.
+ */
+function withPlainMessage<H extends Record<string, unknown>>(headers: H, input: string | undefined): H {
   const m = headers['grpc-message'];
   if (typeof m !== 'string') return headers;
   let text: string;
@@ -155,8 +173,15 @@ function withPlainMessage<H extends Record<string, unknown>>(headers: H): H {
   } catch {
     return headers;
   }
+  const malformed = String(headers['grpc-status']) === String(Code.Internal) && text.startsWith('parse binary: ');
+  if (malformed) text = malformedMessage(input, text);
   const encoded = Array.from(Buffer.from(text, 'utf8'), (b) => (b >= 0x20 && b <= 0x7e && b !== 0x25 ? String.fromCharCode(b) : `%${b.toString(16).toUpperCase().padStart(2, '0')}`)).join('');
-  return { ...headers, 'grpc-message': encoded };
+  return { ...headers, 'grpc-message': encoded, ...(malformed ? { 'grpc-status': String(Code.InvalidArgument) } : {}) };
+}
+
+/** What a caller is told when its bytes do not decode as `input` (Connect's "parse binary: …" says which way). */
+export function malformedMessage(input: string | undefined, parseError: string): string {
+  return `malformed ${input ?? 'request message'}: ${parseError.replace(/^parse binary: /, '')}`;
 }
 
 /** `host:port` or `[v6]:port` → [host, port]. */
