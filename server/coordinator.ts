@@ -94,7 +94,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     });
     listener.on('disconnected', () => credentials.setOnline(false));
     listener.on('control', (m) => {
-      if (m.type === 'cancel') hub.revoke(m.attemptIds, 'job canceled', 'cancel');
+      if (m.type === 'cancel') hub.revoke(m.attemptIds, 'canceled');
       else if (m.type === 'drain') registry.drain(m.agentId);
       else if (m.type === 'disconnect') registry.disconnect(m.agentId, m.reason);
       else if (m.type === 'credentials') credentials.drop(credentialOwner(m.kind, m.name));
@@ -111,7 +111,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       log.debug({ claimExpired: r.claimExpired, leaseExpired: r.leaseExpired, timedOut: r.timedOut, dead: r.dead }, 'reaper run');
       for (const reason of ['claim_expired', 'lease_expired', 'timed_out'] as const) {
         const ids = r.rescued.filter((x) => x.reason === reason).map((x) => x.attemptId);
-        if (ids.length) hub.revoke(ids, reason.replace('_', ' '));
+        if (ids.length) hub.revoke(ids, reason);
       }
     });
     reaper.start();

@@ -38,7 +38,7 @@ describe('access', () => {
     b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ stolen: true }) }] } });
     expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_FORBIDDEN');
     b.send({ started: { attemptIds: [c.attemptId] } });
-    expect((await b.next('revoke')).revoke.attemptIds).toEqual([c.attemptId]);
+    expect((await b.next('revoke')).revoke).toMatchObject({ attemptIds: [c.attemptId], reason: 'REVOKE_REASON_NOT_STARTED' });
 
     const client = rawClient('AttemptService', `127.0.0.1:${lh.port}`);
     try {

@@ -141,7 +141,11 @@ describe('AgentService.Connect', () => {
     await waitFor('lease expired', async () => (await row(job.id)).current_attempt_id !== c.attemptId);
     const b = agent({ agentId: 'late', token, queues: ['other'], slots: 1, resume: [c.attemptId] });
     await b.next('welcome');
-    expect((await b.next('revoke')).revoke.attemptIds).toEqual([c.attemptId]);
+    expect((await b.next('revoke')).revoke).toMatchObject({
+      attemptIds: [c.attemptId],
+      reason: 'REVOKE_REASON_NOT_RESUMED',
+      detail: 'not current: superseded or ended while disconnected',
+    });
   });
 
   it('answers a completion whose ack was lost with duplicate and the stored result on resend', async () => {
@@ -207,7 +211,7 @@ describe('AgentService.Connect', () => {
     const job = await enqueue('nostart');
     const c = (await a.next('assign')).assign.jobs[0];
     heartbeat(a);
-    expect((await a.next('revoke', 10_000)).revoke.attemptIds).toEqual([c.attemptId]);
+    expect((await a.next('revoke', 10_000)).revoke).toMatchObject({ attemptIds: [c.attemptId], reason: 'REVOKE_REASON_CLAIM_EXPIRED' });
     const r = (await t.pool.query('SELECT attempts_started, status::text FROM jobs WHERE id = $1', [job.id])).rows[0];
     expect(r.attempts_started).toBe(0);
     const a1 = (await t.pool.query('SELECT status::text FROM attempts WHERE id = $1', [c.attemptId])).rows[0];

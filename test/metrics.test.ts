@@ -97,7 +97,7 @@ describe('/metrics', () => {
         // Its start confirmed (a Renewed naming it), then nothing more from the agent.
         for (;;) if ((await a.next('renewed')).renewed.attemptIds.includes(lazy.attemptId)) break;
         const revoke = (await a.next('revoke', 10_000)).revoke;
-        expect(revoke).toMatchObject({ attemptIds: [lazy.attemptId], reason: 'lease expired' });
+        expect(revoke).toMatchObject({ attemptIds: [lazy.attemptId], reason: 'REVOKE_REASON_LEASE_EXPIRED', detail: expect.stringMatching(/^lease expired: /) });
       } finally {
         a.close();
       }
@@ -129,7 +129,7 @@ describe('/metrics', () => {
       expect(moved('leasehold_job_outcomes_total', { queue: 'metrics', outcome: 'succeeded' })).toBe(1);
       expect(moved('leasehold_job_outcomes_total', { queue: 'metrics-script', outcome: 'failed' })).toBe(1);
       expect(moved('leasehold_lease_expiries_total', { reason: 'lease_expired' })).toBe(1);
-      expect(moved('leasehold_lease_revocations_total', { reason: 'lease expired' })).toBe(1);
+      expect(moved('leasehold_lease_revocations_total', { reason: 'lease_expired' })).toBe(1);
       expect(moved('leasehold_reaper_runs_total', { result: 'ok' })).toBeGreaterThan(0);
       expect(moved('leasehold_agent_sessions_total', { event: 'opened' })).toBe(1);
       // Jobs by state and queue, from the database: the succeeded one, and the expired one back in line.

@@ -119,6 +119,7 @@ describe('ctx.signal', () => {
 
   it('aborts within one heartbeat interval when the lease is taken back', async () => {
     const { agent } = await newAgent('sdk-revoke', ['sdk-revoke']);
+    const aborted = once(agent, 'aborted');
     let abortedAt = 0;
     agent.handle('sdk-revoke', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
       abortedAt = Date.now();
@@ -136,6 +137,8 @@ describe('ctx.signal', () => {
     expect(run.rescued.map((r) => r.jobId)).toContain(j.id);
     await waitFor('aborted', () => abortedAt > 0, 5000);
     expect(abortedAt - t0).toBeLessThanOrEqual(HEARTBEAT_MS);
+    // The coordinator's reason, for programs and in words.
+    expect((await aborted)[0]).toMatchObject({ revoke: 'lease_expired', reason: expect.stringMatching(/^revoked by the coordinator \(lease_expired\): lease expired: /) });
   });
 
   it('aborts on its own when renewals stop arriving (a silent network), before the lease passes', async () => {

@@ -21,6 +21,7 @@ import { durationMs, ValueSchema } from '@bufbuild/protobuf/wkt';
 import pino, { type Logger } from 'pino';
 import {
   AgentMessageSchema,
+  RevokeReason,
   type AgentMessage,
   type ServerMessage,
   type ServerMessage_Ack_Item,
@@ -69,7 +70,13 @@ export interface AgentEvents {
   /** A handler returned or threw (its report is on disk and being sent). */
   finished: [{ attemptId: string; kind: 'completed' | 'failed' }];
   acked: [{ attemptId: string; outcome: string }];
-  aborted: [{ attemptId: string; reason: string }];
+  /**
+   * A running attempt was stopped: `reason` in words; `revoke` is the coordinator's reason when it
+   * took the attempt away (`lease_expired`, `claim_expired`, `timed_out`, `not_current`,
+   * `not_resumed`, `not_started`, `forbidden`, `not_found`, `superseded`: `RevokeReason` in the
+   * proto), `canceled` when the job was canceled, absent when this agent stopped it itself.
+   */
+  aborted: [{ attemptId: string; reason: string; revoke?: string }];
   zombie: [{ attemptId: string }];
 }
 
@@ -318,11 +325,13 @@ export class Agent extends EventEmitter<AgentEvents> {
       case 'ack':
         for (const item of k.value.items) void this.onAck(item);
         return;
-      case 'revoke':
-        for (const id of k.value.attemptIds) this.abortById(id, `revoked by the coordinator: ${k.value.reason}`);
+      case 'revoke': {
+        const why = revokeReasonName(k.value.reason);
+        for (const id of k.value.attemptIds) this.abortById(id, `revoked by the coordinator (${why}): ${k.value.detail || why}`, why);
         return;
+      }
       case 'cancel':
-        for (const id of k.value.attemptIds) this.abortById(id, 'the job was canceled');
+        for (const id of k.value.attemptIds) this.abortById(id, 'the job was canceled', 'canceled');
         return;
       case 'renewed': {
         const deadline = Date.now() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
@@ -472,18 +481,18 @@ export class Agent extends EventEmitter<AgentEvents> {
     }
   }
 
-  private abortById(attemptId: string, reason: string): void {
+  private abortById(attemptId: string, reason: string, revoke?: string): void {
     const r = this.running.get(attemptId);
-    if (r) this.abortAttempt(r, reason);
+    if (r) this.abortAttempt(r, reason, revoke);
   }
 
-  private abortAttempt(r: Running, reason: string): void {
+  private abortAttempt(r: Running, reason: string, revoke?: string): void {
     if (r.abort.signal.aborted) return;
     r.abortedAt = Date.now();
     r.abort.abort(new Error(reason));
     if (!r.started) r.cancelBegin?.(); // never ran: nothing to stop, nothing to report
     this.log.warn({ jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
-    this.emit('aborted', { attemptId: r.attemptId, reason });
+    this.emit('aborted', { attemptId: r.attemptId, reason, ...(revoke ? { revoke } : {}) });
   }
 
   /**
@@ -670,4 +679,9 @@ async function race(ps: Array<Promise<unknown>>, ms: number): Promise<void> {
 /** Creates an agent: `createAgent(opts).handle(queue, fn).start()`. */
 export function createAgent(options: AgentOptions): Agent {
   return new Agent(options);
+}
+
+/** `RevokeReason.LEASE_EXPIRED` → `lease_expired` (`unspecified` from an older coordinator). */
+function revokeReasonName(reason: RevokeReason): string {
+  return (RevokeReason[reason] ?? 'UNSPECIFIED').toLowerCase();
 }

@@ -69,12 +69,37 @@ export type AgentOutput =
   | { type: 'welcome'; sessionId: string; leaseTtlMs: number; heartbeatIntervalMs: number }
   | { type: 'assign'; jobs: Claimed[] }
   | { type: 'ack'; items: AckItem[] }
-  | { type: 'revoke'; attemptIds: string[]; reason: string }
+  | { type: 'revoke'; attemptIds: string[]; reason: RevokeReason; detail: string }
   | { type: 'cancel'; attemptIds: string[] }
   | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number }
   | { type: 'drain' };
 
 /** A protocol violation: ends that stream (INVALID_ARGUMENT), never another. */
+/** Why the coordinator takes attempts away (`RevokeReason` in the proto, lower case). */
+export type RevokeReason =
+  | 'claim_expired'
+  | 'lease_expired'
+  | 'timed_out'
+  | 'not_current'
+  | 'not_resumed'
+  | 'not_started'
+  | 'forbidden'
+  | 'not_found'
+  | 'superseded';
+
+/** `Revoke.detail`: each reason in words. */
+export const REVOKE_DETAIL: Record<RevokeReason, string> = {
+  claim_expired: 'claim expired: not started before its claim deadline',
+  lease_expired: 'lease expired: no heartbeat renewed it in time',
+  timed_out: 'execution timeout passed',
+  not_current: 'lease lost: the attempt is no longer current',
+  not_resumed: 'not current: superseded or ended while disconnected',
+  not_started: 'cannot start: not current, not found or not this agent',
+  forbidden: 'the attempt belongs to another agent',
+  not_found: 'unknown attempt',
+  superseded: 'resumed by another stream of this agent',
+};
+
 export class ProtocolError extends Error {
   override readonly name = 'ProtocolError';
 }
@@ -137,7 +162,7 @@ export interface HubEvents {
   credit: [Session];
   /** One coalesced heartbeat UPDATE ran. */
   'lease:tick': [{ renewed: number; lost: number }];
-  'lease:revoked': [{ agentId: string; attemptIds: string[]; reason: string }];
+  'lease:revoked': [{ agentId: string; attemptIds: string[]; reason: RevokeReason | 'canceled' }];
   'session:open': [Session];
   'session:close': [Session, { lost: boolean }];
   /** A `Started` item was answered (metrics: starts, enqueue-to-start latency, stale reports). */
@@ -220,7 +245,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
         this.unbind(a.attemptId);
         session.held.set(a.attemptId, { jobId: a.jobId, status: a.status });
       }
-      if (r.value.gone.length) session.send({ type: 'revoke', attemptIds: r.value.gone, reason: 'not current: superseded or ended while disconnected' });
+      if (r.value.gone.length) session.send({ type: 'revoke', attemptIds: r.value.gone, reason: 'not_resumed', detail: REVOKE_DETAIL.not_resumed });
       this.log.info({ agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
     }
     session.heartbeatPending = session.held.size > 0;
@@ -293,8 +318,11 @@ export class AgentHub extends EventEmitter<HubEvents> {
     s.send({ type: 'assign', jobs });
   }
 
-  /** Tells the sessions holding these attempts to stop them (a cancel, or the reaper took them). */
-  revoke(attemptIds: string[], reason: string, kind: 'revoke' | 'cancel' = 'revoke'): void {
+  /**
+   * Tells the sessions holding these attempts to stop them: `Cancel` for a canceled job,
+   * `Revoke` with `reason` otherwise (the reaper took them, a heartbeat found them lost).
+   */
+  revoke(attemptIds: string[], reason: RevokeReason | 'canceled'): void {
     const bySession = new Map<Session, string[]>();
     for (const id of attemptIds) {
       for (const s of this.sessions) {
@@ -305,8 +333,8 @@ export class AgentHub extends EventEmitter<HubEvents> {
       }
     }
     for (const [s, ids] of bySession) {
-      s.send(kind === 'cancel' ? { type: 'cancel', attemptIds: ids } : { type: 'revoke', attemptIds: ids, reason });
-      this.log.info({ agentId: s.agentId, attemptIds: ids, reason }, kind === 'cancel' ? 'attempts canceled' : 'attempts revoked');
+      s.send(reason === 'canceled' ? { type: 'cancel', attemptIds: ids } : { type: 'revoke', attemptIds: ids, reason, detail: REVOKE_DETAIL[reason] });
+      this.log.info({ agentId: s.agentId, attemptIds: ids, reason }, reason === 'canceled' ? 'attempts canceled' : 'attempts revoked');
       this.emit('lease:revoked', { agentId: s.agentId, attemptIds: ids, reason });
       this.emit('credit', s);
     }
@@ -336,10 +364,10 @@ export class AgentHub extends EventEmitter<HubEvents> {
       const ids = [...s.held.keys()].filter((id) => renewed.has(id));
       if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs });
     }
-    const lost = new Map<string, string>();
-    for (const l of o.value.lost) lost.set(l.attemptId, l.reason);
+    const lost = new Map<string, RevokeReason>();
+    for (const l of o.value.lost) lost.set(l.attemptId, lostReason(l.reason));
     for (const reason of new Set(lost.values())) {
-      this.revoke([...lost].filter(([, r]) => r === reason).map(([id]) => id), reasonText(reason));
+      this.revoke([...lost].filter(([, r]) => r === reason).map(([id]) => id), reason);
     }
     this.emit('lease:tick', { renewed: o.value.renewed.length, lost: lost.size });
   }
@@ -378,7 +406,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     if (running.length) s.send({ type: 'renewed', attemptIds: running, leaseTtlMs: this.config.leaseTtlMs });
     if (gone.length) {
       for (const id of gone) s.held.delete(id);
-      s.send({ type: 'revoke', attemptIds: gone, reason: 'cannot start: not current, not found or not this agent' });
+      s.send({ type: 'revoke', attemptIds: gone, reason: 'not_started', detail: REVOKE_DETAIL.not_started });
       this.emit('credit', s);
     }
   }
@@ -449,15 +477,16 @@ function ackItem(attemptId: string, o: Outcome<JobSummary>, kind: 'completed' | 
   }
 }
 
-function reasonText(reason: string): string {
+/** Why a heartbeat lost an attempt (the store's reason), as the agent is told. */
+function lostReason(reason: string): RevokeReason {
   switch (reason) {
     case 'timed_out':
-      return 'execution timeout passed';
+      return 'timed_out';
     case 'stale':
-      return 'lease lost: the attempt is no longer current';
+      return 'not_current';
     case 'forbidden':
-      return 'the attempt belongs to another agent';
+      return 'forbidden';
     default:
-      return 'unknown attempt';
+      return 'not_found';
   }
 }

@@ -9,13 +9,14 @@ import { durationFromMs } from '@bufbuild/protobuf/wkt';
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@connectrpc/connect';
 import {
   AgentService,
+  RevokeReason,
   ServerMessageSchema,
   ServerMessage_AckSchema,
   ServerMessage_Ack_ItemSchema,
   type AgentMessage,
   type ServerMessage,
 } from '../../gen/leasehold/v1/agent_service_pb.js';
-import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type Session } from '../core/agent-hub.js';
+import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type RevokeReason as Reason, type Session } from '../core/agent-hub.js';
 import type { Failure } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
 import { assignMessage } from './assign-codec.js';
@@ -140,6 +141,18 @@ async function firstMessage(deps: AgentRoutesDeps, waiting: { n: number }, it: A
   }
 }
 
+const REVOKE_REASON: Record<Reason, RevokeReason> = {
+  claim_expired: RevokeReason.CLAIM_EXPIRED,
+  lease_expired: RevokeReason.LEASE_EXPIRED,
+  timed_out: RevokeReason.TIMED_OUT,
+  not_current: RevokeReason.NOT_CURRENT,
+  not_resumed: RevokeReason.NOT_RESUMED,
+  not_started: RevokeReason.NOT_STARTED,
+  forbidden: RevokeReason.FORBIDDEN,
+  not_found: RevokeReason.NOT_FOUND,
+  superseded: RevokeReason.SUPERSEDED,
+};
+
 /** Errors from decoding the agent's messages become INVALID_ARGUMENT; others pass through. */
 function asReadError(err: unknown): unknown {
   const e = ConnectError.from(err);
@@ -207,7 +220,7 @@ function toServerMessage(o: AgentOutput): ServerMessage {
         },
       });
     case 'revoke':
-      return create(ServerMessageSchema, { kind: { case: 'revoke', value: { attemptIds: o.attemptIds, reason: o.reason } } });
+      return create(ServerMessageSchema, { kind: { case: 'revoke', value: { attemptIds: o.attemptIds, reason: REVOKE_REASON[o.reason], detail: o.detail } } });
     case 'cancel':
       return create(ServerMessageSchema, { kind: { case: 'cancel', value: { attemptIds: o.attemptIds } } });
     case 'drain':

@@ -9,8 +9,8 @@
 // @generated from file leasehold/v1/agent_service.proto (package leasehold.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
 import type { AttemptError, ClaimedJob, CurrentState, Outcome } from "./job_pb.js";
@@ -21,7 +21,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/agent_service.proto.
  */
 export const file_leasehold_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBsZWFzZWhvbGQvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMbGVhc2Vob2xkLnYxIvIICgxBZ2VudE1lc3NhZ2USMQoFaGVsbG8YASABKAsyIC5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkhlbGxvSAASMwoGY3JlZGl0GAIgASgLMiEubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5DcmVkaXRIABI1CgdzdGFydGVkGAMgASgLMiIubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5TdGFydGVkSAASOQoJaGVhcnRiZWF0GAQgASgLMiQubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5IZWFydGJlYXRIABI5Cgljb21wbGV0ZWQYBSABKAsyJC5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkNvbXBsZXRlZEgAEjMKBmZhaWxlZBgGIAEoCzIhLmxlYXNlaG9sZC52MS5BZ2VudE1lc3NhZ2UuRmFpbGVkSAASLQoDYnllGAcgASgLMh4ubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5CeWVIABrEAQoFSGVsbG8SEAoIYWdlbnRfaWQYASABKAkSDQoFdG9rZW4YAiABKAkSDgoGcXVldWVzGAMgAygJEjwKBmxhYmVscxgEIAMoCzIsLmxlYXNlaG9sZC52MS5BZ2VudE1lc3NhZ2UuSGVsbG8uTGFiZWxzRW50cnkSDQoFc2xvdHMYBSABKAUSDgoGcmVzdW1lGAYgAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaEwoGQ3JlZGl0EgkKAW4YASABKAUaHgoHU3RhcnRlZBITCgthdHRlbXB0X2lkcxgBIAMoCRqWAQoJSGVhcnRiZWF0Ej8KCHByb2dyZXNzGAEgAygLMi0ubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5IZWFydGJlYXQuUHJvZ3Jlc3MaSAoIUHJvZ3Jlc3MSEgoKYXR0ZW1wdF9pZBgBIAEoCRIoCghwcm9ncmVzcxgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRqQAQoJQ29tcGxldGVkEjwKB3Jlc3VsdHMYASADKAsyKy5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkNvbXBsZXRlZC5SZXN1bHQaRQoGUmVzdWx0EhIKCmF0dGVtcHRfaWQYASABKAkSJwoGcmVzdWx0GAIgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBqiAQoGRmFpbGVkEjsKCGZhaWx1cmVzGAEgAygLMikubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5GYWlsZWQuRmFpbHVyZRpbCgdGYWlsdXJlEhIKCmF0dGVtcHRfaWQYASABKAkSKQoFZXJyb3IYAiABKAsyGi5sZWFzZWhvbGQudjEuQXR0ZW1wdEVycm9yEhEKCXJldHJ5YWJsZRgDIAEoCBoUCgNCeWUSDQoFZHJhaW4YASABKAhCBgoEa2luZCLZBwoNU2VydmVyTWVzc2FnZRI2Cgd3ZWxjb21lGAEgASgLMiMubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuV2VsY29tZUgAEjQKBmFzc2lnbhgCIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkFzc2lnbkgAEi4KA2FjaxgDIAEoCzIfLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkFja0gAEjQKBnJldm9rZRgEIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLlJldm9rZUgAEjQKBmNhbmNlbBgFIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkNhbmNlbEgAEjIKBWRyYWluGAYgASgLMiEubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuRHJhaW5IABI2CgdyZW5ld2VkGAcgASgLMiMubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuUmVuZXdlZEgAGoIBCgdXZWxjb21lEhIKCnNlc3Npb25faWQYASABKAkSLAoJbGVhc2VfdHRsGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhowCgZBc3NpZ24SJgoEam9icxgBIAMoCzIYLmxlYXNlaG9sZC52MS5DbGFpbWVkSm9iGu0BCgNBY2sSMwoFaXRlbXMYASADKAsyJC5sZWFzZWhvbGQudjEuU2VydmVyTWVzc2FnZS5BY2suSXRlbRqwAQoESXRlbRISCgphdHRlbXB0X2lkGAEgASgJEiYKB291dGNvbWUYAiABKA4yFS5sZWFzZWhvbGQudjEuT3V0Y29tZRIuCg1zdG9yZWRfcmVzdWx0GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIrCgdjdXJyZW50GAQgASgLMhoubGVhc2Vob2xkLnYxLkN1cnJlbnRTdGF0ZRIPCgdtZXNzYWdlGAUgASgJGi0KBlJldm9rZRITCgthdHRlbXB0X2lkcxgBIAMoCRIOCgZyZWFzb24YAiABKAkaHQoGQ2FuY2VsEhMKC2F0dGVtcHRfaWRzGAEgAygJGgcKBURyYWluGkwKB1JlbmV3ZWQSEwoLYXR0ZW1wdF9pZHMYASADKAkSLAoJbGVhc2VfdHRsGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgYKBGtpbmQyVgoMQWdlbnRTZXJ2aWNlEkYKB0Nvbm5lY3QSGi5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlGhsubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UoATABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_leasehold_v1_job]);
+  fileDesc("CiBsZWFzZWhvbGQvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMbGVhc2Vob2xkLnYxIvIICgxBZ2VudE1lc3NhZ2USMQoFaGVsbG8YASABKAsyIC5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkhlbGxvSAASMwoGY3JlZGl0GAIgASgLMiEubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5DcmVkaXRIABI1CgdzdGFydGVkGAMgASgLMiIubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5TdGFydGVkSAASOQoJaGVhcnRiZWF0GAQgASgLMiQubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5IZWFydGJlYXRIABI5Cgljb21wbGV0ZWQYBSABKAsyJC5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkNvbXBsZXRlZEgAEjMKBmZhaWxlZBgGIAEoCzIhLmxlYXNlaG9sZC52MS5BZ2VudE1lc3NhZ2UuRmFpbGVkSAASLQoDYnllGAcgASgLMh4ubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5CeWVIABrEAQoFSGVsbG8SEAoIYWdlbnRfaWQYASABKAkSDQoFdG9rZW4YAiABKAkSDgoGcXVldWVzGAMgAygJEjwKBmxhYmVscxgEIAMoCzIsLmxlYXNlaG9sZC52MS5BZ2VudE1lc3NhZ2UuSGVsbG8uTGFiZWxzRW50cnkSDQoFc2xvdHMYBSABKAUSDgoGcmVzdW1lGAYgAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaEwoGQ3JlZGl0EgkKAW4YASABKAUaHgoHU3RhcnRlZBITCgthdHRlbXB0X2lkcxgBIAMoCRqWAQoJSGVhcnRiZWF0Ej8KCHByb2dyZXNzGAEgAygLMi0ubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5IZWFydGJlYXQuUHJvZ3Jlc3MaSAoIUHJvZ3Jlc3MSEgoKYXR0ZW1wdF9pZBgBIAEoCRIoCghwcm9ncmVzcxgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRqQAQoJQ29tcGxldGVkEjwKB3Jlc3VsdHMYASADKAsyKy5sZWFzZWhvbGQudjEuQWdlbnRNZXNzYWdlLkNvbXBsZXRlZC5SZXN1bHQaRQoGUmVzdWx0EhIKCmF0dGVtcHRfaWQYASABKAkSJwoGcmVzdWx0GAIgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBqiAQoGRmFpbGVkEjsKCGZhaWx1cmVzGAEgAygLMikubGVhc2Vob2xkLnYxLkFnZW50TWVzc2FnZS5GYWlsZWQuRmFpbHVyZRpbCgdGYWlsdXJlEhIKCmF0dGVtcHRfaWQYASABKAkSKQoFZXJyb3IYAiABKAsyGi5sZWFzZWhvbGQudjEuQXR0ZW1wdEVycm9yEhEKCXJldHJ5YWJsZRgDIAEoCBoUCgNCeWUSDQoFZHJhaW4YASABKAhCBgoEa2luZCKFCAoNU2VydmVyTWVzc2FnZRI2Cgd3ZWxjb21lGAEgASgLMiMubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuV2VsY29tZUgAEjQKBmFzc2lnbhgCIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkFzc2lnbkgAEi4KA2FjaxgDIAEoCzIfLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkFja0gAEjQKBnJldm9rZRgEIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLlJldm9rZUgAEjQKBmNhbmNlbBgFIAEoCzIiLmxlYXNlaG9sZC52MS5TZXJ2ZXJNZXNzYWdlLkNhbmNlbEgAEjIKBWRyYWluGAYgASgLMiEubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuRHJhaW5IABI2CgdyZW5ld2VkGAcgASgLMiMubGVhc2Vob2xkLnYxLlNlcnZlck1lc3NhZ2UuUmVuZXdlZEgAGoIBCgdXZWxjb21lEhIKCnNlc3Npb25faWQYASABKAkSLAoJbGVhc2VfdHRsGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhowCgZBc3NpZ24SJgoEam9icxgBIAMoCzIYLmxlYXNlaG9sZC52MS5DbGFpbWVkSm9iGu0BCgNBY2sSMwoFaXRlbXMYASADKAsyJC5sZWFzZWhvbGQudjEuU2VydmVyTWVzc2FnZS5BY2suSXRlbRqwAQoESXRlbRISCgphdHRlbXB0X2lkGAEgASgJEiYKB291dGNvbWUYAiABKA4yFS5sZWFzZWhvbGQudjEuT3V0Y29tZRIuCg1zdG9yZWRfcmVzdWx0GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIrCgdjdXJyZW50GAQgASgLMhoubGVhc2Vob2xkLnYxLkN1cnJlbnRTdGF0ZRIPCgdtZXNzYWdlGAUgASgJGlkKBlJldm9rZRITCgthdHRlbXB0X2lkcxgBIAMoCRIOCgZkZXRhaWwYAiABKAkSKgoGcmVhc29uGAMgASgOMhoubGVhc2Vob2xkLnYxLlJldm9rZVJlYXNvbhodCgZDYW5jZWwSEwoLYXR0ZW1wdF9pZHMYASADKAkaBwoFRHJhaW4aTAoHUmVuZXdlZBITCgthdHRlbXB0X2lkcxgBIAMoCRIsCglsZWFzZV90dGwYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CBgoEa2luZCrBAgoMUmV2b2tlUmVhc29uEh0KGVJFVk9LRV9SRUFTT05fVU5TUEVDSUZJRUQQABIfChtSRVZPS0VfUkVBU09OX0NMQUlNX0VYUElSRUQQARIfChtSRVZPS0VfUkVBU09OX0xFQVNFX0VYUElSRUQQAhIbChdSRVZPS0VfUkVBU09OX1RJTUVEX09VVBADEh0KGVJFVk9LRV9SRUFTT05fTk9UX0NVUlJFTlQQBBIdChlSRVZPS0VfUkVBU09OX05PVF9SRVNVTUVEEAUSHQoZUkVWT0tFX1JFQVNPTl9OT1RfU1RBUlRFRBAGEhsKF1JFVk9LRV9SRUFTT05fRk9SQklEREVOEAcSGwoXUkVWT0tFX1JFQVNPTl9OT1RfRk9VTkQQCBIcChhSRVZPS0VfUkVBU09OX1NVUEVSU0VERUQQCTJWCgxBZ2VudFNlcnZpY2USRgoHQ29ubmVjdBIaLmxlYXNlaG9sZC52MS5BZ2VudE1lc3NhZ2UaGy5sZWFzZWhvbGQudjEuU2VydmVyTWVzc2FnZSgBMAFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_leasehold_v1_job]);
 
 /**
  * A message from an agent to the server.
@@ -596,11 +596,19 @@ export type ServerMessage_Revoke = Message<"leasehold.v1.ServerMessage.Revoke"> 
   attemptIds: string[];
 
   /**
-   * Why: lease_expired, superseded, timed_out, not_resumed, ...
+   * Why, for people: the reason in words, with what the coordinator knows (free text; branch on
+   * reason, not on this).
    *
-   * @generated from field: string reason = 2;
+   * @generated from field: string detail = 2;
    */
-  reason: string;
+  detail: string;
+
+  /**
+   * Why, for programs.
+   *
+   * @generated from field: leasehold.v1.RevokeReason reason = 3;
+   */
+  reason: RevokeReason;
 };
 
 /**
@@ -678,6 +686,88 @@ export type ServerMessage_Renewed = Message<"leasehold.v1.ServerMessage.Renewed"
  */
 export const ServerMessage_RenewedSchema: GenMessage<ServerMessage_Renewed> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_agent_service, 1, 6);
+
+/**
+ * Why the coordinator took attempts away (ServerMessage.Revoke.reason). Whatever the reason, the
+ * agent stops the work and never reports it: a report would be answered STALE.
+ *
+ * @generated from enum leasehold.v1.RevokeReason
+ */
+export enum RevokeReason {
+  /**
+   * @generated from enum value: REVOKE_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Assigned but not started (Started) before its claim deadline; the job went back to its queue.
+   *
+   * @generated from enum value: REVOKE_REASON_CLAIM_EXPIRED = 1;
+   */
+  CLAIM_EXPIRED = 1,
+
+  /**
+   * Its lease ran out: no heartbeat renewed it in time (the stream was lost, or the agent stalled).
+   *
+   * @generated from enum value: REVOKE_REASON_LEASE_EXPIRED = 2;
+   */
+  LEASE_EXPIRED = 2,
+
+  /**
+   * The job's execution_timeout passed.
+   *
+   * @generated from enum value: REVOKE_REASON_TIMED_OUT = 3;
+   */
+  TIMED_OUT = 3,
+
+  /**
+   * A heartbeat found it no longer the job's current attempt (it was rescued, ended or canceled).
+   *
+   * @generated from enum value: REVOKE_REASON_NOT_CURRENT = 4;
+   */
+  NOT_CURRENT = 4,
+
+  /**
+   * Named in Hello.resume, but superseded or ended while the agent was disconnected.
+   *
+   * @generated from enum value: REVOKE_REASON_NOT_RESUMED = 5;
+   */
+  NOT_RESUMED = 5,
+
+  /**
+   * Its Started was refused: not current, not found, or not this agent's.
+   *
+   * @generated from enum value: REVOKE_REASON_NOT_STARTED = 6;
+   */
+  NOT_STARTED = 6,
+
+  /**
+   * A heartbeat named an attempt that belongs to another agent.
+   *
+   * @generated from enum value: REVOKE_REASON_FORBIDDEN = 7;
+   */
+  FORBIDDEN = 7,
+
+  /**
+   * A heartbeat named an attempt the coordinator does not know.
+   *
+   * @generated from enum value: REVOKE_REASON_NOT_FOUND = 8;
+   */
+  NOT_FOUND = 8,
+
+  /**
+   * Another stream of the same agent resumed it; that stream holds it now.
+   *
+   * @generated from enum value: REVOKE_REASON_SUPERSEDED = 9;
+   */
+  SUPERSEDED = 9,
+}
+
+/**
+ * Describes the enum leasehold.v1.RevokeReason.
+ */
+export const RevokeReasonSchema: GenEnum<RevokeReason> = /*@__PURE__*/
+  enumDesc(file_leasehold_v1_agent_service, 0);
 
 /**
  * The agent stream.
