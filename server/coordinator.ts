@@ -95,6 +95,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     listener.on('disconnected', () => credentials.setOnline(false));
     listener.on('control', (m) => {
       if (m.type === 'cancel') hub.revoke(m.attemptIds, 'canceled');
+      else if (m.type === 'superseded') hub.supersede(m.agentId, m.attemptIds, m.sessionId);
       else if (m.type === 'drain') registry.drain(m.agentId);
       else if (m.type === 'disconnect') registry.disconnect(m.agentId, m.reason);
       else if (m.type === 'credentials') credentials.drop(credentialOwner(m.kind, m.name));

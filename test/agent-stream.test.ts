@@ -128,6 +128,26 @@ describe('AgentService.Connect', () => {
     expect(await row(job.id)).toMatchObject({ status: 'succeeded', attempt_no: 1 });
   });
 
+  it('revokes an attempt on the stream that held it when another stream of the same agent resumes it (SUPERSEDED)', async () => {
+    const token = await lh.agent('twin');
+    const a = agent({ agentId: 'twin', token, queues: ['twin'], slots: 1 });
+    await a.next('welcome');
+    const job = await enqueue('twin');
+    const c = (await a.next('assign')).assign.jobs[0];
+    a.send({ started: { attemptIds: [c.attemptId] } });
+    await a.next('renewed');
+    // A second stream of the same agent (a restarted process that reconnected before the first
+    // stream was noticed gone) resumes it: the first is told at once.
+    const b = agent({ agentId: 'twin', token, queues: ['twin'], slots: 1, resume: [c.attemptId] });
+    await b.next('welcome');
+    expect((await a.next('revoke')).revoke).toMatchObject({ attemptIds: [c.attemptId], reason: 'REVOKE_REASON_SUPERSEDED', detail: 'resumed by another stream of this agent' });
+    // The stream that resumed it completes it.
+    b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ by: 'b' }) }] } });
+    expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
+    expect((await row(job.id)).result).toEqual({ by: 'b' });
+    expect(b.all('revoke')).toEqual([]);
+  });
+
   it('revokes on reconnect an attempt whose lease passed while disconnected', async () => {
     const token = await lh.agent('late');
     const a = agent({ agentId: 'late', token, queues: ['gone'], slots: 1 });

@@ -25,6 +25,7 @@ import {
   attemptHeartbeat,
   attemptsMarkSuspect,
   attemptsResume,
+  controlNotify,
   type Claimed,
   type JobSummary,
   type Queryable,
@@ -241,10 +242,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
     if (h.resume.length) {
       const r = await attemptsResume(this.db, { agentId, attemptIds: h.resume });
       if (r.outcome !== 'ok') return r as Failure;
-      for (const a of r.value.resumed) {
-        this.unbind(a.attemptId);
-        session.held.set(a.attemptId, { jobId: a.jobId, status: a.status });
+      // Another stream of this agent that still holds one of these is told before it can report
+      // it: here at once, on other coordinators through NOTIFY.
+      this.supersede(agentId, r.value.resumed.map((a) => a.attemptId), session.id);
+      if (r.value.resumed.length) {
+        await controlNotify(this.db, { type: 'superseded', agentId, attemptIds: r.value.resumed.map((a) => a.attemptId), sessionId: session.id });
       }
+      for (const a of r.value.resumed) session.held.set(a.attemptId, { jobId: a.jobId, status: a.status });
       if (r.value.gone.length) session.send({ type: 'revoke', attemptIds: r.value.gone, reason: 'not_resumed', detail: REVOKE_DETAIL.not_resumed });
       this.log.info({ agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
     }
@@ -451,8 +455,24 @@ export class AgentHub extends EventEmitter<HubEvents> {
   }
 
   /** Removes an attempt from any session that still holds it (it moved to another stream). */
-  private unbind(attemptId: string): void {
-    for (const s of this.sessions) s.held.delete(attemptId);
+  /**
+   * Attempts another stream of `agentId` (session `by`) resumed: every other session of that
+   * agent here that holds one gets `Revoke` (superseded) and the slot back.
+   */
+  supersede(agentId: string, attemptIds: readonly string[], by: string): void {
+    for (const s of this.sessions) {
+      if (s.agentId !== agentId || s.id === by) continue;
+      const ids = attemptIds.filter((id) => s.held.has(id));
+      if (!ids.length) continue;
+      for (const id of ids) {
+        s.held.delete(id);
+        s.progress.delete(id);
+      }
+      s.send({ type: 'revoke', attemptIds: ids, reason: 'superseded', detail: REVOKE_DETAIL.superseded });
+      this.log.info({ agentId, sessionId: s.id, attemptIds: ids, by }, 'attempts revoked: resumed by another stream');
+      this.emit('lease:revoked', { agentId, attemptIds: ids, reason: 'superseded' });
+      this.emit('credit', s);
+    }
   }
 }
 

@@ -20,6 +20,8 @@ export type ControlMessage =
   | { type: 'drain'; agentId: string }
   /** The agent was revoked: end its open streams. */
   | { type: 'disconnect'; agentId: string; reason: string }
+  /** Another stream of the agent (session `sessionId`) resumed these attempts: revoke them elsewhere. */
+  | { type: 'superseded'; agentId: string; attemptIds: string[]; sessionId: string }
   /** The key or agent named was revoked or replaced: forget its verified credentials. */
   | { type: 'credentials'; kind: 'key' | 'agent'; name: string };
 
