@@ -10,6 +10,7 @@
  */
 import { Command } from 'commander';
 import type { ConfigFlags } from './config.js';
+import { watchLauncher } from './launcher.js';
 import { createLogger } from './log.js';
 import { registerRemoteCommands } from './cli-remote.js';
 import { WEBHOOK_EVENT_TYPES } from './store/constants.js';
@@ -53,11 +54,15 @@ withDbFlags(
   );
   await new Promise<void>((resolve) => {
     let signals = 0;
+    let firstAt = 0;
     const onSignal = (signal: NodeJS.Signals) => {
+      // Under `npm start`, one Ctrl-C arrives twice: from the terminal, and forwarded by npm.
+      if (signals && Date.now() - firstAt < 1000) return;
       if (++signals > 1) {
         log.warn({ signal }, 'second signal: exiting without a clean stop');
         process.exit(1);
       }
+      firstAt = Date.now();
       log.info({ signal }, 'stopping');
       coordinator.stop().then(resolve, (err: unknown) => {
         log.error({ err }, 'clean stop failed');
@@ -67,6 +72,13 @@ withDbFlags(
     };
     process.on('SIGINT', onSignal);
     process.on('SIGTERM', onSignal);
+    // Where a process stands between npm and this one (cmd.exe on Windows), a signal to npm alone
+    // never reaches this one: it stops when npm is gone (see launcher.ts); unless already stopping.
+    watchLauncher(log, (why) => {
+      if (signals) return;
+      log.info({ why }, 'the process that started this one is gone');
+      onSignal('SIGTERM');
+    });
   });
   log.info('stopped');
 });

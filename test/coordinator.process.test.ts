@@ -19,13 +19,21 @@ const run = promisify(execFile);
 let dataDir: string;
 
 /** `leasehold serve` (or another command) on this file's data directory, gRPC and HTTP on free ports. */
-function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}, opts: { group?: boolean } = {}): Proc {
+function serve(args: string[] = ['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '127.0.0.1:0'], env: Record<string, string> = {}, opts: { group?: boolean; npm?: boolean } = {}): Proc {
   return spawnServe(args, { DATABASE_URL: '', LEASEHOLD_DATA_DIR: dataDir, ...env }, opts);
 }
 
 function postmasterPid(): number | undefined {
   const f = path.join(dataDir, 'pg', 'postmaster.pid');
   return existsSync(f) ? Number(readFileSync(f, 'utf8').split('\n')[0]) : undefined;
+}
+/** Resolves once `cond` holds, checking every 50 ms; fails after `ms`. */
+async function until(cond: () => boolean, ms: number): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 const alive = (pid: number) => {
   try {
@@ -99,6 +107,44 @@ describe('leasehold serve', () => {
     // The database stops after the coordinator, not with it: no connection lost on the way out.
     expect(p.lines.slice(before).filter((l) => Number(l.level) >= 40)).toEqual([]);
     expect(p.lines.slice(before).some((l) => /embedded PostgreSQL stopped/.test(String(l.msg)))).toBe(true);
+  });
+
+  for (const signal of ['SIGTERM', 'SIGINT', 'SIGKILL'] as const) {
+    it.skipIf(process.platform === 'win32')(`npm start stops cleanly, database included, when only npm gets ${signal}`, async () => {
+      // What Docker, pm2 and service wrappers do: signal npm, not what it started (SIGKILL: what
+      // they do after their timeout, and what any signal to npm amounts to on Windows).
+      const p = serve(undefined, {}, { npm: true });
+      const ready = await p.waitFor(/leasehold coordinator ready/);
+      const coordinatorPid = Number(ready.pid);
+      expect(coordinatorPid).not.toBe(p.child.pid);
+      const pgPid = postmasterPid()!;
+      const before = p.lines.length;
+      p.child.kill(signal);
+      // SIGTERM and SIGINT reach the coordinator (npm forwards them, and the script execs node);
+      // after SIGKILL it sees within a second that npm is gone.
+      await p.waitFor(/^stopped$/);
+      await until(() => !alive(coordinatorPid) && !alive(pgPid), 10_000);
+      expect(await p.exited).toEqual(signal === 'SIGKILL' ? { code: null, signal: 'SIGKILL' } : { code: 0, signal: null });
+      expect(postmasterPid()).toBeUndefined();
+      const after = p.lines.slice(before);
+      expect(after.filter((l) => l.msg === 'stopping')).toHaveLength(1);
+      if (signal === 'SIGKILL') expect(after.find((l) => /the process that started this one is gone/.test(String(l.msg)))).toBeDefined();
+      expect(after.filter((l) => Number(l.level) >= 40)).toEqual([]);
+    });
+  }
+
+  it.skipIf(process.platform === 'win32')('npm start stops cleanly on Ctrl-C in a terminal (SIGINT to npm, its shell and the coordinator)', async () => {
+    const p = serve(undefined, {}, { npm: true, group: true });
+    const ready = await p.waitFor(/leasehold coordinator ready/);
+    const pgPid = postmasterPid()!;
+    const before = p.lines.length;
+    process.kill(-p.child.pid!, 'SIGINT');
+    await p.waitFor(/^stopped$/);
+    await until(() => !alive(Number(ready.pid)) && !alive(pgPid), 10_000);
+    // One clean stop: the signal, not the launcher's end, and no warning on the way out.
+    const after = p.lines.slice(before);
+    expect(after.filter((l) => l.msg === 'stopping')).toHaveLength(1);
+    expect(after.filter((l) => Number(l.level) >= 40)).toEqual([]);
   });
 
   it('stops a database left running by a SIGKILLed coordinator and starts again', async () => {

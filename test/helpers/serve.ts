@@ -18,20 +18,28 @@ export interface Proc {
 }
 
 const children = new Set<ChildProcess>();
+const groups = new Set<number>();
 
 /**
  * Starts `node --import tsx server/cli.ts <args>` with `env` added to this process's. With
  * `group`, in a process group of its own, as a shell runs a foreground command: a signal to
  * `-pid` then reaches it and everything it started, as Ctrl-C in a terminal does.
  */
-export function serve(args: string[], env: Record<string, string>, opts: { group?: boolean } = {}): Proc {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], {
+export function serve(args: string[], env: Record<string, string>, opts: { group?: boolean; npm?: boolean } = {}): Proc {
+  // With `npm`: `npm start -- <args after serve>`, as a user runs it (npm, its shell, then node).
+  const [file, argv] = opts.npm
+    ? [process.platform === 'win32' ? 'npm.cmd' : 'npm', ['start', '--', ...args.filter((a) => a !== 'serve')]]
+    : [process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args]];
+  const child = spawn(file, argv, {
     cwd: root,
     env: { ...process.env, LEASEHOLD_LOG_FORMAT: 'json', LEASEHOLD_LOG_LEVEL: 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
-    detached: Boolean(opts.group),
+    // npm in a group of its own too, so that a failed test can kill what it started.
+    detached: Boolean(opts.group || opts.npm),
+    shell: Boolean(opts.npm) && process.platform === 'win32',
   });
   children.add(child);
+  if (opts.npm) groups.add(child.pid!);
   const lines: Array<Record<string, unknown>> = [];
   const waiters: Array<{ re: RegExp; resolve: (l: Record<string, unknown>) => void }> = [];
   const onLine = (text: string) => {
@@ -57,6 +65,8 @@ export function serve(args: string[], env: Record<string, string>, opts: { group
       resolve({ code, signal });
     }),
   );
+  // Output ends when every process writing it has ended (under npm, the coordinator after npm).
+  const closed = new Promise<void>((resolve) => child.on('close', () => resolve()));
   return {
     child,
     lines,
@@ -66,7 +76,7 @@ export function serve(args: string[], env: Record<string, string>, opts: { group
         const hit = lines.find((l) => re.test(String(l.msg)));
         if (hit) return resolve(hit);
         waiters.push({ re, resolve });
-        void exited.then(({ code }) => reject(new Error(`exited (${code}) before ${re}: ${JSON.stringify(lines.slice(-8))}`)));
+        void closed.then(() => reject(new Error(`output ended before ${re}: ${JSON.stringify(lines.slice(-8))}`)));
       }),
   };
 }
@@ -74,4 +84,12 @@ export function serve(args: string[], env: Record<string, string>, opts: { group
 /** SIGKILLs every child still running. */
 export function killAll(): void {
   for (const c of children) c.kill('SIGKILL');
+  for (const g of groups) {
+    try {
+      process.kill(-g, 'SIGKILL');
+    } catch {
+      // the group is gone
+    }
+  }
+  groups.clear();
 }

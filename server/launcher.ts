@@ -1,0 +1,107 @@
+/**
+ * `npm start` runs its script through a shell (`sh -c` on Linux and macOS, `cmd.exe /d /s /c` on
+ * Windows) and forwards SIGINT and SIGTERM to that shell, which does not pass them on: a signal to
+ * npm alone (what Docker, pm2, service wrappers and systemd with `KillMode=process` send) left
+ * the coordinator and its embedded PostgreSQL running (after SIGTERM, orphaned; after SIGINT, with
+ * npm waiting for it forever).
+ *
+ * Two parts. The script is `exec node …`: on POSIX the shell becomes the coordinator, so npm's
+ * forwarded signal reaches it (on Windows `exec.cmd` in the package root runs the rest of the
+ * line). And where a process still stands between npm and the coordinator (cmd.exe on Windows,
+ * where "signals" to npm are TerminateProcess and nothing is forwarded), a coordinator started by
+ * an npm script watches its parent, and npm above a shell parent, and stops as on SIGTERM when
+ * either is gone: within a second. Started any other way (`node server/cli.ts serve`, a service
+ * manager) it watches nothing: signals reach it directly.
+ */
+import { execFile } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { promisify } from 'node:util';
+import type { Logger } from './log.js';
+
+const run = promisify(execFile);
+
+/** How often the launchers are looked at. */
+const WATCH_MS = 1000;
+
+export interface LauncherWatch {
+  /** Stops watching. */
+  stop(): void;
+}
+
+/**
+ * When this process was started by an npm script, calls `onGone` once the shell or npm above it
+ * has ended. Returns undefined when there is nothing to watch.
+ */
+export function watchLauncher(log: Logger, onGone: (why: string) => void, env: NodeJS.ProcessEnv = process.env): LauncherWatch | undefined {
+  if (!env.npm_lifecycle_event) return undefined;
+  const parent = process.ppid;
+  const watched = new Map<number, string>([[parent, 'the process that started it'] as const]);
+  let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
+  void processInfo(parent).then((p) => {
+    // A shell between npm and this process: npm is the one to outlive.
+    if (p && SHELLS.test(p.name) && p.ppid > 1 && !stopped) watched.set(p.ppid, 'npm');
+    log.debug({ watched: Object.fromEntries(watched) }, 'started by npm: stopping when it ends');
+  });
+  const check = () => {
+    // A parent gone on Linux and macOS makes this process a child of another (init, a subreaper).
+    if (process.ppid !== parent) return gone(`its parent (pid ${parent}, ${watched.get(parent)}) ended`);
+    for (const [pid, what] of watched) if (!alive(pid)) return gone(`${what} (pid ${pid}) ended`);
+    timer = setTimeout(check, WATCH_MS);
+    timer.unref();
+  };
+  const gone = (why: string) => {
+    if (stopped) return;
+    stopped = true;
+    onGone(why);
+  };
+  timer = setTimeout(check, WATCH_MS);
+  timer.unref();
+  return {
+    stop: () => {
+      stopped = true;
+      clearTimeout(timer);
+    },
+  };
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    // EPERM: it exists but belongs to someone else (a pid reused by another user's process is
+    // not npm either, but treating it as alive only delays, never wrongly stops).
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** What npm runs its scripts with. */
+const SHELLS = /^(sh|dash|bash|zsh|ash|cmd|cmd\.exe)$/i;
+
+/** The name and parent of `pid`, or undefined when they cannot be found out here. */
+async function processInfo(pid: number): Promise<{ name: string; ppid: number } | undefined> {
+  try {
+    if (process.platform === 'linux') {
+      // /proc/<pid>/stat: "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+      const stat = await readFile(`/proc/${pid}/stat`, 'utf8');
+      const name = stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
+      return { name, ppid: Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) };
+    }
+    const opts = { timeout: 10_000, windowsHide: true };
+    if (process.platform === 'win32') {
+      const { stdout } = await run(
+        'powershell.exe',
+        ['-NoProfile', '-NonInteractive', '-Command', `$p = Get-CimInstance Win32_Process -Filter 'ProcessId=${pid}'; "$($p.Name) $($p.ParentProcessId)"`],
+        opts,
+      );
+      const m = /^(\S+) (\d+)/.exec(stdout.trim());
+      return m ? { name: m[1]!, ppid: Number(m[2]) } : undefined;
+    }
+    const { stdout } = await run('ps', ['-o', 'comm=,ppid=', '-p', String(pid)], opts);
+    const m = /^(.*\S)\s+(\d+)$/.exec(stdout.trim());
+    return m ? { name: m[1]!.split('/').pop()!, ppid: Number(m[2]) } : undefined;
+  } catch {
+    return undefined;
+  }
+}
