@@ -110,6 +110,8 @@ export class Agent extends EventEmitter<AgentEvents> {
   private channels: CoordinatorChannel[] = [];
   /** Index of the replica in use (or to try next). */
   private current = 0;
+  /** The coordinator said GoAway: reconnect to the next address without waiting. */
+  private goAway = false;
   private call: ReturnType<CoordinatorChannel['connect']> | undefined;
   private connected = false;
   private leaseTtlMs = 30_000;
@@ -233,7 +235,9 @@ export class Agent extends EventEmitter<AgentEvents> {
       failures = r.welcomed ? 1 : failures + 1;
       // Another replica may be up: try the next address (a single one is simply retried).
       this.current = (this.current + 1) % this.channels.length;
-      const delay = Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
+      // Told to go (GoAway): the next address at once; the one after it with the usual backoff.
+      const delay = this.goAway ? 0 : Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
+      this.goAway = false;
       this.log.warn({ delayMs: Math.round(delay), err: r.error && details(r.error) }, 'disconnected from the coordinator; reconnecting');
       await new Promise<void>((res) => {
         const t = setTimeout(res, delay);
@@ -358,6 +362,11 @@ export class Agent extends EventEmitter<AgentEvents> {
       case 'drain':
         this.log.info('the coordinator asked this agent to drain');
         void this.drain();
+        return;
+      case 'goAway':
+        // A restart or a deploy: move at once, keep the work running, resume it there.
+        this.log.info({ detail: k.value.detail }, 'the coordinator is stopping; moving to the next address');
+        this.goAway = true;
         return;
     }
   }

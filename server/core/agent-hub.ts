@@ -19,6 +19,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { Code, ConnectError } from '@connectrpc/connect';
 import type { Logger } from '../log.js';
 import {
   agentAuthenticate,
@@ -73,7 +74,8 @@ export type AgentOutput =
   | { type: 'revoke'; attemptIds: string[]; reason: RevokeReason; detail: string }
   | { type: 'cancel'; attemptIds: string[] }
   | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number }
-  | { type: 'drain' };
+  | { type: 'drain' }
+  | { type: 'goAway'; detail: string };
 
 /** A protocol violation: ends that stream (INVALID_ARGUMENT), never another. */
 /** Why the coordinator takes attempts away (`RevokeReason` in the proto, lower case). */
@@ -222,7 +224,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.timer = undefined;
     await this.ticking;
     await this.batcher.idle();
-    for (const s of this.sessions) s.out.close();
+    // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
+    // UNAVAILABLE (a status clients retry), not OK.
+    const detail = 'this coordinator is stopping: reconnect (to another replica if there is one) and resume what you hold';
+    for (const s of this.sessions) {
+      s.send({ type: 'goAway', detail });
+      s.out.close(new ConnectError(detail, Code.Unavailable));
+    }
   }
 
   /** Authenticates a `Hello` and opens its session: `Welcome` first, then `Revoke` for what cannot resume. */

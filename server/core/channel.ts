@@ -1,13 +1,15 @@
 /**
  * An unbounded async queue with one reader: `push` never blocks, the reader iterates with
- * `for await`, `close()` ends the iteration after what was pushed, `fail(err)` ends it with
- * `err`. What a session's outgoing messages flow through.
+ * `for await`, `close()` ends the iteration after what was pushed (`close(err)`: then throws
+ * `err`), `fail(err)` ends it with `err` at once. What a session's outgoing messages flow through.
  */
 export class Channel<T> implements AsyncIterable<T> {
   private readonly items: T[] = [];
   private waiter: (() => void) | undefined;
   private ended = false;
   private error: unknown;
+  /** Thrown to the reader after the queued values (`close(err)`). */
+  private last: unknown;
 
   /** Queues a value; ignored once the channel is closed. */
   push(value: T): void {
@@ -16,8 +18,9 @@ export class Channel<T> implements AsyncIterable<T> {
     this.wake();
   }
 
-  /** Ends the iteration once the queued values are read. Safe to call twice. */
-  close(): void {
+  /** Ends the iteration once the queued values are read, then throws `err` if given. Safe to call twice. */
+  close(err?: unknown): void {
+    if (!this.ended && err !== undefined) this.last = err;
     this.ended = true;
     this.wake();
   }
@@ -49,7 +52,10 @@ export class Channel<T> implements AsyncIterable<T> {
         yield next;
         continue;
       }
-      if (this.ended) return;
+      if (this.ended) {
+        if (this.last !== undefined) throw this.last;
+        return;
+      }
       await new Promise<void>((resolve) => (this.waiter = resolve));
     }
   }

@@ -225,6 +225,8 @@ function toServerMessage(o: AgentOutput): ServerMessage {
       return create(ServerMessageSchema, { kind: { case: 'cancel', value: { attemptIds: o.attemptIds } } });
     case 'drain':
       return create(ServerMessageSchema, { kind: { case: 'drain', value: {} } });
+    case 'goAway':
+      return create(ServerMessageSchema, { kind: { case: 'goAway', value: { detail: o.detail } } });
     case 'renewed':
       return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds: o.attemptIds, leaseTtl: durationFromMs(o.leaseTtlMs) } } });
   }

@@ -128,6 +128,9 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       (closing ??= (async () => {
         health.shutdown();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        // No job is claimed for a stream from here on (a claim whose Assign could no longer be
+        // sent would wait out its claim deadline); then every stream is told to go elsewhere.
+        await deps.dispatcher?.stop();
         await deps.hub.stop();
         // Streams end once their sessions' output closes; give HTTP/2 sessions a moment, then cut.
         const deadline = setTimeout(() => sessions.forEach((s) => s.destroy()), 2000);
