@@ -89,19 +89,36 @@ async function processInfo(pid: number): Promise<{ name: string; ppid: number } 
       return { name, ppid: Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) };
     }
     const opts = { timeout: 10_000, windowsHide: true };
-    if (process.platform === 'win32') {
-      const { stdout } = await run(
-        'powershell.exe',
-        ['-NoProfile', '-NonInteractive', '-Command', `$p = Get-CimInstance Win32_Process -Filter 'ProcessId=${pid}'; "$($p.Name) $($p.ParentProcessId)"`],
-        opts,
-      );
-      const m = /^(\S+) (\d+)/.exec(stdout.trim());
-      return m ? { name: m[1]!, ppid: Number(m[2]) } : undefined;
-    }
+    if (process.platform === 'win32') return await windowsProcessInfo(pid, opts);
     const { stdout } = await run('ps', ['-o', 'comm=,ppid=', '-p', String(pid)], opts);
     const m = /^(.*\S)\s+(\d+)$/.exec(stdout.trim());
     return m ? { name: m[1]!.split('/').pop()!, ppid: Number(m[2]) } : undefined;
   } catch {
     return undefined;
   }
+}
+
+/**
+ * PowerShell where it is (every Windows 10 and 11); else wmic's process table (older Windows,
+ * Wine: its wmic has no `where`), which it writes in UTF-16 with the columns in name order.
+ */
+async function windowsProcessInfo(pid: number, opts: { timeout: number; windowsHide: boolean }): Promise<{ name: string; ppid: number } | undefined> {
+  try {
+    const { stdout } = await run(
+      'powershell.exe',
+      ['-NoProfile', '-NonInteractive', '-Command', `$p = Get-CimInstance Win32_Process -Filter 'ProcessId=${pid}'; "$($p.ParentProcessId) $($p.Name)"`],
+      opts,
+    );
+    const m = /^(\d+) (.+)$/.exec(stdout.trim());
+    if (m && Number(m[1])) return { name: m[2]!.trim(), ppid: Number(m[1]) };
+  } catch {
+    // no PowerShell here: wmic below
+  }
+  const { stdout } = await run('wmic', ['process', 'get', 'Name,ParentProcessId,ProcessId'], { ...opts, encoding: 'buffer', maxBuffer: 16 * 1024 * 1024 });
+  const text = stdout.includes(0) ? stdout.toString('utf16le') : stdout.toString('utf8');
+  for (const line of text.replace(/^\uFEFF/, '').split(/\r?\n/)) {
+    const m = /^(.*?)\s+(\d+)\s+(\d+)\s*$/.exec(line);
+    if (m && Number(m[3]) === pid) return { name: m[1]!.trim(), ppid: Number(m[2]) };
+  }
+  return undefined;
 }
