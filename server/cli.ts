@@ -57,12 +57,12 @@ withDbFlags(
     let firstAt = 0;
     const onSignal = (signal: NodeJS.Signals) => {
       // Under `npm start`, one Ctrl-C arrives twice: from the terminal, and forwarded by npm.
-      if (signals && Date.now() - firstAt < 1000) return;
+      if (signals && performance.now() - firstAt < 1000) return;
       if (++signals > 1) {
         log.warn({ signal }, 'second signal: exiting without a clean stop');
         process.exit(1);
       }
-      firstAt = Date.now();
+      firstAt = performance.now();
       log.info({ signal }, 'stopping');
       coordinator.stop().then(resolve, (err: unknown) => {
         log.error({ err }, 'clean stop failed');

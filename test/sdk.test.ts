@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { once } from 'node:events';
 import pino from 'pino';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
 import { createAgent, JobError, Outbox, readOutbox, type Agent, type AgentOptions } from '@leasehold/agent-client';
 import { encodeRecord } from '../agent-client/src/outbox-log.js';
 import { attemptStart, jobClaim, jobEnqueue } from '../server/store/index.js';
@@ -162,6 +162,68 @@ describe('ctx.signal', () => {
     expect(reason).toMatch(/local lease deadline passed/);
     // Before the coordinator's lease (1.5 s from the last renewal) could have passed.
     expect(abortedAt - silentAt).toBeLessThan(1500);
+  });
+
+  it('keeps a healthy attempt through a wall clock stepped 10 minutes forward, then back', async () => {
+    // The wall clock this process sees (a Windows time service or a person stepping it): the SDK's
+    // deadlines are on the monotonic clock, so neither step changes anything.
+    const realNow = Date.now.bind(Date);
+    let offset = 0;
+    const wall = vi.spyOn(Date, 'now').mockImplementation(() => realNow() + offset);
+    try {
+      const { agent } = await newAgent('sdk-wall', ['sdk-wall']);
+      const aborted: unknown[] = [];
+      agent.on('aborted', (a) => aborted.push(a));
+      let runs = 0;
+      let stepsDone: () => void = () => undefined;
+      const stepped = new Promise<void>((r) => (stepsDone = r));
+      agent.handle('sdk-wall', async (_j, ctx) => {
+        runs++;
+        // Across several renewals (every 300 ms; the local deadline is 1.2 s after each).
+        await new Promise((r) => setTimeout(r, 600));
+        offset = 10 * 60_000;
+        await new Promise((r) => setTimeout(r, 600));
+        offset = -10 * 60_000;
+        await new Promise((r) => setTimeout(r, 600));
+        offset = 0; // (the test's own waits are on the wall clock)
+        stepsDone();
+        return { aborted: ctx.signal.aborted };
+      });
+      await agent.start();
+      const j = await enqueue('sdk-wall');
+      await stepped;
+      await waitFor('done', async () => (await job(j.id)).status === 'succeeded', 10_000);
+      expect((await job(j.id)).result).toEqual({ aborted: false });
+      expect(aborted).toEqual([]);
+      expect(runs).toBe(1);
+    } finally {
+      wall.mockRestore();
+    }
+  });
+
+  it('aborts on time when renewals stop, though the wall clock was stepped 10 minutes back', async () => {
+    const proxy = await startProxy(lh.port);
+    proxies.push(proxy);
+    const { agent } = await newAgent('sdk-wall-back', ['sdk-wall-back'], { url: `http://127.0.0.1:${proxy.port}` });
+    let abortedAt = 0;
+    agent.handle('sdk-wall-back', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+      abortedAt = performance.now();
+      resolve({});
+    })));
+    await agent.start();
+    const j = await enqueue('sdk-wall-back');
+    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    const realNow = Date.now.bind(Date);
+    const wall = vi.spyOn(Date, 'now').mockImplementation(() => realNow() - 10 * 60_000);
+    try {
+      proxy.blackhole();
+      const silentAt = performance.now();
+      await waitFor('aborted locally', () => abortedAt > 0, 5000);
+      // By the monotonic deadline: before the coordinator's lease (1.5 s) could have passed.
+      expect(abortedAt - silentAt).toBeLessThan(1500);
+    } finally {
+      wall.mockRestore();
+    }
   });
 
   it('gives back an attempt whose start was confirmed only after it had given up on it', async () => {

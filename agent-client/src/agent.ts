@@ -86,7 +86,7 @@ interface Running {
   /** The coordinator confirmed the start (a `Renewed` for it came): the handler runs. */
   started: boolean;
   abort: AbortController;
-  /** Local lease deadline (ms since epoch); Infinity before the first start is sent. */
+  /** Local lease deadline, on the monotonic clock (`monotonic()`); never the wall clock. */
   deadline: number;
   abortedAt?: number;
   zombieReported?: boolean;
@@ -171,13 +171,13 @@ export class Agent extends EventEmitter<AgentEvents> {
   async drain(graceMs = this.options.graceMs ?? 30_000): Promise<void> {
     if (this.stopping) return this.loop;
     this.draining = true;
-    const until = Date.now() + graceMs;
+    const until = monotonic() + graceMs;
     if (this.connected) this.send({ kind: { case: 'bye', value: { drain: true } } });
     this.log.info({ running: this.running.size, graceMs }, 'draining: no new jobs, waiting for running handlers');
-    await race([...this.running.values()].map((r) => r.done), until - Date.now());
+    await race([...this.running.values()].map((r) => r.done), until - monotonic());
     for (const r of this.running.values()) this.abortAttempt(r, 'agent shutting down');
     await race([...this.running.values()].map((r) => r.done), 2000);
-    await this.flushOutbox(Math.max(until - Date.now(), 5000));
+    await this.flushOutbox(Math.max(until - monotonic(), 5000));
     await this.stop();
   }
 
@@ -338,7 +338,7 @@ export class Agent extends EventEmitter<AgentEvents> {
         for (const id of k.value.attemptIds) this.abortById(id, 'the job was canceled', 'canceled');
         return;
       case 'renewed': {
-        const deadline = Date.now() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
+        const deadline = monotonic() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
         let notRunning: string[] | undefined;
         for (const id of k.value.attemptIds) {
           const r = this.running.get(id);
@@ -389,7 +389,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       attemptId: c.attemptId,
       started: false,
       abort,
-      deadline: Date.now() + this.leaseTtlMs - this.heartbeatMs,
+      deadline: monotonic() + this.leaseTtlMs - this.heartbeatMs,
       done: Promise.resolve(),
     };
     // The handler waits for the coordinator to confirm the start: until then the attempt is only
@@ -475,7 +475,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   }
 
   private checkDeadlines(): void {
-    const now = Date.now();
+    const now = monotonic();
     for (const r of this.running.values()) {
       if (!r.abort.signal.aborted && now > r.deadline) {
         this.abortAttempt(r, 'local lease deadline passed without a renewal');
@@ -497,7 +497,7 @@ export class Agent extends EventEmitter<AgentEvents> {
 
   private abortAttempt(r: Running, reason: string, revoke?: string): void {
     if (r.abort.signal.aborted) return;
-    r.abortedAt = Date.now();
+    r.abortedAt = monotonic();
     r.abort.abort(new Error(reason));
     if (!r.started) r.cancelBegin?.(); // never ran: nothing to stop, nothing to report
     this.log.warn({ jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
@@ -620,10 +620,10 @@ export class Agent extends EventEmitter<AgentEvents> {
 
   /** Waits until the outbox is empty (every report acknowledged) or `ms` passes. */
   private async flushOutbox(ms: number): Promise<void> {
-    const until = Date.now() + ms;
-    while (this.outbox.pending().length && Date.now() < until) {
+    const until = monotonic() + ms;
+    while (this.outbox.pending().length && monotonic() < until) {
       await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, Math.min(until - Date.now(), 1000));
+        const t = setTimeout(resolve, Math.min(until - monotonic(), 1000));
         this.ackWaiters.push(() => {
           clearTimeout(t);
           resolve();
@@ -693,4 +693,15 @@ export function createAgent(options: AgentOptions): Agent {
 /** `RevokeReason.LEASE_EXPIRED` → `lease_expired` (`unspecified` from an older coordinator). */
 function revokeReasonName(reason: RevokeReason): string {
   return (RevokeReason[reason] ?? 'UNSPECIFIED').toLowerCase();
+}
+
+/**
+ * Milliseconds on a clock that only moves forward at the pace of real time: every deadline and
+ * elapsed time here is on it. The wall clock (`Date.now()`) is stepped by time services and by
+ * hand; a lease deadline on it would outlive the lease when the clock goes back, and cut healthy
+ * work when it goes forward. (It keeps counting while the process is frozen: a process that wakes
+ * after its lease is past finds its deadline passed.)
+ */
+function monotonic(): number {
+  return performance.now();
 }

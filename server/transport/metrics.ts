@@ -61,9 +61,9 @@ export function createMetrics(src: MetricsSources): Metrics {
   let cached: { at: number; value: Promise<Awaited<ReturnType<typeof jobDepths>> | undefined> } | undefined;
   const collectErrors = new Counter({ name: 'leasehold_metrics_collect_errors_total', help: 'Scrapes whose job gauges could not be read from the database.', registers: r });
   const depths = () => {
-    if (!cached || Date.now() - cached.at > 1000) {
+    if (!cached || performance.now() - cached.at > 1000) {
       cached = {
-        at: Date.now(),
+        at: performance.now(),
         value: jobDepths(src.db).catch((err: unknown) => {
           collectErrors.inc();
           src.log.warn({ err }, 'metrics: could not read job counts');
