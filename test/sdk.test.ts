@@ -147,14 +147,19 @@ describe('ctx.signal', () => {
     const { agent } = await newAgent('sdk-local', ['sdk-local'], { url: `http://127.0.0.1:${proxy.port}` });
     let reason = '';
     let abortedAt = 0;
-    agent.handle('sdk-local', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
-      reason = String((ctx.signal.reason as Error).message);
-      abortedAt = Date.now();
-      resolve({});
-    })));
+    let began = false;
+    agent.handle('sdk-local', (_j, ctx) => {
+      began = true;
+      return new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+        reason = String((ctx.signal.reason as Error).message);
+        abortedAt = Date.now();
+        resolve({});
+      }));
+    });
     await agent.start();
-    const j = await enqueue('sdk-local');
-    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    await enqueue('sdk-local');
+    // The handler runs (its start confirmed), not only the job's row says so.
+    await waitFor('handler running', () => began);
     // The connection stays up but carries nothing: heartbeats vanish, no renewal comes back.
     proxy.blackhole();
     const silentAt = Date.now();
@@ -206,13 +211,18 @@ describe('ctx.signal', () => {
     proxies.push(proxy);
     const { agent } = await newAgent('sdk-wall-back', ['sdk-wall-back'], { url: `http://127.0.0.1:${proxy.port}` });
     let abortedAt = 0;
-    agent.handle('sdk-wall-back', (_j, ctx) => new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
-      abortedAt = performance.now();
-      resolve({});
-    })));
+    let began = false;
+    agent.handle('sdk-wall-back', (_j, ctx) => {
+      began = true;
+      return new Promise((resolve) => ctx.signal.addEventListener('abort', () => {
+        abortedAt = performance.now();
+        resolve({});
+      }));
+    });
     await agent.start();
-    const j = await enqueue('sdk-wall-back');
-    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    await enqueue('sdk-wall-back');
+    // The handler runs (its start confirmed), not only the job's row says so.
+    await waitFor('handler running', () => began);
     const realNow = Date.now.bind(Date);
     const wall = vi.spyOn(Date, 'now').mockImplementation(() => realNow() - 10 * 60_000);
     try {
