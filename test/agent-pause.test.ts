@@ -1,0 +1,101 @@
+/**
+ * A frozen agent (SIGSTOP, as a debugger, a VM pause or a stalled machine freezes it) that wakes
+ * after its lease: meanwhile another agent took the job over and finished it; on waking, the
+ * frozen agent's handler is aborted before its next step reaches the downstream system, its late
+ * report is refused as stale and kept aside in its outbox, and every effect happened once.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
+import { createAgent, readOutbox, type Agent } from '@leasehold/agent-client';
+import { jobEnqueue } from '../server/store/index.js';
+import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-process.js';
+import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { useTestDb } from './helpers/db.js';
+import { checkInvariants } from './helpers/invariants.js';
+import { startSink, type Sink } from './helpers/sink.js';
+
+const t = useTestDb();
+const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '1500ms', LEASEHOLD_CLAIM_TTL: '1500ms', LEASEHOLD_HEARTBEAT_INTERVAL: '300ms' });
+let bundlePath = '';
+const dirs: string[] = [];
+const procs: AgentProcess[] = [];
+const inproc: Agent[] = [];
+let sink: Sink | undefined;
+beforeAll(async () => {
+  bundlePath = await agentBundle();
+});
+afterEach(async () => {
+  for (const p of procs.splice(0)) {
+    if (p.child.pid) process.kill(p.child.pid, 'SIGCONT');
+    await p.kill();
+  }
+  for (const a of inproc.splice(0)) await a.stop();
+  await sink?.close();
+});
+afterAll(async () => {
+  for (const d of dirs) await rm(d, { recursive: true, force: true });
+  if (bundlePath) await rm(bundlePath, { force: true });
+});
+const tmp = async () => {
+  const d = await mkdtemp(path.join(os.tmpdir(), 'leasehold-pause-'));
+  dirs.push(d);
+  return d;
+};
+
+it('a frozen agent wakes after its lease: aborted before its next step, its late report refused, every effect once', async () => {
+  sink = await startSink();
+  const s = sink;
+  const outbox = await tmp();
+  const frozen = spawnAgent(bundlePath, {
+    LH_URL: lh.url,
+    LH_TOKEN: await lh.agent('sleeper'),
+    LH_OUTBOX: outbox,
+    LH_QUEUE: 'pause',
+    LH_MODE: 'pause',
+    LH_SINK: s.url,
+  });
+  procs.push(frozen);
+  await frozen.waitFor((l) => l.msg === 'connected to the coordinator');
+  // Ten seconds between its two steps: only an abort ends that wait early.
+  const enq = await jobEnqueue(t.pool, { queue: 'pause', payload: { n: 7, workMs: 10_000 } });
+  if (enq.outcome !== 'ok') throw new Error(JSON.stringify(enq));
+  const job = enq.value;
+  const between = await frozen.waitFor((l) => l.msg === 'between steps');
+  const first = String(between.attemptId);
+  process.kill(frozen.child.pid!, 'SIGSTOP');
+
+  // Frozen past its lease (1.5 s): the job is requeued and another agent finishes it.
+  const rescuer = createAgent({ url: lh.url, token: await lh.agent('waker'), queues: ['pause'], outboxDir: await tmp(), handleSignals: false, log: pino({ level: 'silent' }) });
+  inproc.push(rescuer);
+  const apply = async (key: string, value: number) =>
+    (await fetch(`${s.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }) })).json();
+  rescuer.handle('pause', async (j, ctx) => {
+    const n = Number(j.payload.n);
+    const charge = await ctx.step('charge', ({ idempotencyKey }) => apply(idempotencyKey, n));
+    const email = await ctx.step('email', ({ idempotencyKey }) => apply(idempotencyKey, n * 10));
+    return { charge, email, by: 'rescuer' };
+  });
+  await rescuer.start();
+  await waitFor('finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
+
+  // It wakes: its handler is aborted (its deadline passed while it slept; the coordinator revokes
+  // it too), its next step is refused, its report is refused and kept aside.
+  process.kill(frozen.child.pid!, 'SIGCONT');
+  const woke = await frozen.waitFor((l) => l.msg === 'woke between steps');
+  expect(woke).toMatchObject({ attemptId: first, aborted: true });
+  await frozen.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded' && l.attemptId === first);
+  const left = await readOutbox(outbox);
+  expect(left.pending).toEqual([]);
+  expect(left.superseded).toEqual([expect.objectContaining({ attemptId: first, reason: 'STALE' })]);
+
+  // Every effect once: the charge by the frozen attempt (the rescuer found it recorded), the
+  // email by the rescuer; the frozen attempt never reached the sink again.
+  expect(s.applies.get(`${job.id}:charge`)).toBe(1);
+  expect(s.applies.get(`${job.id}:email`)).toBe(1);
+  const row = (await t.pool.query(`SELECT status::text, attempt_no, result FROM jobs WHERE id = $1`, [job.id])).rows[0];
+  expect(row).toMatchObject({ status: 'succeeded', attempt_no: 2, result: { by: 'rescuer', charge: { applied: 7, key: `${job.id}:charge` }, email: { applied: 70, key: `${job.id}:email` } } });
+  await checkInvariants(t.pool);
+}, 60_000);
