@@ -20,7 +20,7 @@ import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-proc
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
-import { startSink, type Sink } from './helpers/sink.js';
+import { handleWithSteps, startSink, type Sink } from './helpers/sink.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
 
 const LIB = ['/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1', '/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1'].find((f) => existsSync(f));
@@ -123,14 +123,7 @@ describe.skipIf(missing)(`an agent whose wall clock is stepped${missing ? ` (ski
     // Another agent finishes the job (attempt 2): the charge found recorded, the email applied.
     const rescuer = createAgent({ url: lh.url, token: await lh.agent('clock-rescuer'), queues: ['clock-back'], outboxDir: path.join(dir, 'rescuer'), handleSignals: false, log: pino({ level: 'silent' }) });
     inproc.push(rescuer);
-    const apply = async (key: string, value: number) =>
-      (await fetch(`${sink.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }) })).json();
-    rescuer.handle('clock-back', async (j, ctx) => {
-      const n = Number(j.payload.n);
-      const charge = await ctx.step('charge', ({ idempotencyKey }) => apply(idempotencyKey, n));
-      const email = await ctx.step('email', ({ idempotencyKey }) => apply(idempotencyKey, n * 10));
-      return { charge, email, by: 'rescuer' };
-    });
+    handleWithSteps(rescuer, 'clock-back', sink, 'rescuer');
     await rescuer.start();
     await waitFor('finished by the rescuer', async () => (await row(job.id)).status === 'succeeded', 15_000);
 

@@ -15,7 +15,7 @@ import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-proc
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
-import { startSink, type Sink } from './helpers/sink.js';
+import { handleWithSteps, startSink, type Sink } from './helpers/sink.js';
 
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '1500ms', LEASEHOLD_CLAIM_TTL: '1500ms', LEASEHOLD_HEARTBEAT_INTERVAL: '300ms' });
@@ -70,14 +70,7 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
   // Frozen past its lease (1.5 s): the job is requeued and another agent finishes it.
   const rescuer = createAgent({ url: lh.url, token: await lh.agent('waker'), queues: ['pause'], outboxDir: await tmp(), handleSignals: false, log: pino({ level: 'silent' }) });
   inproc.push(rescuer);
-  const apply = async (key: string, value: number) =>
-    (await fetch(`${s.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }) })).json();
-  rescuer.handle('pause', async (j, ctx) => {
-    const n = Number(j.payload.n);
-    const charge = await ctx.step('charge', ({ idempotencyKey }) => apply(idempotencyKey, n));
-    const email = await ctx.step('email', ({ idempotencyKey }) => apply(idempotencyKey, n * 10));
-    return { charge, email, by: 'rescuer' };
-  });
+  handleWithSteps(rescuer, 'pause', s, 'rescuer');
   await rescuer.start();
   await waitFor('finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
 

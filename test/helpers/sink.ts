@@ -6,6 +6,7 @@
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Agent } from '@leasehold/agent-client';
 
 export interface Sink {
   url: string;
@@ -57,4 +58,20 @@ export async function startSink(onApply?: (key: string) => boolean | void): Prom
         server.close(() => r());
       }),
   };
+}
+
+/**
+ * The fixture's two steps (test/fixtures/sdk-agent.ts, modes `sink` and `pause`) as a handler of
+ * an in-process agent: `charge` (n) then `email` (n × 10) against `sink`, answering
+ * `{charge, email, by}`. What a second agent runs to finish a job the first one left.
+ */
+export function handleWithSteps(agent: Agent, queue: string, sink: Sink, by: string): void {
+  const apply = async (key: string, value: number) =>
+    (await fetch(`${sink.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }) })).json();
+  agent.handle(queue, async (j, ctx) => {
+    const n = Number(j.payload.n);
+    const charge = await ctx.step('charge', ({ idempotencyKey }) => apply(idempotencyKey, n));
+    const email = await ctx.step('email', ({ idempotencyKey }) => apply(idempotencyKey, n * 10));
+    return { charge, email, by };
+  });
 }
