@@ -177,6 +177,12 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
         expect(answer.status).toBe(200);
         await waitFor('no ping left of the canceled job', async () => (await pings(pingBase + 1)) === 0, 20_000);
         expect((await job(canceled)).status).toBe('canceled');
+        // Its handler done too (stopping the tree by parent ids takes a few seconds under Wine):
+        // the Ctrl-C below is about draining an agent, not about one sent amid taskkill runs (once,
+        // in CI, a SIGINT sent then was never seen by the agent).
+        await waitFor('the canceled handler finished', () =>
+          agent.output().split('\n').some((l) => l.includes(`"jobId":"${canceled}"`) && l.includes('"msg":"handler finished"')),
+        30_000);
 
         // Ctrl-C drains and exits 0.
         agent.child.kill('SIGINT');
