@@ -16,6 +16,7 @@ import { Command } from 'commander';
 import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
+import { createPool } from '../../server/store/index.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { profileSelf, summarize } from './profile.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
@@ -361,7 +362,9 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
   const latencies = new Map<string, number[]>();
   const systems: System[] = [];
   try {
-    const version = (await new pg.Pool({ connectionString: db.url, max: 1 }).query('SHOW server_version')).rows[0].server_version as string;
+    const versionPool = createPool(db.url, 1);
+    const version = (await versionPool.query('SHOW server_version')).rows[0].server_version as string;
+    await versionPool.end();
     for (const name of o.systems) {
       if (name === 'leasehold') systems.push(await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2 }));
       if (name === 'graphile-off') systems.push(await graphile(db.url, false));

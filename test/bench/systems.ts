@@ -9,7 +9,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
-import { agentCreate, migrateDatabase } from '../../server/store/index.js';
+import { agentCreate, createPool, migrateDatabase } from '../../server/store/index.js';
 import type { SystemKey } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
@@ -72,7 +72,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
   );
   const c: Coordinator = await startCoordinator(config, pino({ level: "warn" }));
   (globalThis as { coordinator?: Coordinator }).coordinator = c;
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  const pool = createPool(url, 4);
   const grpcUrl = `http://127.0.0.1:${c.grpc.address.port}`;
   // What n8n's HTTP Request node does: JSON over HTTP/1.1 with keep-alive.
   const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
@@ -154,7 +154,7 @@ export async function graphile(adminUrl: string, batching: boolean): Promise<Sys
   const logger = new Logger(() => () => undefined);
   await runMigrations({ connectionString: url, logger });
   const utils = await makeWorkerUtils({ connectionString: url, logger });
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  const pool = createPool(url, 4);
   return {
     name: batching ? 'graphile-on' : 'graphile-off',
     key: batching ? 'graphile-on' : 'graphile-off',
@@ -195,7 +195,7 @@ export async function pgboss(adminUrl: string, opts: { expireMs: number }): Prom
   boss.on('error', () => undefined);
   await boss.start();
   await boss.createQueue(QUEUE, { name: QUEUE, expireInSeconds: Math.max(1, Math.round(opts.expireMs / 1000)), retryLimit: 5, retryDelay: 0 });
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  const pool = createPool(url, 4);
   return {
     name: 'pgboss',
     key: 'pg-boss',
