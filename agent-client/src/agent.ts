@@ -99,6 +99,9 @@ interface Running {
   cancelBegin?: () => void;
 }
 
+/** Below this, a silence is a busy machine's noise (GC, a slow query), not a gone coordinator. */
+const SILENCE_FLOOR_MS = 2000;
+
 /** Permanent refusals: retrying cannot help until someone changes the config or the token. */
 const PERMANENT = new Set([grpc.status.UNAUTHENTICATED, grpc.status.INVALID_ARGUMENT, grpc.status.PERMISSION_DENIED]);
 
@@ -114,6 +117,8 @@ export class Agent extends EventEmitter<AgentEvents> {
   private goAway = false;
   private call: ReturnType<CoordinatorChannel['connect']> | undefined;
   private connected = false;
+  /** When the coordinator last said anything on this stream (`monotonic()`). */
+  private lastHeard = 0;
   private leaseTtlMs = 30_000;
   private heartbeatMs = 10_000;
   private heartbeatTimer: NodeJS.Timeout | undefined;
@@ -304,6 +309,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   }
 
   private onMessage(m: ServerMessage): void {
+    this.lastHeard = monotonic();
     const k = m.kind;
     switch (k.case) {
       case 'welcome': {
@@ -476,6 +482,7 @@ export class Agent extends EventEmitter<AgentEvents> {
 
   private checkDeadlines(): void {
     const now = monotonic();
+    this.checkSilence(now);
     for (const r of this.running.values()) {
       if (!r.abort.signal.aborted && now > r.deadline) {
         this.abortAttempt(r, 'local lease deadline passed without a renewal');
@@ -488,6 +495,23 @@ export class Agent extends EventEmitter<AgentEvents> {
         this.emit('zombie', { attemptId: r.attemptId });
       }
     }
+  }
+
+  /**
+   * A coordinator that holds this agent's leases answers every heartbeat with `Renewed`. Silent
+   * for one and a half heartbeat intervals (and at least `SILENCE_FLOOR_MS`) while leases are
+   * held, it is frozen, stalled or cut off without the connection noticing (keepalive takes up to
+   * 15 s): the agent moves to the next address at once and resumes there while the leases run.
+   */
+  private checkSilence(now: number): void {
+    if (!this.connected || !this.call) return;
+    const silentMs = now - this.lastHeard;
+    if (silentMs < Math.max(this.heartbeatMs * 1.5, SILENCE_FLOOR_MS)) return;
+    if (![...this.running.values()].some((r) => !r.abort.signal.aborted)) return;
+    this.log.warn({ silentMs: Math.round(silentMs), heartbeatMs: this.heartbeatMs }, 'the coordinator is silent while holding leases: moving to the next address to resume them');
+    this.connected = false;
+    this.goAway = true;
+    this.call.cancel();
   }
 
   private abortById(attemptId: string, reason: string, revoke?: string): void {

@@ -13,6 +13,10 @@
  * - `Started`, `Completed`, `Failed` go to the fenced store verbs; completions and failures are
  *   answered with one `Ack` per message, an item per attempt (the stored result on duplicate).
  * - Losing the stream marks the held attempts suspect; their leases run down untouched.
+ * - A pause of this process (frozen, asleep, a blocked event loop) longer than a heartbeat
+ *   interval ends every stream on waking, before anything buffered meanwhile is acted on: its
+ *   agents may have resumed elsewhere, so nothing is renewed, assigned or marked suspect on the
+ *   strength of what they said before (`StallWatch`).
  * - `Bye` stops new assignments.
  *
  * Messages here are domain values; the transport translates them from and to protobuf.
@@ -33,6 +37,7 @@ import {
 } from '../store/index.js';
 import { ReportBatcher } from './batcher.js';
 import { Channel } from './channel.js';
+import { StallWatch } from './stall-watch.js';
 import type { CurrentState, Failure, Outcome } from './outcomes.js';
 import { check, checkAll, limits, schemas } from './validation.js';
 import { z } from 'zod';
@@ -137,13 +142,15 @@ export class Session {
     readonly queues: string[],
     readonly labels: Record<string, string>,
     readonly slots: number,
+    /** True while the coordinator is waking from a pause: nothing is assigned then. */
+    private readonly paused: () => boolean = () => false,
   ) {
     this.credit = slots;
   }
 
   /** Free slots the dispatcher may fill now. */
   get available(): number {
-    if (this.closed || this.draining) return 0;
+    if (this.closed || this.draining || this.paused()) return 0;
     return Math.max(0, Math.min(this.credit, this.slots - this.held.size));
   }
 
@@ -158,6 +165,11 @@ export interface HubConfig {
   heartbeatIntervalMs: number;
   /** How often heartbeats are flushed to the database in one UPDATE; default 200 ms. */
   tickMs?: number;
+  /**
+   * A pause of this process longer than this ends every stream on waking; default the heartbeat
+   * interval, at least 1 s (agents give a silent coordinator up after 1.5 intervals, at least 2 s).
+   */
+  stallMs?: number;
 }
 
 export interface HubEvents {
@@ -191,6 +203,8 @@ export class AgentHub extends EventEmitter<HubEvents> {
   private ticking: Promise<void> | undefined;
   /** Starts, completions and failures of all sessions, grouped per turn of the event loop. */
   readonly batcher: ReportBatcher;
+  /** Sees this process waking from a pause. */
+  readonly watch: StallWatch;
 
   constructor(
     private readonly db: Queryable,
@@ -200,11 +214,14 @@ export class AgentHub extends EventEmitter<HubEvents> {
     super();
     this.tickMs = config.tickMs ?? 200;
     this.batcher = new ReportBatcher(db, log, config.leaseTtlMs);
+    this.watch = new StallWatch(config.stallMs ?? Math.max(config.heartbeatIntervalMs, 1000));
+    this.watch.on('stall', ({ ms }) => this.wake(ms));
   }
 
   /** Starts the heartbeat ticker. */
   start(): void {
     if (this.timer) return;
+    this.watch.start();
     const loop = () => {
       this.timer = setTimeout(() => {
         this.ticking = this.tick()
@@ -222,6 +239,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
   async stop(): Promise<void> {
     clearTimeout(this.timer);
     this.timer = undefined;
+    this.watch.stop();
     await this.ticking;
     await this.batcher.idle();
     // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
@@ -233,6 +251,27 @@ export class AgentHub extends EventEmitter<HubEvents> {
     }
   }
 
+  /**
+   * This process ran again after a pause of `ms`: every stream it held ends (GoAway, then
+   * UNAVAILABLE), at once and before any message buffered meanwhile is acted on. Its agents may
+   * have given it up as silent and resumed their attempts on another replica, so what those
+   * sessions held is neither renewed nor marked suspect from here; an agent that stayed simply
+   * reconnects and resumes.
+   */
+  private wake(ms: number): void {
+    const sessions = [...this.sessions];
+    this.log.warn(
+      { pausedMs: ms, streams: sessions.length, held: sessions.reduce((n, s) => n + s.held.size, 0) },
+      'this coordinator was paused longer than a heartbeat interval: ending its streams (their agents may have resumed elsewhere)',
+    );
+    const detail = `this coordinator was paused for ${ms} ms: reconnect and resume what you hold`;
+    for (const s of sessions) {
+      s.send({ type: 'goAway', detail });
+      s.out.close(new ConnectError(detail, Code.Unavailable));
+      void this.close(s, { lost: true, paused: true });
+    }
+  }
+
   /** Authenticates a `Hello` and opens its session: `Welcome` first, then `Revoke` for what cannot resume. */
   async open(h: Hello): Promise<Outcome<Session>> {
     const bad = checkAll(check('hello', helloSchema, h));
@@ -240,7 +279,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     const auth = await agentAuthenticate(this.db, { token: h.token, ...(h.agentId ? { agentId: h.agentId } : {}) });
     if (auth.outcome !== 'ok') return auth as Failure;
     const agentId = auth.value.agentId;
-    const session = new Session(agentId, [...new Set(h.queues)], h.labels, h.slots);
+    const session = new Session(agentId, [...new Set(h.queues)], h.labels, h.slots, () => this.watch.stalled());
     session.send({
       type: 'welcome',
       sessionId: session.id,
@@ -301,14 +340,19 @@ export class AgentHub extends EventEmitter<HubEvents> {
     }
   }
 
-  /** The stream ended: without `Bye`, or with attempts still held, those become suspect. */
-  async close(s: Session, why: { lost: boolean; error?: unknown }): Promise<void> {
+  /**
+   * The stream ended: without `Bye`, or with attempts still held, those become suspect (unless
+   * this coordinator is waking from a pause: another stream may hold them now).
+   */
+  async close(s: Session, why: { lost: boolean; error?: unknown; paused?: boolean }): Promise<void> {
     if (s.closed) return;
     s.closed = true;
     s.out.close();
     this.sessions.delete(s);
     const held = [...s.held.keys()];
-    if (held.length) {
+    if (held.length && (why.paused || this.watch.stalled())) {
+      this.log.warn({ agentId: s.agentId, sessionId: s.id, held }, 'agent stream ended after a pause of this coordinator: its attempts are left as they are');
+    } else if (held.length) {
       const r = await attemptsMarkSuspect(this.db, { attemptIds: held }).catch((err: unknown) => {
         this.log.warn({ err, agentId: s.agentId }, 'could not mark attempts suspect');
         return undefined;
@@ -354,6 +398,8 @@ export class AgentHub extends EventEmitter<HubEvents> {
 
   /** One UPDATE renews what every heartbeating session holds; the lost attempts are revoked. */
   async tick(): Promise<void> {
+    // Waking from a pause: these heartbeats are old news (the watch ends the streams next).
+    if (this.watch.stalled()) return;
     const items: Array<{ attemptId: string; agentId: string; progress?: unknown }> = [];
     for (const s of this.sessions) {
       if (!s.heartbeatPending) continue;
