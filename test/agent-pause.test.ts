@@ -2,7 +2,9 @@
  * A frozen agent (SIGSTOP, as a debugger, a VM pause or a stalled machine freezes it) that wakes
  * after its lease: meanwhile another agent took the job over and finished it; on waking, the
  * frozen agent's handler is aborted before its next step reaches the downstream system, its late
- * report is refused as stale and kept aside in its outbox, and every effect happened once.
+ * report is refused as stale and kept aside in its outbox, and every effect happened once. The
+ * same when it froze while its step's reservation was on its way: the answer waiting in its
+ * socket on waking does not let the effect through.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -16,6 +18,7 @@ import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { handleWithSteps, startSink, type Sink } from './helpers/sink.js';
+import { startFaultProxy, type FaultProxy } from './chaos/fault-proxy.js';
 
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '1500ms', LEASEHOLD_CLAIM_TTL: '1500ms', LEASEHOLD_HEARTBEAT_INTERVAL: '300ms' });
@@ -24,6 +27,7 @@ const dirs: string[] = [];
 const procs: AgentProcess[] = [];
 const inproc: Agent[] = [];
 let sink: Sink | undefined;
+let proxy: FaultProxy | undefined;
 beforeAll(async () => {
   bundlePath = await agentBundle();
 });
@@ -34,6 +38,7 @@ afterEach(async () => {
   }
   for (const a of inproc.splice(0)) await a.stop();
   await sink?.close();
+  await proxy?.close();
 });
 afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
@@ -90,5 +95,50 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
   expect(s.applies.get(`${job.id}:email`)).toBe(1);
   const row = (await t.pool.query(`SELECT status::text, attempt_no, result FROM jobs WHERE id = $1`, [job.id])).rows[0];
   expect(row).toMatchObject({ status: 'succeeded', attempt_no: 2, result: { by: 'rescuer', charge: { applied: 7, key: `${job.id}:charge` }, email: { applied: 70, key: `${job.id}:email` } } });
+  await checkInvariants(t.pool);
+}, 60_000);
+
+it('frozen while its step is being reserved: the reservation answered meanwhile does not let the effect through on waking', async () => {
+  sink = await startSink();
+  const s = sink;
+  // Its traffic slowed down by 300 ms each way when it gets to its second step, so that it is
+  // frozen with the reservation on its way, answered while it sleeps.
+  proxy = await startFaultProxy(lh.port);
+  const p = proxy;
+  const frozen = spawnAgent(bundlePath, {
+    LH_URL: `127.0.0.1:${p.port}`,
+    LH_TOKEN: await lh.agent('reserver'),
+    LH_OUTBOX: await tmp(),
+    LH_QUEUE: 'reserve',
+    LH_MODE: 'pause',
+    LH_SINK: s.url,
+  });
+  procs.push(frozen);
+  await frozen.waitFor((l) => l.msg === 'connected to the coordinator');
+  const enq = await jobEnqueue(t.pool, { queue: 'reserve', payload: { n: 5, workMs: 600 } });
+  if (enq.outcome !== 'ok') throw new Error(JSON.stringify(enq));
+  const job = enq.value;
+  const first = String((await frozen.waitFor((l) => l.msg === 'between steps')).attemptId);
+  p.set({ kind: 'delay', ms: 300 });
+  await frozen.waitFor((l) => l.msg === 'woke between steps');
+  process.kill(frozen.child.pid!, 'SIGSTOP');
+  p.set({ kind: 'ok' });
+  await waitFor('the reservation recorded for the frozen attempt', async () => (await t.pool.query(`SELECT 1 FROM steps WHERE job_id = $1 AND step = 'email'`, [job.id])).rowCount === 1, 5000);
+
+  // Past its lease, another agent finishes the job: the email step's outcome is unknown to it,
+  // the sink says it never happened, so it applies it.
+  const rescuer = createAgent({ url: lh.url, token: await lh.agent('reserve-rescuer'), queues: ['reserve'], outboxDir: await tmp(), handleSignals: false, log: pino({ level: 'silent' }) });
+  inproc.push(rescuer);
+  handleWithSteps(rescuer, 'reserve', s, 'rescuer');
+  await rescuer.start();
+  await waitFor('finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
+  expect(s.applies.get(`${job.id}:email`)).toBe(1);
+
+  // It wakes with the reservation's answer in its socket: the step stops before the effect.
+  process.kill(frozen.child.pid!, 'SIGCONT');
+  expect(await frozen.waitFor((l) => l.msg === 'handler finished' && l.attemptId === first)).toMatchObject({ kind: 'failed', aborted: true });
+  await frozen.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded' && l.attemptId === first);
+  expect(s.applies.get(`${job.id}:charge`)).toBe(1);
+  expect(s.applies.get(`${job.id}:email`)).toBe(1);
   await checkInvariants(t.pool);
 }, 60_000);

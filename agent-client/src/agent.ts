@@ -429,6 +429,9 @@ export class Agent extends EventEmitter<AgentEvents> {
         r.progressDirty = true;
       },
       onLeaseLost: (why) => this.abortAttempt(r, `lease lost: ${why}`),
+      checkLease: () => {
+        if (monotonic() > r.deadline) this.abortAttempt(r, 'local lease deadline passed without a renewal');
+      },
     });
     let entry: OutboxEntry;
     const base = { attemptId: r.attemptId, jobId: r.job.id, queue: r.job.queue, attemptNo: r.job.attemptNo, writtenAt: '' };

@@ -95,6 +95,12 @@ export function createContext(opts: {
   channel: () => CoordinatorChannel;
   onProgress: (v: unknown) => void;
   onLeaseLost: (why: string) => void;
+  /**
+   * Checks the local lease deadline now, on the monotonic clock, aborting the attempt if it has
+   * passed. Called right before a step's effect: a process frozen while it waited for the ledger
+   * wakes with that answer in its socket, and may read it before its watchdog timer runs.
+   */
+  checkLease: () => void;
 }): JobContext {
   const { job, attemptId, signal, channel } = opts;
   const key = (step: string) => `${job.id}:${step}`;
@@ -135,6 +141,10 @@ export function createContext(opts: {
           return rec.output;
         }
       }
+      // The last moment to notice that the lease is gone before the effect: the reservation may
+      // have come back after a pause longer than the lease (another attempt may be doing it now).
+      opts.checkLease();
+      signal.throwIfAborted();
       const output = await fn({ idempotencyKey, signal });
       await record(name, output);
       return output;

@@ -5,9 +5,12 @@
  * against a downstream effect sink, reconciling unknown steps through it) connected through TCP
  * fault proxies; two n8n-like notification receivers (one per subscription, one per notify_url)
  * that verify signatures and dedupe by event id, and answer 500 now and then. Jobs are enqueued
- * all along through the HTTP gateway of any live replica, with idempotency keys. Meanwhile:
- * agents and replicas SIGKILLed at random, connections reset, delayed, silenced and half-opened,
- * and PostgreSQL restarted once. Then everything comes back, the run drains, and the checks run:
+ * all along through the HTTP gateway of any live replica, with idempotency keys. Meanwhile, from
+ * the fault menu (`--faults`, all by default): agents and replicas SIGKILLed at random, agents and
+ * replicas frozen (SIGSTOP, then SIGCONT) for less and for more than the lease, agents' wall
+ * clocks stepped 10 minutes back or forward (libfaketime), connections reset, delayed, silenced
+ * and half-opened, and PostgreSQL restarted once. Then everything comes back, the run drains, and
+ * the checks run:
  *
  * - every job enqueued is terminal (and, with a generous attempt cap, succeeded);
  * - every step's effect was applied exactly once at the sink;
@@ -20,7 +23,7 @@
  * Prints one line of figures and exits non-zero on any violation. `npm test` runs 20 seconds of it.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, existsSync, readFileSync } from 'node:fs';
+import { createWriteStream, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { chmod, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -41,6 +44,33 @@ const here = path.dirname(new URL(import.meta.url).pathname);
 const root = path.resolve(here, '../..');
 const ADMIN = 'chaos-admin-key';
 const QUEUE = 'chaos';
+/** The lease of the run's replicas; pauses are drawn shorter and longer than it. */
+const LEASE_MS = 2000;
+
+/** What the run can break; `--faults` picks some (all by default). */
+export const FAULTS = ['agent-kill', 'replica-kill', 'agent-pause', 'replica-pause', 'clock', 'network', 'pg-restart'] as const;
+export type Fault = (typeof FAULTS)[number];
+/** How often each fault is drawn, relative to the others chosen. */
+const WEIGHT: Record<Exclude<Fault, 'pg-restart'>, number> = {
+  'agent-kill': 0.25,
+  'replica-kill': 0.12,
+  'agent-pause': 0.1,
+  'replica-pause': 0.07,
+  clock: 0.08,
+  network: 0.38,
+};
+
+/** libfaketime (Debian's `faketime`), which steps an agent's wall clock for the `clock` fault. */
+export const FAKETIME_LIB = ['/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1', '/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1'].find((f) => existsSync(f));
+
+/** Parses `--faults` (`all`, or names separated by commas); throws on an unknown name. */
+export function parseFaults(text: string): Fault[] {
+  if (text.trim() === 'all') return [...FAULTS];
+  const names = text.split(',').map((n) => n.trim()).filter(Boolean);
+  const bad = names.filter((n) => !(FAULTS as readonly string[]).includes(n));
+  if (bad.length || !names.length) throw new Error(`--faults: unknown ${bad.length ? bad.join(', ') : '(empty)'}; choose from all, ${FAULTS.join(', ')}`);
+  return [...new Set(names)] as Fault[];
+}
 
 export interface ChaosOptions {
   durationSec: number;
@@ -48,6 +78,8 @@ export interface ChaosOptions {
   agents: number;
   /** Jobs enqueued per second while the chaos lasts. */
   rate: number;
+  /** What to break (default: all of FAULTS). `clock` needs libfaketime. */
+  faults?: readonly Fault[];
   seed?: number;
   log: (line: string) => void;
 }
@@ -106,6 +138,8 @@ async function kill(p: Proc | undefined): Promise<void> {
 /** Runs the chaos; resolves with the figures and the violations found (none: it passed). */
 export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
   const rand = prng(o.seed ?? Date.now());
+  const faults = new Set<Fault>(o.faults ?? FAULTS);
+  if (faults.has('clock') && !FAKETIME_LIB) throw new Error('the clock fault needs libfaketime: apt-get install faketime (or leave clock out of --faults)');
   const work = await mkdtemp(path.join(os.tmpdir(), 'leasehold-chaos-'));
   await chmod(work, 0o755); // the database runs as the postgres user when we are root: let it in
   const logs = path.join(work, 'logs');
@@ -114,6 +148,11 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     jobs: 0,
     agentKills: 0,
     replicaKills: 0,
+    agentPauses: 0,
+    agentPausesPastLease: 0,
+    replicaPauses: 0,
+    replicaPausesPastLease: 0,
+    clockSteps: 0,
     resets: 0,
     delays: 0,
     silences: 0,
@@ -194,8 +233,8 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         {
           DATABASE_URL: url,
           LEASEHOLD_ADMIN_KEY: ADMIN,
-          LEASEHOLD_LEASE_TTL: '2s',
-          LEASEHOLD_CLAIM_TTL: '2s',
+          LEASEHOLD_LEASE_TTL: `${LEASE_MS}ms`,
+          LEASEHOLD_CLAIM_TTL: `${LEASE_MS}ms`,
           LEASEHOLD_HEARTBEAT_INTERVAL: '400ms',
           LEASEHOLD_REAPER_INTERVAL: '200ms',
           LEASEHOLD_WEBHOOK_INTERVAL: '200ms',
@@ -241,14 +280,30 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         if (created.outcome !== 'ok') throw new Error(JSON.stringify(created));
         // Each agent lists the replicas from a different one, so they spread out.
         const urls = proxies.map((_, k) => `127.0.0.1:${proxies[(i + k) % proxies.length]!.port}`);
-        return { i, token: created.value.token, urls, outbox: path.join(work, `outbox-${i}`), log: path.join(logs, `agent-${i}.log`), proc: undefined as Proc | undefined };
+        return {
+          i,
+          token: created.value.token,
+          urls,
+          outbox: path.join(work, `outbox-${i}`),
+          log: path.join(logs, `agent-${i}.log`),
+          clock: path.join(work, `clock-${i}`),
+          proc: undefined as Proc | undefined,
+        };
       }),
     );
+    // With the clock fault, every agent runs under libfaketime, its wall clock read from a file
+    // (re-read every second) that a step rewrites; its monotonic clock is left alone, as a time
+    // service or a person stepping the clock leaves it.
+    const clockEnv = (a: (typeof agents)[number]) =>
+      faults.has('clock')
+        ? { LD_PRELOAD: FAKETIME_LIB!, FAKETIME_TIMESTAMP_FILE: a.clock, FAKETIME_CACHE_DURATION: '1', FAKETIME_DONT_FAKE_MONOTONIC: '1' }
+        : {};
+    for (const a of agents) writeFileSync(a.clock, '+0\n');
     const startAgent = (a: (typeof agents)[number]) => {
       a.proc = startProc(
         process.execPath,
         [bundle],
-        { LH_URL: a.urls.join(','), LH_TOKEN: a.token, LH_OUTBOX: a.outbox, LH_QUEUE: QUEUE, LH_MODE: 'sink', LH_SLOTS: '2', LH_SINK: sink.url, LEASEHOLD_LOG_LEVEL: 'info' },
+        { LH_URL: a.urls.join(','), LH_TOKEN: a.token, LH_OUTBOX: a.outbox, LH_QUEUE: QUEUE, LH_MODE: 'sink', LH_SLOTS: '2', LH_SINK: sink.url, LEASEHOLD_LOG_LEVEL: 'info', ...clockEnv(a) },
         a.log,
       );
     };
@@ -303,8 +358,33 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     // ── the chaos ──
     const endAt = Date.now() + o.durationSec * 1000;
     const pgRestartAt = Date.now() + o.durationSec * 1000 * 0.4;
-    let pgRestarted = false;
+    let pgRestarted = !faults.has('pg-restart');
     const restarts: Promise<void>[] = [];
+    const menu = (Object.keys(WEIGHT) as Array<keyof typeof WEIGHT>).filter((f) => faults.has(f));
+    const total = menu.reduce((n, f) => n + WEIGHT[f], 0);
+    const draw = (): keyof typeof WEIGHT | undefined => {
+      let x = rand() * total;
+      for (const f of menu) if ((x -= WEIGHT[f]) < 0) return f;
+      return menu.at(-1);
+    };
+    const running = (p: Proc | undefined): p is Proc => Boolean(p && p.child.exitCode === null && p.child.signalCode === null);
+    const paused = new Set<Proc>();
+    /** Neither dead nor frozen. */
+    const live = (p: Proc | undefined): p is Proc => running(p) && !paused.has(p);
+    /** Freezes `p` for less or (half the time) more than the lease, then lets it run again. */
+    const pause = (p: Proc): boolean => {
+      const past = rand() < 0.5;
+      const ms = past ? LEASE_MS * (1.25 + rand() * 1.5) : LEASE_MS * (0.15 + rand() * 0.6);
+      paused.add(p);
+      p.child.kill('SIGSTOP');
+      restarts.push(
+        sleep(ms).then(() => {
+          paused.delete(p);
+          if (running(p)) p.child.kill('SIGCONT');
+        }),
+      );
+      return past;
+    };
     while (Date.now() < endAt) {
       await sleep(300 + rand() * 900);
       if (!pgRestarted && Date.now() > pgRestartAt) {
@@ -316,33 +396,50 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         db = await startDb();
         continue;
       }
-      const x = rand();
-      if (x < 0.3) {
+      const fault = draw();
+      if (fault === 'agent-kill') {
         const a = agents[Math.floor(rand() * agents.length)]!;
-        if (!a.proc || a.proc.child.exitCode !== null || a.proc.child.signalCode !== null) continue;
+        if (!running(a.proc)) continue;
         figures.agentKills!++;
+        paused.delete(a.proc);
         await kill(a.proc);
         restarts.push(sleep(200 + rand() * 1500).then(() => startAgent(a)));
-      } else if (x < 0.45) {
+      } else if (fault === 'replica-kill' || fault === 'replica-pause') {
+        // Never the last replica that runs.
         const r = replicas[Math.floor(rand() * replicas.length)]!;
-        if (replicas.filter((q) => q.proc && q.proc.child.exitCode === null && q.proc.child.signalCode === null).length <= 1) continue;
-        if (!r.proc || r.proc.child.exitCode !== null || r.proc.child.signalCode !== null) continue;
+        if (!live(r.proc) || replicas.filter((q) => live(q.proc)).length <= 1) continue;
+        if (fault === 'replica-pause') {
+          figures.replicaPauses!++;
+          if (pause(r.proc)) figures.replicaPausesPastLease!++;
+          continue;
+        }
         figures.replicaKills!++;
         await kill(r.proc);
         restarts.push(sleep(500 + rand() * 2000).then(() => startReplica(r)));
-      } else {
+      } else if (fault === 'agent-pause') {
+        const a = agents[Math.floor(rand() * agents.length)]!;
+        if (!live(a.proc)) continue;
+        figures.agentPauses!++;
+        if (pause(a.proc)) figures.agentPausesPastLease!++;
+      } else if (fault === 'clock') {
+        // Stepped 10 minutes back or forward, and back to true time 1–4 s later.
+        const a = agents[Math.floor(rand() * agents.length)]!;
+        figures.clockSteps!++;
+        writeFileSync(a.clock, rand() < 0.5 ? '-10m\n' : '+10m\n');
+        restarts.push(sleep(1000 + rand() * 3000).then(() => writeFileSync(a.clock, '+0\n')));
+      } else if (fault === 'network') {
         const p = proxies[Math.floor(rand() * proxies.length)]!;
         const y = rand();
-        const fault = y < 0.3 ? 'reset' : y < 0.55 ? 'delay' : y < 0.8 ? 'drop' : 'half-open';
-        if (fault === 'reset') {
+        const kind = y < 0.3 ? 'reset' : y < 0.55 ? 'delay' : y < 0.8 ? 'drop' : 'half-open';
+        if (kind === 'reset') {
           figures.resets!++;
           p.reset();
           continue;
         }
-        if (fault === 'delay') {
+        if (kind === 'delay') {
           figures.delays!++;
           p.set({ kind: 'delay', ms: 50 + Math.floor(rand() * 400) });
-        } else if (fault === 'drop') {
+        } else if (kind === 'drop') {
           figures.silences!++;
           p.set({ kind: 'drop' });
         } else {
@@ -352,7 +449,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         restarts.push(
           sleep(500 + rand() * 2500).then(() => {
             p.set({ kind: 'ok' });
-            if (fault !== 'delay') p.reset(); // a silence ends like a real one: the connections are dead
+            if (kind !== 'delay') p.reset(); // a silence ends like a real one: the connections are dead
           }),
         );
       }
@@ -361,9 +458,9 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     await loader;
     await Promise.all(restarts);
     for (const p of proxies) p.set({ kind: 'ok' });
-    // Everything comes back.
-    for (const r of replicas) if (!r.proc || r.proc.child.exitCode !== null || r.proc.child.signalCode !== null) startReplica(r);
-    for (const a of agents) if (!a.proc || a.proc.child.exitCode !== null || a.proc.child.signalCode !== null) startAgent(a);
+    // Everything comes back (the pauses ended with the restarts).
+    for (const r of replicas) if (!running(r.proc)) startReplica(r);
+    for (const a of agents) if (!running(a.proc)) startAgent(a);
     figures.jobs = enqueued.size;
     o.log(`chaos over: ${enqueued.size} jobs enqueued; draining`);
 
@@ -467,7 +564,9 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
 
     const line =
       `chaos ${o.durationSec}s seed=${o.seed ?? 'time'}: jobs=${figures.jobs} succeeded=${figures.succeeded} ` +
+      `faults=${[...faults].join(',')} ` +
       `agent-kills=${figures.agentKills} replica-kills=${figures.replicaKills} pg-restarts=${figures.pgRestarts} ` +
+      `agent-pauses=${figures.agentPauses}(${figures.agentPausesPastLease} past the lease) replica-pauses=${figures.replicaPauses}(${figures.replicaPausesPastLease} past the lease) clock-steps=${figures.clockSteps} ` +
       `resets=${figures.resets} delays=${figures.delays} silences=${figures.silences} half-opens=${figures.halfOpens} ` +
       `stale-reports=${figures.staleReports} notifications=${figures.notifications} deliveries=${figures.deliveries} receiver-500s=${figures.receiver500s} ` +
       `lost=${figures.lost} duplicated=${figures.duplicated} violations=${violations.length}`;
@@ -487,10 +586,18 @@ if (isMain) {
     .option('--duration <seconds>', 'how long the chaos lasts', '120')
     .option('--rate <jobs>', 'jobs enqueued per second', '20')
     .option('--seed <n>', 'random seed (default: the time)')
+    .option('--faults <list>', `what to break: all, or some of ${FAULTS.join(',')}`, 'all')
     .parse()
-    .opts<{ duration: string; rate: string; seed?: string }>();
+    .opts<{ duration: string; rate: string; seed?: string; faults: string }>();
   const seed = f.seed ? Number(f.seed) : Date.now() % 1_000_000;
-  chaos({ durationSec: Number(f.duration), replicas: 3, agents: 6, rate: Number(f.rate), seed, log: (l) => process.stdout.write(`${l}\n`) }).then(
+  let faults: Fault[];
+  try {
+    faults = parseFaults(f.faults);
+  } catch (err) {
+    process.stderr.write(`${(err as Error).message}\n`);
+    process.exit(2);
+  }
+  chaos({ durationSec: Number(f.duration), replicas: 3, agents: 6, rate: Number(f.rate), faults, seed, log: (l) => process.stdout.write(`${l}\n`) }).then(
     (r) => {
       process.stdout.write(`${r.line}\n`);
       for (const v of r.violations.slice(0, 50)) process.stdout.write(`VIOLATION: ${v}\n`);

@@ -66,12 +66,17 @@ export async function startSink(onApply?: (key: string) => boolean | void): Prom
  * `{charge, email, by}`. What a second agent runs to finish a job the first one left.
  */
 export function handleWithSteps(agent: Agent, queue: string, sink: Sink, by: string): void {
-  const apply = async (key: string, value: number) =>
-    (await fetch(`${sink.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }) })).json();
+  const apply = async (key: string, value: number, signal: AbortSignal) =>
+    (await fetch(`${sink.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key, value }), signal })).json();
+  // A step another attempt started and never recorded: ask the sink whether it happened.
+  const onUnknown = async ({ idempotencyKey }: { idempotencyKey: string }) => {
+    const s = (await (await fetch(`${sink.url}/status?key=${encodeURIComponent(idempotencyKey)}`)).json()) as { applied: boolean; output: unknown };
+    return s.applied ? ({ done: true, output: s.output } as const) : ({ done: false } as const);
+  };
   agent.handle(queue, async (j, ctx) => {
     const n = Number(j.payload.n);
-    const charge = await ctx.step('charge', ({ idempotencyKey }) => apply(idempotencyKey, n));
-    const email = await ctx.step('email', ({ idempotencyKey }) => apply(idempotencyKey, n * 10));
+    const charge = await ctx.step('charge', ({ idempotencyKey, signal }) => apply(idempotencyKey, n, signal), { onUnknown });
+    const email = await ctx.step('email', ({ idempotencyKey, signal }) => apply(idempotencyKey, n * 10, signal), { onUnknown });
     return { charge, email, by };
   });
 }
