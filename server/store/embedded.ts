@@ -310,9 +310,9 @@ async function runningServer(pgdata: string, ownerFile: string, log: Logger): Pr
   if (Number.isInteger(owner) && owner !== process.pid && alive(owner)) return { pid, port };
   log.warn({ pid }, 'stopping an embedded PostgreSQL left running by a coordinator that is gone');
   process.kill(pid, 'SIGINT');
-  const deadline = Date.now() + 30_000;
+  const deadline = performance.now() + 30_000;
   while (alive(pid)) {
-    if (Date.now() > deadline) throw new Error(`embedded PostgreSQL (pid ${pid}) left running in ${pgdata} did not stop`);
+    if (performance.now() > deadline) throw new Error(`embedded PostgreSQL (pid ${pid}) left running in ${pgdata} did not stop`);
     await new Promise((r) => setTimeout(r, 50));
   }
   return undefined;
