@@ -175,7 +175,10 @@ describe('errors over HTTP', () => {
     const again = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { ...body, payload: { order: 7 } }, ADMIN_KEY);
     expect(again).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_DUPLICATE', job: { id: first.json.job.id } } });
     const other = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { ...body, payload: { order: 8 } }, ADMIN_KEY);
-    expect(other).toMatchObject({ status: 409, json: { code: 'already_exists', outcome: 'conflict', status: 409 } });
+    expect(other).toMatchObject({
+      status: 409,
+      json: { code: 'already_exists', outcome: 'conflict', status: 409, current: { jobId: first.json.job.id, status: 'JOB_STATUS_QUEUED', attemptNo: 0 } },
+    });
 
     const jobId = first.json.job.id as string;
     expect((await rpc(lh.httpUrl, `${JOBS}/CancelJob`, { jobId }, ADMIN_KEY)).json.outcome).toBe('OUTCOME_OK');
@@ -227,7 +230,7 @@ describe('the seed scenario over HTTP alone', () => {
     const repeat = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 3 } }, fast);
     expect(repeat).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_DUPLICATE', job: { result: { by: 'fast', pages: 3 } } } });
     const differently = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 4 } }, fast);
-    expect(differently).toMatchObject({ status: 409, json: { outcome: 'conflict', code: 'already_exists' } });
+    expect(differently).toMatchObject({ status: 409, json: { outcome: 'conflict', code: 'already_exists', current: { jobId, status: 'JOB_STATUS_SUCCEEDED', attemptNo: 2 } } });
     // Another agent cannot act on an attempt it does not hold.
     const notYours = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: {} }, slow);
     expect(notYours).toMatchObject({ status: 403, json: { outcome: 'forbidden' } });

@@ -385,3 +385,31 @@ describe('jobRequeue and jobGet', () => {
     expect(await jobGet(t.pool, { jobId: '33333333-3333-3333-3333-333333333333' })).toMatchObject({ outcome: 'not_found' });
   });
 });
+
+describe('a job that succeeds after a failed attempt', () => {
+  it('carries no error of the earlier attempt (which keeps it), in GetJob and in its job.succeeded event, whose times are in milliseconds', async () => {
+    const c1 = await runningOne({ notifyUrl: 'http://127.0.0.1:9/hook', maxAttempts: 3 });
+    value(await attemptFail(t.pool, { attemptId: c1.attemptId, agentId: 'a1', error: { message: 'flaky' }, retryable: true, backoff: { baseMs: 1, maxMs: 1 }, now: T0 }));
+    const c2 = await claimOne('a1', at(10));
+    value(await attemptStart(t.pool, { attemptId: c2.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: at(10) }));
+    // Database time: microseconds in the row.
+    value(await attemptComplete(t.pool, { attemptId: c2.attemptId, agentId: 'a1', result: { ok: true } }));
+
+    const d = value(await jobGet(t.pool, { jobId: c1.job.id }));
+    expect(d.job).toMatchObject({ status: 'succeeded', error: null, result: { ok: true } });
+    expect(d.attempts.map((a) => [a.attemptNo, a.status, a.error])).toEqual([
+      [1, 'failed', { message: 'flaky' }],
+      [2, 'succeeded', null],
+    ]);
+    const events = (await t.pool.query(`SELECT type::text, body FROM webhook_events WHERE job_id = $1`, [c1.job.id])).rows;
+    expect(events.map((e) => e.type)).toEqual(['job.succeeded']);
+    const body = JSON.parse(events[0].body);
+    expect(body).toMatchObject({ type: 'job.succeeded', error: null, result: { ok: true }, job: { error: null, result: { ok: true } } });
+    // As the API shows times: milliseconds (none when zero), UTC.
+    for (const ts of [body.createdAt, body.job.createdAt, body.job.finishedAt, body.attempt.claimedAt, body.attempt.startedAt, body.attempt.endedAt]) {
+      expect(ts).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z$/);
+    }
+    expect(new Date(body.job.finishedAt).getTime()).toBe(d.job.finishedAt!.getTime());
+    expect(body.job.createdAt).toBe('2020-01-01T00:00:00Z');
+  });
+});

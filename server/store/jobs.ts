@@ -167,7 +167,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   if (!existing) return jobEnqueue(db, p);
   const { same, ...row } = existing;
   if (same) return duplicate(toJob(row));
-  return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`);
+  return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
 }
 
 export interface CancelParams {

@@ -184,11 +184,11 @@ export async function stepRecord(db: Queryable, p: StepRecordParams): Promise<Ou
       if (l.step_status !== 'done' || l.step_attempt_id !== p.attemptId) return undefined;
       return l.same
         ? duplicate({ output: l.output })
-        : conflict(`step ${JSON.stringify(p.step)} was already recorded by this attempt with another output`);
+        : conflict(`step ${JSON.stringify(p.step)} was already recorded by this attempt with another output`, currentOf(l));
     },
     (l) =>
       l.step_status === 'done'
-        ? conflict(`step ${JSON.stringify(p.step)} was already recorded by attempt ${l.step_attempt_id}`)
-        : conflict(`step ${JSON.stringify(p.step)} is not reserved by attempt ${p.attemptId}: reserve it first`),
+        ? conflict(`step ${JSON.stringify(p.step)} was already recorded by attempt ${l.step_attempt_id}`, currentOf(l))
+        : conflict(`step ${JSON.stringify(p.step)} is not reserved by attempt ${p.attemptId}: reserve it first`, currentOf(l)),
   );
 }
