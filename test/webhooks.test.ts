@@ -276,3 +276,37 @@ describe('the deliverer service', () => {
     await d.stop();
   });
 });
+
+describe('one secret per receiving URL', () => {
+  it('signs everything sent to a subscribed URL with its secret: its subscriptions (shared between queues), notify_url deliveries and the alert', async () => {
+    const first = await subscribe('one', '/shared');
+    const second = await subscribe('two', '/shared');
+    expect(second.secret).toBe(first.secret);
+    const own = await subscribe('three', '/own');
+    expect(own.secret).not.toBe(first.secret);
+    // A job of queue one that also names the subscribed URL as its notify_url, and a job whose
+    // notify_url is no subscription's: that one is signed with the notify secret.
+    const a = await running('one', { notifyUrl: `${rx.url}/shared` });
+    const b = await running('two', { notifyUrl: `${rx.url}/elsewhere` });
+    rx.secret('/elsewhere', notifySecret);
+    value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: { n: 1 } }));
+    value(await attemptComplete(t.pool, { attemptId: b.attemptId, agentId: 'a1', result: { n: 2 } }));
+    // A dead job whose alert goes to the subscribed URL too.
+    const c = await running('three', { maxAttempts: 1 });
+    value(await attemptFail(t.pool, { attemptId: c.attemptId, agentId: 'a1', error: { message: 'no' }, retryable: true }));
+    const run = await deliverer({ alertUrl: `${rx.url}/shared` }).runOnce();
+    expect(run).toMatchObject({ failed: 0, retried: 0 });
+    // The receiver verifies each path with one secret: /shared with the subscriptions' shared one.
+    const got = rx.received.map((r) => [r.path, r.headers[WEBHOOK_HEADERS.eventType], r.valid]);
+    expect(got.filter(([, , valid]) => !valid)).toEqual([]);
+    expect(got.map(([p, type]) => `${p} ${type}`).sort()).toEqual([
+      '/elsewhere job.succeeded', // job b's notify_url: no subscription there, the notify secret
+      '/own job.dead', // queue three's subscription, with its own secret
+      '/shared job.dead', // the alert
+      '/shared job.succeeded', // job a's notify_url
+      '/shared job.succeeded', // the subscription of queue one (job a)
+      '/shared job.succeeded', // the subscription of queue two (job b)
+    ]);
+    expect(got).toHaveLength(6);
+  });
+});

@@ -36,16 +36,22 @@ export interface Subscription {
   secret?: string;
 }
 
+// A URL has one secret: a new subscription of a URL already subscribed (another queue) takes its
+// secret, so the receiver there verifies everything it gets with one.
 const subscriptionCreateSql = statement(
   'subscriptionCreate',
-  `INSERT INTO subscriptions (queue, url, events, secret) VALUES ($1, $2, $3::webhook_event_type[], $4)
+  `INSERT INTO subscriptions (queue, url, events, secret)
+   VALUES ($1, $2, $3::webhook_event_type[], coalesce((SELECT secret FROM subscriptions WHERE url = $2 ORDER BY created_at, id LIMIT 1), $4))
    ON CONFLICT (queue, url) DO NOTHING
-   RETURNING id, queue, url, events::text[] AS events, created_at`,
+   RETURNING id, queue, url, events::text[] AS events, created_at, secret`,
 );
 
 /**
  * Subscribes `url` to `events` (default all four) of jobs of `queue` (`*`: every queue).
- * Returns the subscription with its signing secret (shown once by the CLI).
+ * Returns the subscription with its signing secret (shown once by the CLI): the secret of that
+ * URL, new unless the URL is already subscribed to another queue. Everything sent to the URL is
+ * signed with it (its subscriptions' events, the notify_url deliveries of jobs that name it, the
+ * alert when LEASEHOLD_ALERT_URL is it).
  */
 export async function subscriptionCreate(
   db: Queryable,
@@ -57,15 +63,15 @@ export async function subscriptionCreate(
     p.events === undefined ? undefined : check('events', eventsSchema, p.events),
   );
   if (bad) return bad;
-  const secret = `whsec_${randomBytes(32).toString('base64url')}`;
+  const fresh = `whsec_${randomBytes(32).toString('base64url')}`;
   const events = [...new Set(p.events ?? WEBHOOK_EVENT_TYPES)];
-  const [row] = await run<{ id: string; queue: string; url: string; events: WebhookEventType[]; created_at: Date }>(
+  const [row] = await run<{ id: string; queue: string; url: string; events: WebhookEventType[]; created_at: Date; secret: string }>(
     db,
     subscriptionCreateSql,
-    [p.queue, p.url, events, secret],
+    [p.queue, p.url, events, fresh],
   );
   if (!row) return conflict(`${p.url} is already subscribed to queue ${p.queue}`);
-  return ok({ id: row.id, queue: row.queue, url: row.url, events: row.events, createdAt: row.created_at, secret });
+  return ok({ id: row.id, queue: row.queue, url: row.url, events: row.events, createdAt: row.created_at, secret: row.secret });
 }
 
 const subscriptionListSql = statement(
@@ -141,7 +147,7 @@ export interface ClaimedDelivery {
   /** This send's number, from 1. */
   attempt: number;
   body: string;
-  /** The subscription's secret; null means the notify secret. */
+  /** The secret of its URL (a subscribed URL's); null means the notify secret. */
   secret: string | null;
 }
 
@@ -164,7 +170,8 @@ const claimSql = statement(
    RETURNING d.id, d.event_id, d.url, d.attempts,
      (SELECT e.type::text FROM webhook_events e WHERE e.id = d.event_id) AS type,
      (SELECT e.body FROM webhook_events e WHERE e.id = d.event_id) AS body,
-     (SELECT s.secret FROM subscriptions s WHERE s.id = d.subscription_id) AS secret`,
+     coalesce((SELECT s.secret FROM subscriptions s WHERE s.id = d.subscription_id),
+              (SELECT s.secret FROM subscriptions s WHERE s.url = d.url ORDER BY s.created_at, s.id LIMIT 1)) AS secret`,
 );
 
 /** Claims up to `limit` due deliveries for `leaseMs` (the send timeout and a margin). */
