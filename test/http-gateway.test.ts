@@ -187,6 +187,25 @@ describe('errors over HTTP', () => {
   });
 });
 
+describe('a header for the notify_url', () => {
+  it('is taken at enqueue (snake or camel case), never shown by GetJob or ListJobs, and refused with the field named when bad', async () => {
+    const body = { queue: 'resume', payload: {}, notify_url: 'http://127.0.0.1:9/resume', notify_header: { name: 'X-Resume-Token', value: 'gateway-secret-91' } };
+    const ok = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, body, ADMIN_KEY);
+    expect(ok).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK' } });
+    expect(JSON.stringify(ok.json)).not.toContain('gateway-secret-91');
+    const got = await rpc(lh.httpUrl, `${JOBS}/GetJob`, { jobId: ok.json.job.id }, ADMIN_KEY);
+    const list = await rpc(lh.httpUrl, `${JOBS}/ListJobs`, { queue: 'resume' }, ADMIN_KEY);
+    for (const r of [got, list]) {
+      expect(r.status).toBe(200);
+      expect(JSON.stringify(r.json)).not.toContain('gateway-secret-91');
+    }
+    const bad = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { ...body, notifyHeader: { name: 'Content-Type', value: 'x' }, notify_header: undefined }, ADMIN_KEY);
+    expect(bad).toMatchObject({ status: 400, json: { outcome: 'invalid', field: 'notifyHeader.name' } });
+    const alone = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { queue: 'resume', payload: {}, notifyHeader: { name: 'X-Token', value: 'x' } }, ADMIN_KEY);
+    expect(alone).toMatchObject({ status: 400, json: { outcome: 'invalid', field: 'notifyHeader' } });
+  });
+});
+
 describe('the seed scenario over HTTP alone', () => {
   it('claim, start, lease passes, reclaim as attempt 2; the late completion is 409 with the current attempt; the new one 200; its repeat 200 with the stored result', async () => {
     const [slow, fast] = [await key('slow-script', ['agent']), await key('fast-script', ['agent'])];

@@ -18,6 +18,7 @@ import {
   jobCancel,
   jobClaim,
   jobEnqueue,
+  jobGet,
   jobRescueExpired,
   signingSecretGet,
   subscriptionCreate,
@@ -308,5 +309,65 @@ describe('one secret per receiving URL', () => {
       '/shared job.succeeded', // the subscription of queue two (job b)
     ]);
     expect(got).toHaveLength(6);
+  });
+});
+
+describe('a header for the notify_url (authenticated resume)', () => {
+  it('sends the header given at enqueue with the notify_url deliveries only, and keeps it out of every read and event', async () => {
+    await subscribe('auth', '/sub');
+    rx.secret('/resume', notifySecret);
+    const header = { name: 'X-Resume-Token', value: 'resume-secret-7f3a' };
+    const a = await running('auth', { notifyUrl: `${rx.url}/resume`, notifyHeader: header });
+    value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: { ok: 1 } }));
+    expect(await deliverer().runOnce()).toMatchObject({ delivered: 2, failed: 0 });
+    const byPath = Object.fromEntries(rx.received.map((r) => [r.path, r.headers['x-resume-token']]));
+    expect(byPath).toEqual({ '/resume': header.value, '/sub': undefined });
+    // Nowhere but its own table: not in the job row (every read of a job is jobs.*), nor the event.
+    const leaks = (
+      await t.pool.query(
+        `SELECT 'jobs' AS t FROM jobs j WHERE to_jsonb(j)::text LIKE '%' || $1 || '%'
+         UNION ALL SELECT 'webhook_events' FROM webhook_events e WHERE to_jsonb(e)::text LIKE '%' || $1 || '%'
+         UNION ALL SELECT 'webhook_deliveries' FROM webhook_deliveries d WHERE to_jsonb(d)::text LIKE '%' || $1 || '%'`,
+        [header.value],
+      )
+    ).rows;
+    expect(leaks).toEqual([]);
+    const got = value(await jobGet(t.pool, { jobId: a.job.id }));
+    expect(JSON.stringify(got)).not.toContain(header.value);
+  });
+
+  it('refuses a header without a notify_url, one Leasehold or HTTP sets, and a value that is not visible ASCII', async () => {
+    const base = { queue: 'auth', payload: {} };
+    expect(await jobEnqueue(t.pool, { ...base, notifyHeader: { name: 'X-Token', value: 'v' } })).toMatchObject({ outcome: 'invalid', field: 'notifyHeader' });
+    const url = `${rx.url}/resume`;
+    for (const name of ['Content-Type', 'leasehold-signature', 'Host', 'bad name', '']) {
+      expect(await jobEnqueue(t.pool, { ...base, notifyUrl: url, notifyHeader: { name, value: 'v' } }), name).toMatchObject({ outcome: 'invalid', field: 'notifyHeader.name' });
+    }
+    expect(await jobEnqueue(t.pool, { ...base, notifyUrl: url, notifyHeader: { name: 'X-Token', value: 'line\nbreak' } })).toMatchObject({ outcome: 'invalid', field: 'notifyHeader.value' });
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs`)).rows[0].n).toBe(0);
+  });
+
+  it('takes 404, 409 and 410 from a notify_url as final (not retried), but retries them from a subscription', async () => {
+    await subscribe('gone', '/sub-gone');
+    rx.policy('/sub-gone', 409);
+    for (const [i, status] of [404, 409, 410].entries()) {
+      rx.secret(`/gone-${i}`, notifySecret);
+      rx.policy(`/gone-${i}`, status);
+      const j = await running('gone', { notifyUrl: `${rx.url}/gone-${i}` });
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    }
+    await deliverer({ maxAttempts: 5 }).runOnce();
+    const rows = (await t.pool.query(`SELECT url, status::text, attempts, last_status FROM webhook_deliveries ORDER BY url`)).rows;
+    const notify = rows.filter((r) => r.url.includes('/gone-'));
+    expect(notify.map((r) => [r.status, r.attempts, r.last_status])).toEqual([
+      ['failed', 1, 404],
+      ['failed', 1, 409],
+      ['failed', 1, 410],
+    ]);
+    expect(rows.filter((r) => r.url.endsWith('/sub-gone')).map((r) => [r.status, r.last_status])).toEqual([
+      ['pending', 409],
+      ['pending', 409],
+      ['pending', 409],
+    ]);
   });
 });

@@ -79,6 +79,23 @@ export const schemas = {
     .record(z.string().min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'), z.string().max(256, 'label values must be at most 256 characters'))
     .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels'),
   date: z.date().refine((d) => Number.isFinite(d.getTime()), 'must be a valid time'),
+  /**
+   * A header a job's notify_url deliveries carry: an HTTP token name (not one Leasehold or the
+   * transport sets) and a value of visible ASCII characters and spaces.
+   */
+  notifyHeader: z.object({
+    name: z
+      .string()
+      .min(1, 'must not be empty')
+      .max(64, 'must be at most 64 characters')
+      .regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name (letters, digits and !#$%&\'*+.^_`|~-)')
+      .refine((n) => !RESERVED_HEADERS.has(n.toLowerCase()) && !n.toLowerCase().startsWith('leasehold-'), 'is a header Leasehold or HTTP itself sets: pick another name'),
+    value: z
+      .string()
+      .min(1, 'must not be empty')
+      .max(1024, 'must be at most 1024 characters')
+      .regex(/^[\x20-\x7e]+$/, 'must be visible ASCII characters and spaces'),
+  }),
   /** Where notifications go: an absolute http(s) URL of at most 2048 characters. */
   url: printable('the URL')
     .min(1, 'must not be empty')
@@ -95,6 +112,9 @@ export const valid = {
   queue: (v: unknown): v is string => typeof v === 'string' && v.length <= limits.queueLength && queuePattern.test(v),
   agentId: (v: unknown): v is string => typeof v === 'string' && v.length <= limits.agentIdLength && agentIdPattern.test(v),
 } as const;
+
+/** Headers a notify_url delivery's own header may not be: Leasehold sets them, or HTTP does. */
+const RESERVED_HEADERS = new Set(['content-type', 'content-length', 'user-agent', 'host', 'connection', 'transfer-encoding', 'keep-alive', 'upgrade', 'te', 'trailer', 'expect', 'proxy-connection']);
 
 function isHttpUrl(s: string): boolean {
   try {

@@ -95,7 +95,7 @@ export interface DelivererEvents {
   'webhook:run': [DelivererRun];
   'webhook:error': [Error];
   /** One send and what became of it. */
-  'webhook:sent': [{ delivery: Omit<ClaimedDelivery, 'secret' | 'body'>; result: SendResult; status: 'delivered' | 'pending' | 'failed' | 'lost' }];
+  'webhook:sent': [{ delivery: Omit<ClaimedDelivery, 'secret' | 'body' | 'header'>; result: SendResult; status: 'delivered' | 'pending' | 'failed' | 'lost' }];
   alert: [DeadLetterAlert];
 }
 
@@ -109,6 +109,9 @@ const configSchema = z.object({
   backoff: z.object({ baseMs: z.int().min(0), maxMs: z.int().min(0) }).default({ baseMs: 5000, maxMs: 3_600_000 }),
   alertUrl: z.url({ protocol: /^https?$/ }).optional(),
 });
+
+/** Answers of a notify_url that end its delivery at once (the target is gone or took it already). */
+const FINAL_NOTIFY_STATUSES = new Set([404, 409, 410]);
 
 /** Sends the outbox on a schedule; `runOnce()` for tests and tools. */
 export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
@@ -214,7 +217,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       maxAttempts: this.config.maxAttempts,
       backoff: this.config.backoff,
     });
-    const { secret: _s, body: _b, ...delivery } = d;
+    const { secret: _s, body: _b, header: _h, ...delivery } = d;
     const ctx = { deliveryId: d.id, eventId: d.eventId, type: d.type, url: d.url, attempt: d.attempt, httpStatus: result.httpStatus };
     switch (done.status) {
       case 'delivered':
@@ -227,7 +230,8 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
         break;
       case 'failed':
         run.failed++;
-        this.log.error({ ...ctx, error: result.error, alert: 'webhook.failed' }, 'webhook delivery failed for good (leasehold deliveries retry)');
+        if (result.final) this.log.warn({ ...ctx, error: result.error }, 'the notify_url refused the delivery for good (404, 409 or 410): not retried');
+        else this.log.error({ ...ctx, error: result.error, alert: 'webhook.failed' }, 'webhook delivery failed for good (leasehold deliveries retry)');
         break;
       case 'lost':
         this.log.warn(ctx, 'webhook delivery was taken back before its send was recorded');
@@ -252,12 +256,16 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
           [WEBHOOK_HEADERS.timestamp]: String(timestamp),
           [WEBHOOK_HEADERS.signature]: signDelivery(secret, timestamp, d.body),
           [WEBHOOK_HEADERS.attempt]: String(d.attempt),
+          ...(d.header ? { [d.header.name]: d.header.value } : {}),
         },
         signal: AbortSignal.any([AbortSignal.timeout(this.config.timeoutMs), this.abort.signal]),
       });
       await res.body?.cancel().catch(() => undefined);
       if (res.status >= 200 && res.status < 300) return { ok: true, httpStatus: res.status };
-      return { ok: false, httpStatus: res.status, error: `HTTP ${res.status} ${res.statusText}`.trim() };
+      // A notify_url that says the target is gone (n8n: a Wait node's execution already resumed
+      // or ended, 409; a workflow deactivated, 404) will not take it later: not retried.
+      const final = d.toNotifyUrl && FINAL_NOTIFY_STATUSES.has(res.status);
+      return { ok: false, httpStatus: res.status, error: `HTTP ${res.status} ${res.statusText}`.trim(), ...(final ? { final } : {}) };
     } catch (err) {
       const e = err as Error & { cause?: { code?: string; message?: string } };
       const why = e.name === 'TimeoutError' ? `no answer within ${this.config.timeoutMs} ms` : (e.cause?.code ?? e.cause?.message ?? e.message);

@@ -149,6 +149,10 @@ export interface ClaimedDelivery {
   body: string;
   /** The secret of its URL (a subscribed URL's); null means the notify secret. */
   secret: string | null;
+  /** It goes to its job's notify_url (not to a subscription, nor the alert URL). */
+  toNotifyUrl: boolean;
+  /** The header the job's notify_url deliveries carry (given at enqueue), if any. */
+  header: { name: string; value: string } | null;
 }
 
 // Safe with any number of deliverers: due rows are locked FOR UPDATE SKIP LOCKED, so two never
@@ -170,6 +174,10 @@ const claimSql = statement(
    RETURNING d.id, d.event_id, d.url, d.attempts,
      (SELECT e.type::text FROM webhook_events e WHERE e.id = d.event_id) AS type,
      (SELECT e.body FROM webhook_events e WHERE e.id = d.event_id) AS body,
+     d.subscription_id IS NULL AND d.url = (SELECT j.notify_url FROM webhook_events e JOIN jobs j ON j.id = e.job_id WHERE e.id = d.event_id) AS to_notify_url,
+     (SELECT jsonb_build_object('name', h.name, 'value', h.value)
+      FROM webhook_events e JOIN jobs j ON j.id = e.job_id JOIN notify_headers h ON h.job_id = j.id
+      WHERE e.id = d.event_id AND d.subscription_id IS NULL AND d.url = j.notify_url) AS header,
      coalesce((SELECT s.secret FROM subscriptions s WHERE s.id = d.subscription_id),
               (SELECT s.secret FROM subscriptions s WHERE s.url = d.url ORDER BY s.created_at, s.id LIMIT 1)) AS secret`,
 );
@@ -179,22 +187,39 @@ export async function deliveryClaim(
   db: Queryable,
   p: { limit: number; claimId: string; leaseMs: number; now?: Date },
 ): Promise<ClaimedDelivery[]> {
-  const rows = await run<{ id: number; event_id: string; url: string; attempts: number; type: WebhookEventType; body: string; secret: string | null }>(
-    db,
-    claimSql,
-    [p.limit, p.claimId, p.leaseMs, p.now ?? null],
-  );
-  return rows.map((r) => ({ id: r.id, eventId: r.event_id, type: r.type, url: r.url, attempt: r.attempts, body: r.body, secret: r.secret }));
+  const rows = await run<{
+    id: number;
+    event_id: string;
+    url: string;
+    attempts: number;
+    type: WebhookEventType;
+    body: string;
+    secret: string | null;
+    to_notify_url: boolean | null;
+    header: { name: string; value: string } | null;
+  }>(db, claimSql, [p.limit, p.claimId, p.leaseMs, p.now ?? null]);
+  return rows.map((r) => ({
+    id: r.id,
+    eventId: r.event_id,
+    type: r.type,
+    url: r.url,
+    attempt: r.attempts,
+    body: r.body,
+    secret: r.secret,
+    toNotifyUrl: r.to_notify_url === true,
+    header: r.header,
+  }));
 }
 
 // The fence: the delivery is still held by this claim. A send that failed is retried after
-// min(base·2^(n−1), max) × [0.5, 1), or is `failed` once it has been tried max times.
+// min(base·2^(n−1), max) × [0.5, 1), or is `failed` once it has been tried max times, or at
+// once when the answer was final ($10).
 const finishSql = statement(
   'deliveryFinish',
   `UPDATE webhook_deliveries d SET
-     status = (CASE WHEN $3::boolean THEN 'delivered' WHEN d.attempts >= $6 THEN 'failed' ELSE 'pending' END)::delivery_status,
+     status = (CASE WHEN $3::boolean THEN 'delivered' WHEN d.attempts >= $6 OR $10::boolean THEN 'failed' ELSE 'pending' END)::delivery_status,
      delivered_at = CASE WHEN $3::boolean THEN coalesce($9::timestamptz, now()) END,
-     next_attempt_at = CASE WHEN $3::boolean OR d.attempts >= $6 THEN d.next_attempt_at
+     next_attempt_at = CASE WHEN $3::boolean OR d.attempts >= $6 OR $10::boolean THEN d.next_attempt_at
                             ELSE coalesce($9::timestamptz, now()) + ${backoffSql('d.attempts', '$7', '$8')} END,
      last_status = $4, last_error = $5, claim_id = NULL, claimed_until = NULL, updated_at = coalesce($9::timestamptz, now())
    WHERE d.id = $1 AND d.claim_id = $2 AND d.status = 'sending'
@@ -208,6 +233,8 @@ export interface SendResult {
   httpStatus?: number;
   /** Why it failed (status line, timeout, connection error), at most 500 characters. */
   error?: string;
+  /** The answer is final: not retried (a notify_url answering 404, 409 or 410). */
+  final?: boolean;
 }
 
 /**
@@ -228,6 +255,7 @@ export async function deliveryFinish(
     p.backoff.baseMs,
     p.backoff.maxMs,
     p.now ?? null,
+    p.result.final === true,
   ]);
   return row ? { status: row.status, attempts: row.attempts, nextAttemptAt: row.next_attempt_at } : { status: 'lost' };
 }

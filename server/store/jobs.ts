@@ -53,6 +53,11 @@ export interface EnqueueParams {
    */
   notifyUrl?: string;
   /**
+   * A header every delivery to `notifyUrl` carries (a receiver checking a header instead of the
+   * signature). Kept in `notify_headers`, never read back by any read of the job. Needs `notifyUrl`.
+   */
+  notifyHeader?: { name: string; value: string };
+  /**
    * A free slot of an agent on the caller's coordinator (the dispatcher's `reserve`): the job is
    * claimed for it by the enqueue itself when nothing comes before it (see the statement).
    */
@@ -104,6 +109,8 @@ const enqueueSql = statement(
      FROM h
      ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
      RETURNING *
+   ), nh AS (
+     INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $16, $17 FROM n WHERE $16::text IS NOT NULL
    )
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
    SELECT n.*, NULL::jsonb AS error,
@@ -134,6 +141,8 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
       : check('executionTimeoutMs', schemas.executionTimeoutMs, p.executionTimeoutMs),
     p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
     p.notifyUrl === undefined ? undefined : check('notifyUrl', schemas.url, p.notifyUrl),
+    p.notifyHeader === undefined ? undefined : check('notifyHeader', schemas.notifyHeader, p.notifyHeader),
+    p.notifyHeader !== undefined && p.notifyUrl === undefined ? invalid('notifyHeader', 'needs notifyUrl: it is sent with the deliveries to it') : undefined,
   );
   if (bad) return bad;
   const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
@@ -155,6 +164,8 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     JSON.stringify(p.handOff?.agentLabels ?? {}),
     p.handOff?.claimTtlMs ?? null,
     p.notify ?? true,
+    p.notifyHeader?.name ?? null,
+    p.notifyHeader?.value ?? null,
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 

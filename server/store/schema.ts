@@ -321,7 +321,7 @@ export const webhookDeliveries = pgTable(
     eventId: uuid('event_id')
       .notNull()
       .references(() => webhookEvents.id, { onDelete: 'cascade' }),
-    /** The subscription whose secret signs it; null for a job's notify_url and the alert URL. */
+    /** The subscription it is for; null for a job's notify_url and the alert URL (signed with the secret of the URL: a subscribed URL's, else the notify secret). */
     subscriptionId: uuid('subscription_id').references(() => subscriptions.id, { onDelete: 'cascade' }),
     url: text('url').notNull(),
     status: deliveryStatus('status').notNull().default('pending'),
@@ -359,7 +359,20 @@ export const webhookDeliveries = pgTable(
   ],
 );
 
-/** Secrets of the coordinator itself; `notify` signs deliveries to notify_url and the alert URL. */
+/**
+ * A header a job's notify_url deliveries carry (given at enqueue), so that a receiver without
+ * HMAC (an n8n Wait node with Header Auth) can check them. A table of its own, so that no read of
+ * a job (`jobs.*`) can ever carry the secret; deleted with its job.
+ */
+export const notifyHeaders = pgTable('notify_headers', {
+  jobId: uuid('job_id')
+    .primaryKey()
+    .references(() => jobs.id, { onDelete: 'cascade' }),
+  name: text('name').notNull(),
+  value: text('value').notNull(),
+});
+
+/** Secrets of the coordinator itself; `notify` signs deliveries to URLs no subscription names (notify_url, the alert URL). */
 export const signingSecrets = pgTable('signing_secrets', {
   name: text('name').primaryKey(),
   secret: text('secret').notNull(),

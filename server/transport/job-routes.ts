@@ -39,6 +39,7 @@ export function jobRoutes(deps: JobRoutesDeps) {
           ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
           ...(labels ? { labels } : {}),
           ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
+          ...(req.notifyHeader ? { notifyHeader: { name: req.notifyHeader.name, value: req.notifyHeader.value } } : {}),
           ...(h ? { handOff: h } : {}),
           // With a waker, the dispatchers are woken after the commit (see QueueWaker).
           notify: !deps.waker,

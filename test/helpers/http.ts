@@ -41,7 +41,8 @@ export interface Received {
   eventId: string;
 }
 
-export type Policy = 'ok' | 'fail' | 'hang';
+/** `fail`: 500; a number: that status (after verifying); `hang`: no answer. */
+export type Policy = 'ok' | 'fail' | 'hang' | number;
 
 export interface Receiver {
   url: string;
@@ -91,6 +92,8 @@ export async function startReceiver(): Promise<Receiver> {
         res.writeHead(401).end('bad signature');
       } else if (policy === 'fail') {
         res.writeHead(500).end('try again');
+      } else if (typeof policy === 'number') {
+        res.writeHead(policy).end();
       } else {
         if (!events.has(eventId)) events.set(eventId, JSON.parse(body) as Record<string, any>);
         res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}');

@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/job_service.proto.
  */
 export const file_leasehold_v1_job_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5sZWFzZWhvbGQvdjEvam9iX3NlcnZpY2UucHJvdG8SDGxlYXNlaG9sZC52MSLvAgoRRW5xdWV1ZUpvYlJlcXVlc3QSDQoFcXVldWUYASABKAkSKAoHcGF5bG9hZBgCIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSEAoIcHJpb3JpdHkYAyABKAUSFAoMbWF4X2F0dGVtcHRzGAQgASgFEioKBnJ1bl9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoRZXhlY3V0aW9uX3RpbWVvdXQYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEhIKCm5vdGlmeV91cmwYCCABKAkSOwoGbGFiZWxzGAkgAygLMisubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiXAoSRW5xdWV1ZUpvYlJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISJgoHb3V0Y29tZRgCIAEoDjIVLmxlYXNlaG9sZC52MS5PdXRjb21lIh8KDUdldEpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJItYBCg5HZXRKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEicKCGF0dGVtcHRzGAIgAygLMhUubGVhc2Vob2xkLnYxLkF0dGVtcHQSJgoGZXZlbnRzGAMgAygLMhYubGVhc2Vob2xkLnYxLkpvYkV2ZW50EiEKBXN0ZXBzGAQgAygLMhIubGVhc2Vob2xkLnYxLlN0ZXASMAoNc3RhbGVfcmVwb3J0cxgFIAMoCzIZLmxlYXNlaG9sZC52MS5TdGFsZVJlcG9ydCJwCg9MaXN0Sm9ic1JlcXVlc3QSDQoFcXVldWUYASABKAkSJwoGc3RhdHVzGAIgASgOMhcubGVhc2Vob2xkLnYxLkpvYlN0YXR1cxIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJMChBMaXN0Sm9ic1Jlc3BvbnNlEh8KBGpvYnMYASADKAsyES5sZWFzZWhvbGQudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIiChBDYW5jZWxKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSJbChFDYW5jZWxKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEiYKB291dGNvbWUYAiABKA4yFS5sZWFzZWhvbGQudjEuT3V0Y29tZTK7AgoKSm9iU2VydmljZRJPCgpFbnF1ZXVlSm9iEh8ubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXF1ZXN0GiAubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXNwb25zZRJDCgZHZXRKb2ISGy5sZWFzZWhvbGQudjEuR2V0Sm9iUmVxdWVzdBocLmxlYXNlaG9sZC52MS5HZXRKb2JSZXNwb25zZRJJCghMaXN0Sm9icxIdLmxlYXNlaG9sZC52MS5MaXN0Sm9ic1JlcXVlc3QaHi5sZWFzZWhvbGQudjEuTGlzdEpvYnNSZXNwb25zZRJMCglDYW5jZWxKb2ISHi5sZWFzZWhvbGQudjEuQ2FuY2VsSm9iUmVxdWVzdBofLmxlYXNlaG9sZC52MS5DYW5jZWxKb2JSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_leasehold_v1_job]);
+  fileDesc("Ch5sZWFzZWhvbGQvdjEvam9iX3NlcnZpY2UucHJvdG8SDGxlYXNlaG9sZC52MSKiAwoRRW5xdWV1ZUpvYlJlcXVlc3QSDQoFcXVldWUYASABKAkSKAoHcGF5bG9hZBgCIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSEAoIcHJpb3JpdHkYAyABKAUSFAoMbWF4X2F0dGVtcHRzGAQgASgFEioKBnJ1bl9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoRZXhlY3V0aW9uX3RpbWVvdXQYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEhIKCm5vdGlmeV91cmwYCCABKAkSOwoGbGFiZWxzGAkgAygLMisubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXF1ZXN0LkxhYmVsc0VudHJ5EjEKDW5vdGlmeV9oZWFkZXIYCiABKAsyGi5sZWFzZWhvbGQudjEuTm90aWZ5SGVhZGVyGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiKwoMTm90aWZ5SGVhZGVyEgwKBG5hbWUYASABKAkSDQoFdmFsdWUYAiABKAkiXAoSRW5xdWV1ZUpvYlJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISJgoHb3V0Y29tZRgCIAEoDjIVLmxlYXNlaG9sZC52MS5PdXRjb21lIh8KDUdldEpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJItYBCg5HZXRKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEicKCGF0dGVtcHRzGAIgAygLMhUubGVhc2Vob2xkLnYxLkF0dGVtcHQSJgoGZXZlbnRzGAMgAygLMhYubGVhc2Vob2xkLnYxLkpvYkV2ZW50EiEKBXN0ZXBzGAQgAygLMhIubGVhc2Vob2xkLnYxLlN0ZXASMAoNc3RhbGVfcmVwb3J0cxgFIAMoCzIZLmxlYXNlaG9sZC52MS5TdGFsZVJlcG9ydCJwCg9MaXN0Sm9ic1JlcXVlc3QSDQoFcXVldWUYASABKAkSJwoGc3RhdHVzGAIgASgOMhcubGVhc2Vob2xkLnYxLkpvYlN0YXR1cxIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJMChBMaXN0Sm9ic1Jlc3BvbnNlEh8KBGpvYnMYASADKAsyES5sZWFzZWhvbGQudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIiChBDYW5jZWxKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSJbChFDYW5jZWxKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iEiYKB291dGNvbWUYAiABKA4yFS5sZWFzZWhvbGQudjEuT3V0Y29tZTK7AgoKSm9iU2VydmljZRJPCgpFbnF1ZXVlSm9iEh8ubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXF1ZXN0GiAubGVhc2Vob2xkLnYxLkVucXVldWVKb2JSZXNwb25zZRJDCgZHZXRKb2ISGy5sZWFzZWhvbGQudjEuR2V0Sm9iUmVxdWVzdBocLmxlYXNlaG9sZC52MS5HZXRKb2JSZXNwb25zZRJJCghMaXN0Sm9icxIdLmxlYXNlaG9sZC52MS5MaXN0Sm9ic1JlcXVlc3QaHi5sZWFzZWhvbGQudjEuTGlzdEpvYnNSZXNwb25zZRJMCglDYW5jZWxKb2ISHi5sZWFzZWhvbGQudjEuQ2FuY2VsSm9iUmVxdWVzdBofLmxlYXNlaG9sZC52MS5DYW5jZWxKb2JSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_leasehold_v1_job]);
 
 /**
  * A job to enqueue.
@@ -90,6 +90,15 @@ export type EnqueueJobRequest = Message<"leasehold.v1.EnqueueJobRequest"> & {
    * @generated from field: map<string, string> labels = 9;
    */
   labels: { [key: string]: string };
+
+  /**
+   * A header every delivery to notify_url carries, for a receiver that checks a header rather
+   * than the HMAC signature (an n8n Wait node with Header Auth resumed by the job). Stored apart
+   * from the job: never returned by any read, never logged. Needs notify_url. Unset: none.
+   *
+   * @generated from field: leasehold.v1.NotifyHeader notify_header = 10;
+   */
+  notifyHeader?: NotifyHeader | undefined;
 };
 
 /**
@@ -98,6 +107,36 @@ export type EnqueueJobRequest = Message<"leasehold.v1.EnqueueJobRequest"> & {
  */
 export const EnqueueJobRequestSchema: GenMessage<EnqueueJobRequest> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_job_service, 0);
+
+/**
+ * A header sent with a job's notify_url deliveries.
+ *
+ * @generated from message leasehold.v1.NotifyHeader
+ */
+export type NotifyHeader = Message<"leasehold.v1.NotifyHeader"> & {
+  /**
+   * The header's name: an HTTP token of at most 64 characters (e.g. "X-Leasehold-Token" or
+   * "Authorization"), not one Leasehold sets itself (content-type, user-agent, leasehold-*) nor a
+   * transport header (host, content-length, connection, transfer-encoding, ...). Required.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Its value: 1..1024 visible ASCII characters and spaces. Required.
+   *
+   * @generated from field: string value = 2;
+   */
+  value: string;
+};
+
+/**
+ * Describes the message leasehold.v1.NotifyHeader.
+ * Use `create(NotifyHeaderSchema)` to create a new message.
+ */
+export const NotifyHeaderSchema: GenMessage<NotifyHeader> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_job_service, 1);
 
 /**
  * The enqueued job.
@@ -125,7 +164,7 @@ export type EnqueueJobResponse = Message<"leasehold.v1.EnqueueJobResponse"> & {
  * Use `create(EnqueueJobResponseSchema)` to create a new message.
  */
 export const EnqueueJobResponseSchema: GenMessage<EnqueueJobResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 1);
+  messageDesc(file_leasehold_v1_job_service, 2);
 
 /**
  * Which job to read.
@@ -146,7 +185,7 @@ export type GetJobRequest = Message<"leasehold.v1.GetJobRequest"> & {
  * Use `create(GetJobRequestSchema)` to create a new message.
  */
 export const GetJobRequestSchema: GenMessage<GetJobRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 2);
+  messageDesc(file_leasehold_v1_job_service, 3);
 
 /**
  * A job and its whole history.
@@ -195,7 +234,7 @@ export type GetJobResponse = Message<"leasehold.v1.GetJobResponse"> & {
  * Use `create(GetJobResponseSchema)` to create a new message.
  */
 export const GetJobResponseSchema: GenMessage<GetJobResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 3);
+  messageDesc(file_leasehold_v1_job_service, 4);
 
 /**
  * Filters and paging for ListJobs. Filters combine with AND; unset filters match everything.
@@ -237,7 +276,7 @@ export type ListJobsRequest = Message<"leasehold.v1.ListJobsRequest"> & {
  * Use `create(ListJobsRequestSchema)` to create a new message.
  */
 export const ListJobsRequestSchema: GenMessage<ListJobsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 4);
+  messageDesc(file_leasehold_v1_job_service, 5);
 
 /**
  * One page of jobs.
@@ -265,7 +304,7 @@ export type ListJobsResponse = Message<"leasehold.v1.ListJobsResponse"> & {
  * Use `create(ListJobsResponseSchema)` to create a new message.
  */
 export const ListJobsResponseSchema: GenMessage<ListJobsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 5);
+  messageDesc(file_leasehold_v1_job_service, 6);
 
 /**
  * Which job to cancel.
@@ -286,7 +325,7 @@ export type CancelJobRequest = Message<"leasehold.v1.CancelJobRequest"> & {
  * Use `create(CancelJobRequestSchema)` to create a new message.
  */
 export const CancelJobRequestSchema: GenMessage<CancelJobRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 6);
+  messageDesc(file_leasehold_v1_job_service, 7);
 
 /**
  * The canceled job.
@@ -314,7 +353,7 @@ export type CancelJobResponse = Message<"leasehold.v1.CancelJobResponse"> & {
  * Use `create(CancelJobResponseSchema)` to create a new message.
  */
 export const CancelJobResponseSchema: GenMessage<CancelJobResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_job_service, 7);
+  messageDesc(file_leasehold_v1_job_service, 8);
 
 /**
  * Jobs as their callers see them.
