@@ -32,14 +32,14 @@ import { parseDuration } from './duration.js';
 import { API_KEY_SCOPES } from './store/constants.js';
 import { createApiClients, EXIT, explainFailure, type ApiClients, type ApiTarget } from './transport/admin-client.js';
 
-interface ApiFlags {
+export interface ApiFlags {
   url?: string;
   key?: string;
   json?: boolean;
 }
 
 /** Raised for bad command-line input before any call: printed, exit code 2. */
-class UsageError extends Error {}
+export class UsageError extends Error {}
 
 /** The coordinator's address and key, from flags, then the environment. */
 export function apiTarget(flags: ApiFlags, env: NodeJS.ProcessEnv = process.env): ApiTarget {
@@ -56,7 +56,7 @@ export function apiTarget(flags: ApiFlags, env: NodeJS.ProcessEnv = process.env)
 }
 
 /** Adds `--url`, `--key` and `--json` to a command. */
-const remote = (c: Command, json = true) => {
+export const remote = (c: Command, json = true) => {
   c.option('--url <url>', "the coordinator's HTTP listener (env LEASEHOLD_URL, default http://127.0.0.1:8080)").option(
     '--key <key>',
     'a key with the admin scope (env LEASEHOLD_KEY, else LEASEHOLD_ADMIN_KEY)',
@@ -65,7 +65,7 @@ const remote = (c: Command, json = true) => {
 };
 
 /** Runs a remote command: clients from the flags, failures printed as one line with their exit code. */
-function action<A extends unknown[]>(fn: (api: ApiClients, ...args: A) => Promise<void>) {
+export function action<A extends unknown[]>(fn: (api: ApiClients, ...args: A) => Promise<void>) {
   return async (...args: A) => {
     // commander passes the declared arguments, then the options, then the command.
     const flags = args[args.length - 2] as ApiFlags;
@@ -86,20 +86,20 @@ function action<A extends unknown[]>(fn: (api: ApiClients, ...args: A) => Promis
   };
 }
 
-const out = (s: string): void => void process.stdout.write(s.endsWith('\n') ? s : `${s}\n`);
+export const out = (s: string): void => void process.stdout.write(s.endsWith('\n') ? s : `${s}\n`);
 // The API's JSON, as the HTTP gateway writes it: zero values included, so scripts never meet a
 // missing field.
-const printJson = <D extends DescMessage>(schema: D, m: MessageShape<D>) => out(JSON.stringify(toJson(schema, m, { alwaysEmitImplicit: true })));
-const printJsonArray = <D extends DescMessage>(schema: D, ms: Array<MessageShape<D>>) =>
+export const printJson = <D extends DescMessage>(schema: D, m: MessageShape<D>) => out(JSON.stringify(toJson(schema, m, { alwaysEmitImplicit: true })));
+export const printJsonArray = <D extends DescMessage>(schema: D, ms: Array<MessageShape<D>>) =>
   out(JSON.stringify(ms.map((m) => toJson(schema, m, { alwaysEmitImplicit: true }))));
 
 /** Prints rows as aligned columns (the first row is the header). */
-function table(rows: string[][]) {
+export function table(rows: string[][]) {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
   for (const r of rows) out(r.map((c, i) => (i < r.length - 1 ? c.padEnd(widths[i]!) : c)).join('  ').trimEnd());
 }
 
-const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString().replace(/\.\d{3}Z$/, 'Z') : '-');
+export const time = (t: Timestamp | undefined) => (t ? timestampDate(t).toISOString().replace(/\.\d{3}Z$/, 'Z') : '-');
 function age(ms: number): string {
   const s = Math.round(ms / 1000);
   if (s < 60) return `${s}s`;
@@ -110,7 +110,7 @@ function age(ms: number): string {
 const durMs = (d: Duration | undefined) => (d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : 0);
 const status = (s: JobStatus) => (JobStatus[s] ?? String(s)).toLowerCase();
 const attemptStatus = (s: AttemptStatus) => (AttemptStatus[s] ?? String(s)).toLowerCase();
-const list = (s: string) => s.split(',').map((x) => x.trim()).filter(Boolean);
+export const list = (s: string) => s.split(',').map((x) => x.trim()).filter(Boolean);
 
 /** `dead,failed` → JobStatus values; a bad name is a UsageError naming the good ones. */
 function statuses(text: string | undefined): JobStatus[] {

@@ -1,8 +1,9 @@
 /**
  * The gateway's command line and keys: `leasehold keys add|list|revoke` (through the running
  * coordinator's AdminService) make keys that work on the HTTP gateway at once and stop at once;
- * `subscriptions add|list|remove`, `deliveries list|retry` and `webhooks secret` (on the
- * database) manage notifications; the bootstrap admin key follows `LEASEHOLD_ADMIN_KEY`.
+ * `subscriptions add|list|remove|rotate`, `deliveries list|retry` and `webhooks secret` manage
+ * notifications through the same API (no database access: they work against a remote
+ * coordinator); the bootstrap admin key follows `LEASEHOLD_ADMIN_KEY`.
  */
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -19,13 +20,19 @@ const lh = useCoordinator(t);
 
 /** Runs `leasehold <args>` against this file's coordinator and database; resolves with stdout, code and stderr. */
 async function cli(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return cliWith({}, ...args);
+}
+async function cliWith(extra: Record<string, string>, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   const env = {
     ...process.env,
-    DATABASE_URL: t.url,
+    // The commands go through the API: a database they could reach would hide a shortcut.
+    DATABASE_URL: 'postgres://nobody:nothing@127.0.0.1:1/none',
+    LEASEHOLD_DATA_DIR: '/nonexistent',
     LEASEHOLD_URL: lh.httpUrl,
     LEASEHOLD_KEY: ADMIN_KEY,
     LEASEHOLD_LOG_LEVEL: 'info',
     LEASEHOLD_LOG_FORMAT: 'json',
+    ...extra,
   };
   try {
     const { stdout, stderr } = await exec(process.execPath, ['--import', 'tsx', 'server/cli.ts', ...args], { cwd: root, env });
@@ -86,19 +93,32 @@ describe('leasehold keys', () => {
 });
 
 describe('leasehold subscriptions, deliveries and webhooks', () => {
-  it('adds a subscription with its secret, lists it, retries failed deliveries, prints the notify secret, removes it', async () => {
+  it('adds a subscription with its secret, lists it, rotates it, retries failed deliveries, prints the notify secret, removes it — all through the API', async () => {
     const add = await cli('subscriptions', 'add', '*', 'http://127.0.0.1:1/hook', '--events', 'job.dead', '--json');
     expect(add.code).toBe(0);
-    const sub = JSON.parse(add.stdout) as { id: string; secret: string; events: string[]; queue: string };
+    const sub = (JSON.parse(add.stdout) as { subscription: { id: string; secret: string; events: string[]; queue: string } }).subscription;
     expect(sub).toMatchObject({ queue: '*', events: ['job.dead'] });
     expect(sub.secret).toMatch(/^whsec_/);
-    const [withSecrets, secret] = await Promise.all([cli('subscriptions', 'list', '--json', '--show-secrets'), cli('webhooks', 'secret')]);
+    // A second subscription of the same URL shares its secret (one secret per URL).
+    const other = JSON.parse((await cli('subscriptions', 'add', 'reports', 'http://127.0.0.1:1/hook', '--json')).stdout).subscription;
+    expect(other.secret).toBe(sub.secret);
+    const [withSecrets, secret, plain] = await Promise.all([cli('subscriptions', 'list', '--json', '--show-secrets'), cli('webhooks', 'secret'), cli('subscriptions', 'list')]);
     expect(await subscriptionCreate(t.pool, { queue: '*', url: 'http://127.0.0.1:1/hook' })).toMatchObject({ outcome: 'conflict' });
-    expect(await subscriptionCreate(t.pool, { queue: 'q', url: 'file:///etc/passwd' })).toMatchObject({ outcome: 'invalid', field: 'url' });
     expect(await subscriptionCreate(t.pool, { queue: 'q', url: 'https://x.example/', events: ['job.done'] })).toMatchObject({ outcome: 'invalid', field: 'events.0' });
-    expect(await subscriptionList(t.pool)).toEqual([expect.not.objectContaining({ secret: expect.anything() })]);
-    expect(JSON.parse(withSecrets.stdout)).toMatchObject([{ id: sub.id, secret: sub.secret }]);
+    expect(await subscriptionList(t.pool)).toEqual([expect.not.objectContaining({ secret: expect.anything() }), expect.anything()]);
+    expect(JSON.parse(withSecrets.stdout)).toMatchObject([{ id: sub.id, secret: sub.secret }, { id: other.id, secret: sub.secret }]);
+    expect(plain.stdout).not.toContain(sub.secret);
     expect(secret.stdout.trim()).toBe(await signingSecretGet(t.pool));
+    // Bad input is refused by the API, named, exit code 2; the same URL twice is 1.
+    const bad = await cli('subscriptions', 'add', 'q', 'file:///etc/passwd');
+    expect(bad).toMatchObject({ code: 2, stderr: expect.stringMatching(/url/) });
+    expect((await cli('subscriptions', 'add', '*', 'http://127.0.0.1:1/hook')).code).toBe(1);
+
+    // Rotating gives the URL (both subscriptions) a new secret.
+    const rotated = JSON.parse((await cli('subscriptions', 'rotate', sub.id, '--json')).stdout);
+    expect(rotated).toMatchObject({ subscription: { id: sub.id }, alsoRotated: [other.id] });
+    expect(rotated.subscription.secret).not.toBe(sub.secret);
+    expect((await t.pool.query(`SELECT DISTINCT secret FROM subscriptions`)).rows).toEqual([{ secret: rotated.subscription.secret }]);
 
     // A failed delivery, as the deliverer leaves one at the cap.
     const job = (await rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'subs', payload: {}, maxAttempts: 1 }, 'test-admin-key')).json.job;
@@ -110,12 +130,21 @@ describe('leasehold subscriptions, deliveries and webhooks', () => {
       [job.id, sub.id],
     );
     const failed = await cli('deliveries', 'list', '--status', 'failed', '--json');
-    expect(JSON.parse(failed.stdout)).toMatchObject([{ id: rows[0].id, status: 'failed', attempts: 12, type: 'job.dead', jobId: job.id }]);
+    expect(JSON.parse(failed.stdout)).toMatchObject([{ id: String(rows[0].id), status: 'failed', attempts: 12, type: 'job.dead', jobId: job.id }]);
+    expect((await cli('deliveries', 'list', '--status', 'lost')).code).toBe(2);
+    expect((await cli('deliveries', 'retry')).code).toBe(2);
     expect((await cli('deliveries', 'retry', '--all-failed')).stdout).toMatch(new RegExp(`1 delivery queued again: ${rows[0].id}`));
     const after = (await t.pool.query(`SELECT status::text, attempts FROM webhook_deliveries WHERE id = $1`, [rows[0].id])).rows[0];
     expect(after.status).not.toBe('failed');
+    expect((await cli('deliveries', 'retry', String(rows[0].id))).code).toBe(1); // not failed any more
+
+    // Only with the admin scope.
+    const reader = (await keyCreate(t.pool, { name: 'subs-reader', scopes: ['read'] })) as { value: { key: string } };
+    const denied = await cliWith({ LEASEHOLD_KEY: reader.value.key }, 'subscriptions', 'list');
+    expect(denied.code).toBe(4);
 
     expect((await cli('subscriptions', 'remove', sub.id)).stdout).toMatch(/removed/);
+    expect((await cli('subscriptions', 'remove', sub.id)).code).toBe(1);
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries`)).rows[0].n).toBe(0);
   });
 });

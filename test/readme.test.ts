@@ -59,10 +59,10 @@ describe('README command lines', () => {
     expect(lines('npx buf curl').length).toBeGreaterThanOrEqual(4);
     expect(lines('grpcurl ').length).toBeGreaterThanOrEqual(5);
     const methods = [...readFileSync(path.join(root, 'proto/leasehold/v1/admin_service.proto'), 'utf8').matchAll(/^\s*rpc (\w+)\(/gm)].map((m) => m[1]);
-    expect(methods.length).toBe(14);
+    expect(methods.length).toBe(21);
     for (const m of methods) {
       expect(block('npx buf curl', 'AdminService').filter((l) => l.includes(`/leasehold.v1.AdminService/${m} `) || l.endsWith(`/leasehold.v1.AdminService/${m}`)), m).toHaveLength(1);
-      expect(block('grpcurl ', 'AdminService').filter((l) => l.endsWith(` leasehold.v1.AdminService/${m}`)), m).toHaveLength(1);
+      expect(block('grpcurl ', 'AdminService').filter((l) => l.includes(` leasehold.v1.AdminService/${m} `) || l.endsWith(` leasehold.v1.AdminService/${m}`)), m).toHaveLength(1);
     }
   });
 
@@ -103,6 +103,15 @@ describe('README command lines', () => {
     expect(key).toMatchObject({ scopes: ['enqueue', 'read'], key: expect.stringMatching(/^lh_key_/) });
     expect(json('AdminService/ListKeys').keys.map((k: { name: string }) => k.name)).toContain(key.name);
     expect(json('AdminService/RevokeKey')).toEqual({ name: key.name });
+    const subs = json('AdminService/ListSubscriptions').subscriptions as Array<{ id: string; url: string; secret?: string }>;
+    const sub = subs.find((x) => x.url.startsWith('https://n8n.example.com/webhook/leasehold-'))!;
+    expect(sub).toMatchObject({ queue: 'demo', events: ['job.dead'] });
+    expect(sub.secret).toBeUndefined(); // not asked for
+    expect(json('AdminService/RotateSubscriptionSecret')).toMatchObject({ subscription: { id: sub.id, secret: expect.stringMatching(/^whsec_/) } });
+    expect(json('AdminService/GetNotifySecret').secret).toMatch(/^whsec_/);
+    expect(json('AdminService/ListDeliveries')).toEqual({});
+    expect(json('AdminService/RetryDeliveries')).toEqual({});
+    expect(json('AdminService/DeleteSubscription')).toEqual({ id: sub.id });
   }, 180_000);
 
   it.skipIf(!grpcurl)('every grpcurl line works as pasted', async () => {

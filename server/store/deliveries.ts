@@ -106,6 +106,35 @@ export async function subscriptionRemove(db: Queryable, p: { id: string }): Prom
   return row ? ok({ id: p.id }) : notFound(`subscription ${p.id} not found`);
 }
 
+// Every subscription of the URL gets the new secret: a URL has one.
+const subscriptionRotateSql = statement(
+  'subscriptionRotate',
+  `UPDATE subscriptions s SET secret = $2
+   WHERE s.url = (SELECT url FROM subscriptions WHERE id = $1)
+   RETURNING s.id, s.queue, s.url, s.events::text[] AS events, s.created_at`,
+);
+
+/**
+ * Replaces the signing secret of a subscription's URL: every subscription of that URL, and the
+ * notify_url and alert deliveries sent there, are signed with the new one from now on. Returns
+ * the subscription with it, and the ids of the URL's other subscriptions.
+ */
+export async function subscriptionRotate(
+  db: Queryable,
+  p: { id: string },
+): Promise<Outcome<{ subscription: Subscription & { secret: string }; alsoRotated: string[] }>> {
+  const bad = check('id', schemas.id, p.id);
+  if (bad) return bad;
+  const secret = `whsec_${randomBytes(32).toString('base64url')}`;
+  const rows = await run<{ id: string; queue: string; url: string; events: WebhookEventType[]; created_at: Date }>(db, subscriptionRotateSql, [p.id, secret]);
+  const row = rows.find((r) => r.id === p.id.toLowerCase());
+  if (!row) return notFound(`subscription ${p.id} not found`);
+  return ok({
+    subscription: { id: row.id, queue: row.queue, url: row.url, events: row.events, createdAt: row.created_at, secret },
+    alsoRotated: rows.filter((r) => r !== row).map((r) => r.id),
+  });
+}
+
 // ───────────────────────────── the notify secret ─────────────────────────────
 
 /** The `signing_secrets` row that signs notify_url and alert-URL deliveries. */
@@ -360,7 +389,7 @@ export async function deliveryList(
   const bad = checkAll(
     p.status === undefined ? undefined : check('status', z.enum(['pending', 'sending', 'delivered', 'failed']), p.status),
     p.jobId === undefined ? undefined : check('jobId', schemas.id, p.jobId),
-    p.limit === undefined ? undefined : check('limit', z.int().min(1).max(10_000), p.limit),
+    p.limit === undefined ? undefined : check('limit', z.int('must be an integer').min(1, 'must be at least 1').max(1000, 'must be at most 1000'), p.limit),
   );
   if (bad) return bad;
   const rows = await run<Record<string, unknown>>(db, listSql, [p.status ?? null, p.jobId ?? null, p.limit ?? 100]);

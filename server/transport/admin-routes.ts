@@ -46,6 +46,7 @@ import {
 } from '../store/index.js';
 import type { JobStatus } from '../store/schema.js';
 import { credentialOwner, principalKey, type Principal } from './auth.js';
+import { webhookAdminMethods } from './webhook-admin-routes.js';
 import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, unwrap } from './codec.js';
 
 export interface AdminRoutesDeps {
@@ -74,6 +75,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
   const staleAfterMs = deps.sessionStaleAfterMs ?? 20_000;
   return (router: ConnectRouter) =>
     router.service(AdminService, {
+      ...webhookAdminMethods(deps),
       async listJobs(req) {
         const { value } = unwrap(
           await jobSearch(db, {

@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/admin_service.proto.
  */
 export const file_leasehold_v1_admin_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBsZWFzZWhvbGQvdjEvYWRtaW5fc2VydmljZS5wcm90bxIMbGVhc2Vob2xkLnYxIvcBChtBZG1pblNlcnZpY2VMaXN0Sm9ic1JlcXVlc3QSKQoIc3RhdHVzZXMYASADKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBXF1ZXVlGAIgASgJEhAKCGFnZW50X2lkGAMgASgJEjEKDWNyZWF0ZWRfYWZ0ZXIYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNyZWF0ZWRfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCSJYChxBZG1pblNlcnZpY2VMaXN0Sm9ic1Jlc3BvbnNlEh8KBGpvYnMYASADKAsyES5sZWFzZWhvbGQudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIrChlBZG1pblNlcnZpY2VHZXRKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSKiAwoaQWRtaW5TZXJ2aWNlR2V0Sm9iUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYhInCghhdHRlbXB0cxgCIAMoCzIVLmxlYXNlaG9sZC52MS5BdHRlbXB0EiYKBmV2ZW50cxgDIAMoCzIWLmxlYXNlaG9sZC52MS5Kb2JFdmVudBIhCgVzdGVwcxgEIAMoCzISLmxlYXNlaG9sZC52MS5TdGVwEjAKDXN0YWxlX3JlcG9ydHMYBSADKAsyGS5sZWFzZWhvbGQudjEuU3RhbGVSZXBvcnQSMAoMaGVhcnRiZWF0X2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SNQoSaGVhcnRiZWF0X2ludGVydmFsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKA25vdxgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiIwoRUmVxdWV1ZUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjQKElJlcXVldWVKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIi4KHEFkbWluU2VydmljZUNhbmNlbEpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJImcKHUFkbWluU2VydmljZUNhbmNlbEpvYlJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISJgoHb3V0Y29tZRgCIAEoDjIVLmxlYXNlaG9sZC52MS5PdXRjb21lIowBChBQdXJnZUpvYnNSZXF1ZXN0Ei0KCm9sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKQoIc3RhdHVzZXMYAiADKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBXF1ZXVlGAMgASgJEg8KB2RyeV9ydW4YBCABKAgiYAoRUHVyZ2VKb2JzUmVzcG9uc2USDgoGcHVyZ2VkGAEgASgDEioKBmN1dG9mZhgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHZHJ5X3J1bhgDIAEoCCI+ChFMaXN0QWdlbnRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIXCg9pbmNsdWRlX3Jldm9rZWQYAiABKAgi0wIKDEFnZW50U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEhYKDmNvb3JkaW5hdG9yX2lkGAIgASgJEg4KBnF1ZXVlcxgDIAMoCRI2CgZsYWJlbHMYBCADKAsyJi5sZWFzZWhvbGQudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5Eg0KBXNsb3RzGAUgASgFEjAKDGNvbm5lY3RlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2Vlbl9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOZHJhaW5pbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiygIKC0hlbGRBdHRlbXB0EhIKCmF0dGVtcHRfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEg0KBXF1ZXVlGAMgASgJEhIKCmF0dGVtcHRfbm8YBCABKAUSKwoGc3RhdHVzGAUgASgOMhsubGVhc2Vob2xkLnYxLkF0dGVtcHRTdGF0dXMSLgoKY2xhaW1lZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQbGVhc2VfZXhwaXJlc19hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNc3VzcGVjdF9zaW5jZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAivgIKCUFnZW50SW5mbxIQCghhZ2VudF9pZBgBIAEoCRISCgpyZWdpc3RlcmVkGAIgASgIEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGxhc3Rfc2Vlbl9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIc2Vzc2lvbnMYBiADKAsyGi5sZWFzZWhvbGQudjEuQWdlbnRTZXNzaW9uEg0KBXNsb3RzGAcgASgFEisKCGF0dGVtcHRzGAggAygLMhkubGVhc2Vob2xkLnYxLkhlbGRBdHRlbXB0Eg8KB3N1c3BlY3QYCSABKAUiPQoSTGlzdEFnZW50c1Jlc3BvbnNlEicKBmFnZW50cxgBIAMoCzIXLmxlYXNlaG9sZC52MS5BZ2VudEluZm8iJQoRRHJhaW5BZ2VudFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkiJgoSRHJhaW5BZ2VudFJlc3BvbnNlEhAKCHNlc3Npb25zGAEgASgFIiYKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChNDcmVhdGVBZ2VudFJlc3BvbnNlEhAKCGFnZW50X2lkGAEgASgJEg0KBXRva2VuGAIgASgJIiYKElJldm9rZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSJXChNSZXZva2VBZ2VudFJlc3BvbnNlEhAKCGFnZW50X2lkGAEgASgJEi4KCnJldm9rZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZzY29wZXMYAiADKAkiPgoRQ3JlYXRlS2V5UmVzcG9uc2USDAoEbmFtZRgBIAEoCRILCgNrZXkYAiABKAkSDgoGc2NvcGVzGAMgAygJIhEKD0xpc3RLZXlzUmVxdWVzdCK4AQoGQXBpS2V5EgwKBG5hbWUYASABKAkSDgoGc2NvcGVzGAIgAygJEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGxhc3RfdXNlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiNgoQTGlzdEtleXNSZXNwb25zZRIiCgRrZXlzGAEgAygLMhQubGVhc2Vob2xkLnYxLkFwaUtleSIgChBSZXZva2VLZXlSZXF1ZXN0EgwKBG5hbWUYASABKAkiIQoRUmV2b2tlS2V5UmVzcG9uc2USDAoEbmFtZRgBIAEoCSIpCg9HZXRTdGF0c1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiUwoKUXVldWVEZXB0aBINCgVxdWV1ZRgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBWNvdW50GAMgASgDIqABCglRdWV1ZVdhaXQSDQoFcXVldWUYASABKAkSCwoDZHVlGAIgASgDEhUKDW9sZGVzdF9qb2JfaWQYAyABKAkSMQoNb2xkZXN0X2R1ZV9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoKb2xkZXN0X2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLPAQoMTWludXRlQ291bnRzEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJc3VjY2VlZGVkGAIgASgFEg4KBmZhaWxlZBgDIAEoBRIPCgdyZXRyaWVkGAQgASgFEgwKBGRlYWQYBSABKAUSEAoIY2FuY2VsZWQYBiABKAUSFQoNY2xhaW1fZXhwaXJlZBgHIAEoBRIVCg1sZWFzZV9leHBpcmVkGAggASgFEhEKCXRpbWVkX291dBgJIAEoBSLFAgoQR2V0U3RhdHNSZXNwb25zZRIoCgZkZXB0aHMYASADKAsyGC5sZWFzZWhvbGQudjEuUXVldWVEZXB0aBIoCgd3YWl0aW5nGAIgAygLMhcubGVhc2Vob2xkLnYxLlF1ZXVlV2FpdBIrCgdtaW51dGVzGAMgAygLMhoubGVhc2Vob2xkLnYxLk1pbnV0ZUNvdW50cxIWCg53aW5kb3dfbWludXRlcxgEIAEoBRIeChZjb21wbGV0aW9uc19wZXJfbWludXRlGAUgASgBEhsKE2ZhaWx1cmVzX3Blcl9taW51dGUYBiABKAESGwoTZXhwaXJpZXNfcGVyX21pbnV0ZRgHIAEoARIVCg1zdGFsZV9yZXBvcnRzGAggASgDEicKA25vdxgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiYgoXTGlzdFN0YWxlUmVwb3J0c1JlcXVlc3QSDgoGam9iX2lkGAEgASgJEhAKCGFnZW50X2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIl8KGExpc3RTdGFsZVJlcG9ydHNSZXNwb25zZRIqCgdyZXBvcnRzGAEgAygLMhkubGVhc2Vob2xkLnYxLlN0YWxlUmVwb3J0EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKyCQoMQWRtaW5TZXJ2aWNlEmEKCExpc3RKb2JzEikubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUxpc3RKb2JzUmVxdWVzdBoqLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VMaXN0Sm9ic1Jlc3BvbnNlElsKBkdldEpvYhInLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VHZXRKb2JSZXF1ZXN0GigubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUdldEpvYlJlc3BvbnNlEk8KClJlcXVldWVKb2ISHy5sZWFzZWhvbGQudjEuUmVxdWV1ZUpvYlJlcXVlc3QaIC5sZWFzZWhvbGQudjEuUmVxdWV1ZUpvYlJlc3BvbnNlEmQKCUNhbmNlbEpvYhIqLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VDYW5jZWxKb2JSZXF1ZXN0GisubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUNhbmNlbEpvYlJlc3BvbnNlEkwKCVB1cmdlSm9icxIeLmxlYXNlaG9sZC52MS5QdXJnZUpvYnNSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLlB1cmdlSm9ic1Jlc3BvbnNlEk8KCkxpc3RBZ2VudHMSHy5sZWFzZWhvbGQudjEuTGlzdEFnZW50c1JlcXVlc3QaIC5sZWFzZWhvbGQudjEuTGlzdEFnZW50c1Jlc3BvbnNlEk8KCkRyYWluQWdlbnQSHy5sZWFzZWhvbGQudjEuRHJhaW5BZ2VudFJlcXVlc3QaIC5sZWFzZWhvbGQudjEuRHJhaW5BZ2VudFJlc3BvbnNlElIKC0NyZWF0ZUFnZW50EiAubGVhc2Vob2xkLnYxLkNyZWF0ZUFnZW50UmVxdWVzdBohLmxlYXNlaG9sZC52MS5DcmVhdGVBZ2VudFJlc3BvbnNlElIKC1Jldm9rZUFnZW50EiAubGVhc2Vob2xkLnYxLlJldm9rZUFnZW50UmVxdWVzdBohLmxlYXNlaG9sZC52MS5SZXZva2VBZ2VudFJlc3BvbnNlEkwKCUNyZWF0ZUtleRIeLmxlYXNlaG9sZC52MS5DcmVhdGVLZXlSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLkNyZWF0ZUtleVJlc3BvbnNlEkkKCExpc3RLZXlzEh0ubGVhc2Vob2xkLnYxLkxpc3RLZXlzUmVxdWVzdBoeLmxlYXNlaG9sZC52MS5MaXN0S2V5c1Jlc3BvbnNlEkwKCVJldm9rZUtleRIeLmxlYXNlaG9sZC52MS5SZXZva2VLZXlSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLlJldm9rZUtleVJlc3BvbnNlEkkKCEdldFN0YXRzEh0ubGVhc2Vob2xkLnYxLkdldFN0YXRzUmVxdWVzdBoeLmxlYXNlaG9sZC52MS5HZXRTdGF0c1Jlc3BvbnNlEmEKEExpc3RTdGFsZVJlcG9ydHMSJS5sZWFzZWhvbGQudjEuTGlzdFN0YWxlUmVwb3J0c1JlcXVlc3QaJi5sZWFzZWhvbGQudjEuTGlzdFN0YWxlUmVwb3J0c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_leasehold_v1_job]);
+  fileDesc("CiBsZWFzZWhvbGQvdjEvYWRtaW5fc2VydmljZS5wcm90bxIMbGVhc2Vob2xkLnYxIvcBChtBZG1pblNlcnZpY2VMaXN0Sm9ic1JlcXVlc3QSKQoIc3RhdHVzZXMYASADKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBXF1ZXVlGAIgASgJEhAKCGFnZW50X2lkGAMgASgJEjEKDWNyZWF0ZWRfYWZ0ZXIYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNyZWF0ZWRfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwYWdlX3NpemUYBiABKAUSEgoKcGFnZV90b2tlbhgHIAEoCSJYChxBZG1pblNlcnZpY2VMaXN0Sm9ic1Jlc3BvbnNlEh8KBGpvYnMYASADKAsyES5sZWFzZWhvbGQudjEuSm9iEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIrChlBZG1pblNlcnZpY2VHZXRKb2JSZXF1ZXN0Eg4KBmpvYl9pZBgBIAEoCSKiAwoaQWRtaW5TZXJ2aWNlR2V0Sm9iUmVzcG9uc2USHgoDam9iGAEgASgLMhEubGVhc2Vob2xkLnYxLkpvYhInCghhdHRlbXB0cxgCIAMoCzIVLmxlYXNlaG9sZC52MS5BdHRlbXB0EiYKBmV2ZW50cxgDIAMoCzIWLmxlYXNlaG9sZC52MS5Kb2JFdmVudBIhCgVzdGVwcxgEIAMoCzISLmxlYXNlaG9sZC52MS5TdGVwEjAKDXN0YWxlX3JlcG9ydHMYBSADKAsyGS5sZWFzZWhvbGQudjEuU3RhbGVSZXBvcnQSMAoMaGVhcnRiZWF0X2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SNQoSaGVhcnRiZWF0X2ludGVydmFsGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKA25vdxgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiIwoRUmVxdWV1ZUpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJIjQKElJlcXVldWVKb2JSZXNwb25zZRIeCgNqb2IYASABKAsyES5sZWFzZWhvbGQudjEuSm9iIi4KHEFkbWluU2VydmljZUNhbmNlbEpvYlJlcXVlc3QSDgoGam9iX2lkGAEgASgJImcKHUFkbWluU2VydmljZUNhbmNlbEpvYlJlc3BvbnNlEh4KA2pvYhgBIAEoCzIRLmxlYXNlaG9sZC52MS5Kb2ISJgoHb3V0Y29tZRgCIAEoDjIVLmxlYXNlaG9sZC52MS5PdXRjb21lIowBChBQdXJnZUpvYnNSZXF1ZXN0Ei0KCm9sZGVyX3RoYW4YASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKQoIc3RhdHVzZXMYAiADKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBXF1ZXVlGAMgASgJEg8KB2RyeV9ydW4YBCABKAgiYAoRUHVyZ2VKb2JzUmVzcG9uc2USDgoGcHVyZ2VkGAEgASgDEioKBmN1dG9mZhgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHZHJ5X3J1bhgDIAEoCCI+ChFMaXN0QWdlbnRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIXCg9pbmNsdWRlX3Jldm9rZWQYAiABKAgi0wIKDEFnZW50U2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEhYKDmNvb3JkaW5hdG9yX2lkGAIgASgJEg4KBnF1ZXVlcxgDIAMoCRI2CgZsYWJlbHMYBCADKAsyJi5sZWFzZWhvbGQudjEuQWdlbnRTZXNzaW9uLkxhYmVsc0VudHJ5Eg0KBXNsb3RzGAUgASgFEjAKDGNvbm5lY3RlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHc2Vlbl9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOZHJhaW5pbmdfc2luY2UYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiygIKC0hlbGRBdHRlbXB0EhIKCmF0dGVtcHRfaWQYASABKAkSDgoGam9iX2lkGAIgASgJEg0KBXF1ZXVlGAMgASgJEhIKCmF0dGVtcHRfbm8YBCABKAUSKwoGc3RhdHVzGAUgASgOMhsubGVhc2Vob2xkLnYxLkF0dGVtcHRTdGF0dXMSLgoKY2xhaW1lZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQbGVhc2VfZXhwaXJlc19hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNc3VzcGVjdF9zaW5jZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAivgIKCUFnZW50SW5mbxIQCghhZ2VudF9pZBgBIAEoCRISCgpyZWdpc3RlcmVkGAIgASgIEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGxhc3Rfc2Vlbl9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIc2Vzc2lvbnMYBiADKAsyGi5sZWFzZWhvbGQudjEuQWdlbnRTZXNzaW9uEg0KBXNsb3RzGAcgASgFEisKCGF0dGVtcHRzGAggAygLMhkubGVhc2Vob2xkLnYxLkhlbGRBdHRlbXB0Eg8KB3N1c3BlY3QYCSABKAUiPQoSTGlzdEFnZW50c1Jlc3BvbnNlEicKBmFnZW50cxgBIAMoCzIXLmxlYXNlaG9sZC52MS5BZ2VudEluZm8iJQoRRHJhaW5BZ2VudFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkiJgoSRHJhaW5BZ2VudFJlc3BvbnNlEhAKCHNlc3Npb25zGAEgASgFIiYKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChNDcmVhdGVBZ2VudFJlc3BvbnNlEhAKCGFnZW50X2lkGAEgASgJEg0KBXRva2VuGAIgASgJIiYKElJldm9rZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSJXChNSZXZva2VBZ2VudFJlc3BvbnNlEhAKCGFnZW50X2lkGAEgASgJEi4KCnJldm9rZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIOCgZzY29wZXMYAiADKAkiPgoRQ3JlYXRlS2V5UmVzcG9uc2USDAoEbmFtZRgBIAEoCRILCgNrZXkYAiABKAkSDgoGc2NvcGVzGAMgAygJIhEKD0xpc3RLZXlzUmVxdWVzdCK4AQoGQXBpS2V5EgwKBG5hbWUYASABKAkSDgoGc2NvcGVzGAIgAygJEi4KCmNyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDGxhc3RfdXNlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiNgoQTGlzdEtleXNSZXNwb25zZRIiCgRrZXlzGAEgAygLMhQubGVhc2Vob2xkLnYxLkFwaUtleSIgChBSZXZva2VLZXlSZXF1ZXN0EgwKBG5hbWUYASABKAkiIQoRUmV2b2tlS2V5UmVzcG9uc2USDAoEbmFtZRgBIAEoCSIpCg9HZXRTdGF0c1JlcXVlc3QSFgoOd2luZG93X21pbnV0ZXMYASABKAUiUwoKUXVldWVEZXB0aBINCgVxdWV1ZRgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5sZWFzZWhvbGQudjEuSm9iU3RhdHVzEg0KBWNvdW50GAMgASgDIqABCglRdWV1ZVdhaXQSDQoFcXVldWUYASABKAkSCwoDZHVlGAIgASgDEhUKDW9sZGVzdF9qb2JfaWQYAyABKAkSMQoNb2xkZXN0X2R1ZV9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoKb2xkZXN0X2FnZRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLPAQoMTWludXRlQ291bnRzEioKBm1pbnV0ZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJc3VjY2VlZGVkGAIgASgFEg4KBmZhaWxlZBgDIAEoBRIPCgdyZXRyaWVkGAQgASgFEgwKBGRlYWQYBSABKAUSEAoIY2FuY2VsZWQYBiABKAUSFQoNY2xhaW1fZXhwaXJlZBgHIAEoBRIVCg1sZWFzZV9leHBpcmVkGAggASgFEhEKCXRpbWVkX291dBgJIAEoBSLFAgoQR2V0U3RhdHNSZXNwb25zZRIoCgZkZXB0aHMYASADKAsyGC5sZWFzZWhvbGQudjEuUXVldWVEZXB0aBIoCgd3YWl0aW5nGAIgAygLMhcubGVhc2Vob2xkLnYxLlF1ZXVlV2FpdBIrCgdtaW51dGVzGAMgAygLMhoubGVhc2Vob2xkLnYxLk1pbnV0ZUNvdW50cxIWCg53aW5kb3dfbWludXRlcxgEIAEoBRIeChZjb21wbGV0aW9uc19wZXJfbWludXRlGAUgASgBEhsKE2ZhaWx1cmVzX3Blcl9taW51dGUYBiABKAESGwoTZXhwaXJpZXNfcGVyX21pbnV0ZRgHIAEoARIVCg1zdGFsZV9yZXBvcnRzGAggASgDEicKA25vdxgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiYgoXTGlzdFN0YWxlUmVwb3J0c1JlcXVlc3QSDgoGam9iX2lkGAEgASgJEhAKCGFnZW50X2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIl8KGExpc3RTdGFsZVJlcG9ydHNSZXNwb25zZRIqCgdyZXBvcnRzGAEgAygLMhkubGVhc2Vob2xkLnYxLlN0YWxlUmVwb3J0EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKGAQoMU3Vic2NyaXB0aW9uEgoKAmlkGAEgASgJEg0KBXF1ZXVlGAIgASgJEgsKA3VybBgDIAEoCRIOCgZldmVudHMYBCADKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc2VjcmV0GAYgASgJIkcKGUNyZWF0ZVN1YnNjcmlwdGlvblJlcXVlc3QSDQoFcXVldWUYASABKAkSCwoDdXJsGAIgASgJEg4KBmV2ZW50cxgDIAMoCSJOChpDcmVhdGVTdWJzY3JpcHRpb25SZXNwb25zZRIwCgxzdWJzY3JpcHRpb24YASABKAsyGi5sZWFzZWhvbGQudjEuU3Vic2NyaXB0aW9uIjAKGExpc3RTdWJzY3JpcHRpb25zUmVxdWVzdBIUCgx3aXRoX3NlY3JldHMYASABKAgiTgoZTGlzdFN1YnNjcmlwdGlvbnNSZXNwb25zZRIxCg1zdWJzY3JpcHRpb25zGAEgAygLMhoubGVhc2Vob2xkLnYxLlN1YnNjcmlwdGlvbiInChlEZWxldGVTdWJzY3JpcHRpb25SZXF1ZXN0EgoKAmlkGAEgASgJIigKGkRlbGV0ZVN1YnNjcmlwdGlvblJlc3BvbnNlEgoKAmlkGAEgASgJIi0KH1JvdGF0ZVN1YnNjcmlwdGlvblNlY3JldFJlcXVlc3QSCgoCaWQYASABKAkiagogUm90YXRlU3Vic2NyaXB0aW9uU2VjcmV0UmVzcG9uc2USMAoMc3Vic2NyaXB0aW9uGAEgASgLMhoubGVhc2Vob2xkLnYxLlN1YnNjcmlwdGlvbhIUCgxhbHNvX3JvdGF0ZWQYAiADKAkiKAoWR2V0Tm90aWZ5U2VjcmV0UmVxdWVzdBIOCgZyb3RhdGUYASABKAgiKQoXR2V0Tm90aWZ5U2VjcmV0UmVzcG9uc2USDgoGc2VjcmV0GAEgASgJIs4CCghEZWxpdmVyeRIKCgJpZBgBIAEoAxIQCghldmVudF9pZBgCIAEoCRIMCgR0eXBlGAMgASgJEg4KBmpvYl9pZBgEIAEoCRILCgN1cmwYBSABKAkSFwoPc3Vic2NyaXB0aW9uX2lkGAYgASgJEg4KBnN0YXR1cxgHIAEoCRIQCghhdHRlbXB0cxgIIAEoBRIzCg9uZXh0X2F0dGVtcHRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2xhc3Rfc3RhdHVzGAogASgFEhIKCmxhc3RfZXJyb3IYCyABKAkSLgoKY3JlYXRlZF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMZGVsaXZlcmVkX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJGChVMaXN0RGVsaXZlcmllc1JlcXVlc3QSDgoGc3RhdHVzGAEgASgJEg4KBmpvYl9pZBgCIAEoCRINCgVsaW1pdBgDIAEoBSJEChZMaXN0RGVsaXZlcmllc1Jlc3BvbnNlEioKCmRlbGl2ZXJpZXMYASADKAsyFi5sZWFzZWhvbGQudjEuRGVsaXZlcnkiOAoWUmV0cnlEZWxpdmVyaWVzUmVxdWVzdBIKCgJpZBgBIAEoAxISCgphbGxfZmFpbGVkGAIgASgIIiYKF1JldHJ5RGVsaXZlcmllc1Jlc3BvbnNlEgsKA2lkcxgBIAMoAzKCDwoMQWRtaW5TZXJ2aWNlEmEKCExpc3RKb2JzEikubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUxpc3RKb2JzUmVxdWVzdBoqLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VMaXN0Sm9ic1Jlc3BvbnNlElsKBkdldEpvYhInLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VHZXRKb2JSZXF1ZXN0GigubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUdldEpvYlJlc3BvbnNlEk8KClJlcXVldWVKb2ISHy5sZWFzZWhvbGQudjEuUmVxdWV1ZUpvYlJlcXVlc3QaIC5sZWFzZWhvbGQudjEuUmVxdWV1ZUpvYlJlc3BvbnNlEmQKCUNhbmNlbEpvYhIqLmxlYXNlaG9sZC52MS5BZG1pblNlcnZpY2VDYW5jZWxKb2JSZXF1ZXN0GisubGVhc2Vob2xkLnYxLkFkbWluU2VydmljZUNhbmNlbEpvYlJlc3BvbnNlEkwKCVB1cmdlSm9icxIeLmxlYXNlaG9sZC52MS5QdXJnZUpvYnNSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLlB1cmdlSm9ic1Jlc3BvbnNlEk8KCkxpc3RBZ2VudHMSHy5sZWFzZWhvbGQudjEuTGlzdEFnZW50c1JlcXVlc3QaIC5sZWFzZWhvbGQudjEuTGlzdEFnZW50c1Jlc3BvbnNlEk8KCkRyYWluQWdlbnQSHy5sZWFzZWhvbGQudjEuRHJhaW5BZ2VudFJlcXVlc3QaIC5sZWFzZWhvbGQudjEuRHJhaW5BZ2VudFJlc3BvbnNlElIKC0NyZWF0ZUFnZW50EiAubGVhc2Vob2xkLnYxLkNyZWF0ZUFnZW50UmVxdWVzdBohLmxlYXNlaG9sZC52MS5DcmVhdGVBZ2VudFJlc3BvbnNlElIKC1Jldm9rZUFnZW50EiAubGVhc2Vob2xkLnYxLlJldm9rZUFnZW50UmVxdWVzdBohLmxlYXNlaG9sZC52MS5SZXZva2VBZ2VudFJlc3BvbnNlEkwKCUNyZWF0ZUtleRIeLmxlYXNlaG9sZC52MS5DcmVhdGVLZXlSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLkNyZWF0ZUtleVJlc3BvbnNlEkkKCExpc3RLZXlzEh0ubGVhc2Vob2xkLnYxLkxpc3RLZXlzUmVxdWVzdBoeLmxlYXNlaG9sZC52MS5MaXN0S2V5c1Jlc3BvbnNlEkwKCVJldm9rZUtleRIeLmxlYXNlaG9sZC52MS5SZXZva2VLZXlSZXF1ZXN0Gh8ubGVhc2Vob2xkLnYxLlJldm9rZUtleVJlc3BvbnNlEkkKCEdldFN0YXRzEh0ubGVhc2Vob2xkLnYxLkdldFN0YXRzUmVxdWVzdBoeLmxlYXNlaG9sZC52MS5HZXRTdGF0c1Jlc3BvbnNlEmEKEExpc3RTdGFsZVJlcG9ydHMSJS5sZWFzZWhvbGQudjEuTGlzdFN0YWxlUmVwb3J0c1JlcXVlc3QaJi5sZWFzZWhvbGQudjEuTGlzdFN0YWxlUmVwb3J0c1Jlc3BvbnNlEmcKEkNyZWF0ZVN1YnNjcmlwdGlvbhInLmxlYXNlaG9sZC52MS5DcmVhdGVTdWJzY3JpcHRpb25SZXF1ZXN0GigubGVhc2Vob2xkLnYxLkNyZWF0ZVN1YnNjcmlwdGlvblJlc3BvbnNlEmQKEUxpc3RTdWJzY3JpcHRpb25zEiYubGVhc2Vob2xkLnYxLkxpc3RTdWJzY3JpcHRpb25zUmVxdWVzdBonLmxlYXNlaG9sZC52MS5MaXN0U3Vic2NyaXB0aW9uc1Jlc3BvbnNlEmcKEkRlbGV0ZVN1YnNjcmlwdGlvbhInLmxlYXNlaG9sZC52MS5EZWxldGVTdWJzY3JpcHRpb25SZXF1ZXN0GigubGVhc2Vob2xkLnYxLkRlbGV0ZVN1YnNjcmlwdGlvblJlc3BvbnNlEnkKGFJvdGF0ZVN1YnNjcmlwdGlvblNlY3JldBItLmxlYXNlaG9sZC52MS5Sb3RhdGVTdWJzY3JpcHRpb25TZWNyZXRSZXF1ZXN0Gi4ubGVhc2Vob2xkLnYxLlJvdGF0ZVN1YnNjcmlwdGlvblNlY3JldFJlc3BvbnNlEl4KD0dldE5vdGlmeVNlY3JldBIkLmxlYXNlaG9sZC52MS5HZXROb3RpZnlTZWNyZXRSZXF1ZXN0GiUubGVhc2Vob2xkLnYxLkdldE5vdGlmeVNlY3JldFJlc3BvbnNlElsKDkxpc3REZWxpdmVyaWVzEiMubGVhc2Vob2xkLnYxLkxpc3REZWxpdmVyaWVzUmVxdWVzdBokLmxlYXNlaG9sZC52MS5MaXN0RGVsaXZlcmllc1Jlc3BvbnNlEl4KD1JldHJ5RGVsaXZlcmllcxIkLmxlYXNlaG9sZC52MS5SZXRyeURlbGl2ZXJpZXNSZXF1ZXN0GiUubGVhc2Vob2xkLnYxLlJldHJ5RGVsaXZlcmllc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_leasehold_v1_job]);
 
 /**
  * Filters and paging for AdminService.ListJobs. Filters combine with AND; unset ones match everything.
@@ -1316,6 +1316,504 @@ export const ListStaleReportsResponseSchema: GenMessage<ListStaleReportsResponse
   messageDesc(file_leasehold_v1_admin_service, 34);
 
 /**
+ * A subscription: the job events of a queue, POSTed signed to a URL.
+ *
+ * @generated from message leasehold.v1.Subscription
+ */
+export type Subscription = Message<"leasehold.v1.Subscription"> & {
+  /**
+   * Its id.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The queue, or "*" for every queue.
+   *
+   * @generated from field: string queue = 2;
+   */
+  queue: string;
+
+  /**
+   * The URL the events are POSTed to.
+   *
+   * @generated from field: string url = 3;
+   */
+  url: string;
+
+  /**
+   * The event types it receives: job.succeeded, job.failed, job.dead, job.canceled.
+   *
+   * @generated from field: repeated string events = 4;
+   */
+  events: string[];
+
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * The signing secret of its URL (whsec_...): set on create and rotate, and on list only with
+   * with_secrets. Verify the leasehold-signature header with it.
+   *
+   * @generated from field: string secret = 6;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message leasehold.v1.Subscription.
+ * Use `create(SubscriptionSchema)` to create a new message.
+ */
+export const SubscriptionSchema: GenMessage<Subscription> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 35);
+
+/**
+ * The subscription to create.
+ *
+ * @generated from message leasehold.v1.CreateSubscriptionRequest
+ */
+export type CreateSubscriptionRequest = Message<"leasehold.v1.CreateSubscriptionRequest"> & {
+  /**
+   * A queue name, or "*" for every queue. Required.
+   *
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * An absolute http(s) URL of at most 2048 characters. Required.
+   *
+   * @generated from field: string url = 2;
+   */
+  url: string;
+
+  /**
+   * Some of job.succeeded, job.failed, job.dead, job.canceled. Empty: all four.
+   *
+   * @generated from field: repeated string events = 3;
+   */
+  events: string[];
+};
+
+/**
+ * Describes the message leasehold.v1.CreateSubscriptionRequest.
+ * Use `create(CreateSubscriptionRequestSchema)` to create a new message.
+ */
+export const CreateSubscriptionRequestSchema: GenMessage<CreateSubscriptionRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 36);
+
+/**
+ * The new subscription, with its secret.
+ *
+ * @generated from message leasehold.v1.CreateSubscriptionResponse
+ */
+export type CreateSubscriptionResponse = Message<"leasehold.v1.CreateSubscriptionResponse"> & {
+  /**
+   * The subscription; its secret is the URL's (new, or shared with the URL's other subscriptions).
+   *
+   * @generated from field: leasehold.v1.Subscription subscription = 1;
+   */
+  subscription?: Subscription | undefined;
+};
+
+/**
+ * Describes the message leasehold.v1.CreateSubscriptionResponse.
+ * Use `create(CreateSubscriptionResponseSchema)` to create a new message.
+ */
+export const CreateSubscriptionResponseSchema: GenMessage<CreateSubscriptionResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 37);
+
+/**
+ * Lists every subscription.
+ *
+ * @generated from message leasehold.v1.ListSubscriptionsRequest
+ */
+export type ListSubscriptionsRequest = Message<"leasehold.v1.ListSubscriptionsRequest"> & {
+  /**
+   * Include the signing secrets.
+   *
+   * @generated from field: bool with_secrets = 1;
+   */
+  withSecrets: boolean;
+};
+
+/**
+ * Describes the message leasehold.v1.ListSubscriptionsRequest.
+ * Use `create(ListSubscriptionsRequestSchema)` to create a new message.
+ */
+export const ListSubscriptionsRequestSchema: GenMessage<ListSubscriptionsRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 38);
+
+/**
+ * Every subscription.
+ *
+ * @generated from message leasehold.v1.ListSubscriptionsResponse
+ */
+export type ListSubscriptionsResponse = Message<"leasehold.v1.ListSubscriptionsResponse"> & {
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated leasehold.v1.Subscription subscriptions = 1;
+   */
+  subscriptions: Subscription[];
+};
+
+/**
+ * Describes the message leasehold.v1.ListSubscriptionsResponse.
+ * Use `create(ListSubscriptionsResponseSchema)` to create a new message.
+ */
+export const ListSubscriptionsResponseSchema: GenMessage<ListSubscriptionsResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 39);
+
+/**
+ * The subscription to remove.
+ *
+ * @generated from message leasehold.v1.DeleteSubscriptionRequest
+ */
+export type DeleteSubscriptionRequest = Message<"leasehold.v1.DeleteSubscriptionRequest"> & {
+  /**
+   * Its id. Required.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message leasehold.v1.DeleteSubscriptionRequest.
+ * Use `create(DeleteSubscriptionRequestSchema)` to create a new message.
+ */
+export const DeleteSubscriptionRequestSchema: GenMessage<DeleteSubscriptionRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 40);
+
+/**
+ * The removed subscription.
+ *
+ * @generated from message leasehold.v1.DeleteSubscriptionResponse
+ */
+export type DeleteSubscriptionResponse = Message<"leasehold.v1.DeleteSubscriptionResponse"> & {
+  /**
+   * Its id.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message leasehold.v1.DeleteSubscriptionResponse.
+ * Use `create(DeleteSubscriptionResponseSchema)` to create a new message.
+ */
+export const DeleteSubscriptionResponseSchema: GenMessage<DeleteSubscriptionResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 41);
+
+/**
+ * The subscription whose URL gets a new secret.
+ *
+ * @generated from message leasehold.v1.RotateSubscriptionSecretRequest
+ */
+export type RotateSubscriptionSecretRequest = Message<"leasehold.v1.RotateSubscriptionSecretRequest"> & {
+  /**
+   * Its id. Required.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message leasehold.v1.RotateSubscriptionSecretRequest.
+ * Use `create(RotateSubscriptionSecretRequestSchema)` to create a new message.
+ */
+export const RotateSubscriptionSecretRequestSchema: GenMessage<RotateSubscriptionSecretRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 42);
+
+/**
+ * The new secret.
+ *
+ * @generated from message leasehold.v1.RotateSubscriptionSecretResponse
+ */
+export type RotateSubscriptionSecretResponse = Message<"leasehold.v1.RotateSubscriptionSecretResponse"> & {
+  /**
+   * The subscription, with the new secret.
+   *
+   * @generated from field: leasehold.v1.Subscription subscription = 1;
+   */
+  subscription?: Subscription | undefined;
+
+  /**
+   * The other subscriptions of the same URL, which share the new secret.
+   *
+   * @generated from field: repeated string also_rotated = 2;
+   */
+  alsoRotated: string[];
+};
+
+/**
+ * Describes the message leasehold.v1.RotateSubscriptionSecretResponse.
+ * Use `create(RotateSubscriptionSecretResponseSchema)` to create a new message.
+ */
+export const RotateSubscriptionSecretResponseSchema: GenMessage<RotateSubscriptionSecretResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 43);
+
+/**
+ * Reads the notify secret.
+ *
+ * @generated from message leasehold.v1.GetNotifySecretRequest
+ */
+export type GetNotifySecretRequest = Message<"leasehold.v1.GetNotifySecretRequest"> & {
+  /**
+   * Replace it first (deliveries sent from now on use the new one).
+   *
+   * @generated from field: bool rotate = 1;
+   */
+  rotate: boolean;
+};
+
+/**
+ * Describes the message leasehold.v1.GetNotifySecretRequest.
+ * Use `create(GetNotifySecretRequestSchema)` to create a new message.
+ */
+export const GetNotifySecretRequestSchema: GenMessage<GetNotifySecretRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 44);
+
+/**
+ * The notify secret.
+ *
+ * @generated from message leasehold.v1.GetNotifySecretResponse
+ */
+export type GetNotifySecretResponse = Message<"leasehold.v1.GetNotifySecretResponse"> & {
+  /**
+   * The secret (whsec_...).
+   *
+   * @generated from field: string secret = 1;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message leasehold.v1.GetNotifySecretResponse.
+ * Use `create(GetNotifySecretResponseSchema)` to create a new message.
+ */
+export const GetNotifySecretResponseSchema: GenMessage<GetNotifySecretResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 45);
+
+/**
+ * A notification delivery: one event to one URL.
+ *
+ * @generated from message leasehold.v1.Delivery
+ */
+export type Delivery = Message<"leasehold.v1.Delivery"> & {
+  /**
+   * Its number.
+   *
+   * @generated from field: int64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * The event (the same on every retry and every target; receivers dedupe on it).
+   *
+   * @generated from field: string event_id = 2;
+   */
+  eventId: string;
+
+  /**
+   * job.succeeded, job.failed, job.dead or job.canceled.
+   *
+   * @generated from field: string type = 3;
+   */
+  type: string;
+
+  /**
+   * The job the event is about.
+   *
+   * @generated from field: string job_id = 4;
+   */
+  jobId: string;
+
+  /**
+   * Where it goes.
+   *
+   * @generated from field: string url = 5;
+   */
+  url: string;
+
+  /**
+   * The subscription it is for. Empty: the job's notify_url or the alert URL.
+   *
+   * @generated from field: string subscription_id = 6;
+   */
+  subscriptionId: string;
+
+  /**
+   * pending, sending, delivered or failed.
+   *
+   * @generated from field: string status = 7;
+   */
+  status: string;
+
+  /**
+   * Sends tried so far.
+   *
+   * @generated from field: int32 attempts = 8;
+   */
+  attempts: number;
+
+  /**
+   * When the next send is due (pending).
+   *
+   * @generated from field: google.protobuf.Timestamp next_attempt_at = 9;
+   */
+  nextAttemptAt?: Timestamp | undefined;
+
+  /**
+   * The HTTP status of the last answer. 0: none came.
+   *
+   * @generated from field: int32 last_status = 10;
+   */
+  lastStatus: number;
+
+  /**
+   * Why the last send failed.
+   *
+   * @generated from field: string last_error = 11;
+   */
+  lastError: string;
+
+  /**
+   * When it was written.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 12;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When it was delivered.
+   *
+   * @generated from field: google.protobuf.Timestamp delivered_at = 13;
+   */
+  deliveredAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message leasehold.v1.Delivery.
+ * Use `create(DeliverySchema)` to create a new message.
+ */
+export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 46);
+
+/**
+ * Which deliveries to list.
+ *
+ * @generated from message leasehold.v1.ListDeliveriesRequest
+ */
+export type ListDeliveriesRequest = Message<"leasehold.v1.ListDeliveriesRequest"> & {
+  /**
+   * Only those in this status (pending, sending, delivered, failed). Empty: every status.
+   *
+   * @generated from field: string status = 1;
+   */
+  status: string;
+
+  /**
+   * Only those of this job. Empty: every job.
+   *
+   * @generated from field: string job_id = 2;
+   */
+  jobId: string;
+
+  /**
+   * At most this many; 0 means 100, and at most 1000.
+   *
+   * @generated from field: int32 limit = 3;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message leasehold.v1.ListDeliveriesRequest.
+ * Use `create(ListDeliveriesRequestSchema)` to create a new message.
+ */
+export const ListDeliveriesRequestSchema: GenMessage<ListDeliveriesRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 47);
+
+/**
+ * The newest deliveries.
+ *
+ * @generated from message leasehold.v1.ListDeliveriesResponse
+ */
+export type ListDeliveriesResponse = Message<"leasehold.v1.ListDeliveriesResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated leasehold.v1.Delivery deliveries = 1;
+   */
+  deliveries: Delivery[];
+};
+
+/**
+ * Describes the message leasehold.v1.ListDeliveriesResponse.
+ * Use `create(ListDeliveriesResponseSchema)` to create a new message.
+ */
+export const ListDeliveriesResponseSchema: GenMessage<ListDeliveriesResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 48);
+
+/**
+ * Which deliveries to send again.
+ *
+ * @generated from message leasehold.v1.RetryDeliveriesRequest
+ */
+export type RetryDeliveriesRequest = Message<"leasehold.v1.RetryDeliveriesRequest"> & {
+  /**
+   * One failed delivery by its number. 0: every failed delivery (all_failed must be set).
+   *
+   * @generated from field: int64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * Every failed delivery (a guard against an id left out by mistake).
+   *
+   * @generated from field: bool all_failed = 2;
+   */
+  allFailed: boolean;
+};
+
+/**
+ * Describes the message leasehold.v1.RetryDeliveriesRequest.
+ * Use `create(RetryDeliveriesRequestSchema)` to create a new message.
+ */
+export const RetryDeliveriesRequestSchema: GenMessage<RetryDeliveriesRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 49);
+
+/**
+ * What was queued again.
+ *
+ * @generated from message leasehold.v1.RetryDeliveriesResponse
+ */
+export type RetryDeliveriesResponse = Message<"leasehold.v1.RetryDeliveriesResponse"> & {
+  /**
+   * The deliveries queued again.
+   *
+   * @generated from field: repeated int64 ids = 1;
+   */
+  ids: bigint[];
+};
+
+/**
+ * Describes the message leasehold.v1.RetryDeliveriesResponse.
+ * Use `create(RetryDeliveriesResponseSchema)` to create a new message.
+ */
+export const RetryDeliveriesResponseSchema: GenMessage<RetryDeliveriesResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_admin_service, 50);
+
+/**
  * Operating Leasehold: jobs, agents, keys and numbers.
  *
  * @generated from service leasehold.v1.AdminService
@@ -1468,6 +1966,80 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ListStaleReportsRequestSchema;
     output: typeof ListStaleReportsResponseSchema;
+  },
+  /**
+   * Subscribes a URL to the job events of a queue ("*": every queue) and returns the
+   * subscription with the signing secret of its URL (shared by every subscription of that URL).
+   * The same queue and URL again answers ALREADY_EXISTS.
+   *
+   * @generated from rpc leasehold.v1.AdminService.CreateSubscription
+   */
+  createSubscription: {
+    methodKind: "unary";
+    input: typeof CreateSubscriptionRequestSchema;
+    output: typeof CreateSubscriptionResponseSchema;
+  },
+  /**
+   * Lists subscriptions, oldest first; their secrets only when asked for.
+   *
+   * @generated from rpc leasehold.v1.AdminService.ListSubscriptions
+   */
+  listSubscriptions: {
+    methodKind: "unary";
+    input: typeof ListSubscriptionsRequestSchema;
+    output: typeof ListSubscriptionsResponseSchema;
+  },
+  /**
+   * Removes a subscription; its undelivered notifications are dropped. NOT_FOUND if unknown.
+   *
+   * @generated from rpc leasehold.v1.AdminService.DeleteSubscription
+   */
+  deleteSubscription: {
+    methodKind: "unary";
+    input: typeof DeleteSubscriptionRequestSchema;
+    output: typeof DeleteSubscriptionResponseSchema;
+  },
+  /**
+   * Replaces the signing secret of a subscription's URL (so of every subscription of that URL,
+   * and of the notify_url and alert deliveries sent there); deliveries sent from now on use it.
+   *
+   * @generated from rpc leasehold.v1.AdminService.RotateSubscriptionSecret
+   */
+  rotateSubscriptionSecret: {
+    methodKind: "unary";
+    input: typeof RotateSubscriptionSecretRequestSchema;
+    output: typeof RotateSubscriptionSecretResponseSchema;
+  },
+  /**
+   * Returns (or, with rotate, replaces) the notify secret: it signs deliveries to URLs no
+   * subscription names (a job's notify_url elsewhere, LEASEHOLD_ALERT_URL).
+   *
+   * @generated from rpc leasehold.v1.AdminService.GetNotifySecret
+   */
+  getNotifySecret: {
+    methodKind: "unary";
+    input: typeof GetNotifySecretRequestSchema;
+    output: typeof GetNotifySecretResponseSchema;
+  },
+  /**
+   * Lists notification deliveries, newest first.
+   *
+   * @generated from rpc leasehold.v1.AdminService.ListDeliveries
+   */
+  listDeliveries: {
+    methodKind: "unary";
+    input: typeof ListDeliveriesRequestSchema;
+    output: typeof ListDeliveriesResponseSchema;
+  },
+  /**
+   * Sends failed deliveries again: one by id, or every failed one.
+   *
+   * @generated from rpc leasehold.v1.AdminService.RetryDeliveries
+   */
+  retryDeliveries: {
+    methodKind: "unary";
+    input: typeof RetryDeliveriesRequestSchema;
+    output: typeof RetryDeliveriesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_leasehold_v1_admin_service, 0);
