@@ -33,6 +33,8 @@ const N8N_1X_VERSIONS: Record<string, number[]> = {
   'n8n-nodes-base.noOp': [1],
   'n8n-nodes-base.stopAndError': [1],
   'n8n-nodes-base.stickyNote': [1],
+  'n8n-nodes-base.set': [1, 2, 3, 3.1, 3.2, 3.3, 3.4],
+  'n8n-nodes-base.splitOut': [1],
 };
 /** The versions the issue names for these node types. */
 const REQUIRED_VERSIONS: Record<string, number> = {
@@ -95,6 +97,13 @@ describe('the templates as files', () => {
       for (const out of c.main) for (const to of out) expect(names, `connection ${from} → ${to.node}`).toContain(to.node);
     }
     expect(w.nodes.some((n) => n.type === 'n8n-nodes-base.manualTrigger')).toBe(true);
+    // With task runners off (n8n 1.x's default), an expression reading a Code node's output
+    // through $('…') gets null ($json is fine): expressions may only name other nodes.
+    const codeNodes = new Set(w.nodes.filter((n) => n.type === 'n8n-nodes-base.code').map((n) => n.name));
+    for (const n of w.nodes) {
+      const exprs = JSON.stringify(n.parameters, (k, v) => (k === 'jsCode' ? undefined : v));
+      for (const m of exprs.matchAll(/\$\(\\?['"](.+?)\\?['"]\)/g)) expect(codeNodes.has(m[1]!), `${n.name} reads the Code node ${m[1]} with $()`).toBe(false);
+    }
     for (const n of w.nodes.filter((x) => x.type === 'n8n-nodes-base.httpRequest' && String(x.parameters.url).includes('leasehold.v1'))) {
       expect(n.parameters).toMatchObject({
         method: 'POST',
@@ -168,7 +177,28 @@ class MiniN8n {
   }
   code(name: string, input: Item): Item[] {
     const s = this.scope(input);
-    const out = new Function(...Object.keys(s), node(this.w, name).parameters.jsCode)(...Object.values(s)) as Item[];
+    const p = node(this.w, name).parameters;
+    const ret = new Function(...Object.keys(s), p.jsCode)(...Object.values(s)) as Item[] | Item;
+    const out = p.mode === 'runOnceForEachItem' ? [ret as Item] : (ret as Item[]);
+    this.outputs.set(name, out);
+    return out;
+  }
+  /** An Edit Fields (Set) 3.x node in manual mode: only the assigned fields. */
+  setNode(name: string, input: Item): Item[] {
+    const json: Record<string, unknown> = {};
+    for (const a of node(this.w, name).parameters.assignments.assignments as Array<{ name: string; value: unknown; type: string }>) {
+      const v = this.expr(a.value, input);
+      json[a.name] = a.type === 'number' ? Number(v) : v;
+    }
+    const out = [{ json }];
+    this.outputs.set(name, out);
+    return out;
+  }
+  /** A Split Out node: one item per element of the (dotted) field. */
+  splitOut(name: string, input: Item): Item[] {
+    const field = String(node(this.w, name).parameters.fieldToSplitOut);
+    const list = field.split('.').reduce((o: any, k) => o?.[k], input.json) as unknown[];
+    const out = list.map((v) => ({ json: v }));
     this.outputs.set(name, out);
     return out;
   }
@@ -248,10 +278,11 @@ describe('the templates against a coordinator', () => {
     expect((await rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'reports', payload: { reportId: 'R-2' } }, ADMIN_KEY)).status).toBe(200);
     const w = load('d-agent-loop.json');
     const n = new MiniN8n(w);
-    const [settings] = n.code('Settings', { json: {} });
+    const [settings] = n.setNode('Settings', { json: {} });
     const claim = await n.http('Claim (ClaimJobs)', settings!, agentKey, lh.httpUrl);
     expect(n.ifNode('Got a job?', claim)).toBe(true);
-    const [one] = n.code('One item per claimed job', claim);
+    const [claimed] = n.splitOut('Split the claimed jobs', claim);
+    const [one] = n.setNode('One item per claimed job', claimed!);
     expect(one!.json).toMatchObject({ payload: { reportId: 'R-2' }, attemptNo: 1 });
     const start = await n.http('Start (StartAttempt)', one!, agentKey, lh.httpUrl);
     expect(n.ifNode('Started?', start)).toBe(true);

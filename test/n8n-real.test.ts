@@ -1,0 +1,156 @@
+/**
+ * The workflow templates of examples/n8n/ on real n8n (1.123.81, its default settings: Code nodes
+ * in-process, no task runners) against a real coordinator. Each template gets a fresh n8n user
+ * folder; workflows and credentials go in through n8n's own CLI (`import:credentials`,
+ * `import:workflow`), `n8n execute` runs the manual-trigger path and prints the execution, and
+ * `n8n start` serves the webhook templates. What the templates did is read back from the
+ * coordinator's database and from n8n's execution output.
+ *
+ * Skipped unless LEASEHOLD_N8N_DIR names a folder where `npm i n8n@1.123.81` was run;
+ * LEASEHOLD_REQUIRE_N8N=1 turns the skip into a failure (CI installs n8n).
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { keyCreate } from '../server/store/index.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { useTestDb } from './helpers/db.js';
+import { rpc } from './helpers/http.js';
+import { n8nHome, n8nMissing, prepare, readTemplate, type N8nHome } from './helpers/n8n.js';
+
+if (n8nMissing && process.env.LEASEHOLD_REQUIRE_N8N === '1') throw new Error(`LEASEHOLD_REQUIRE_N8N=1 but ${n8nMissing}`);
+
+const t = useTestDb();
+const lh = useCoordinator(t, { LEASEHOLD_WEBHOOK_INTERVAL: '50ms' });
+const homes: N8nHome[] = [];
+const servers: http.Server[] = [];
+
+/** A scoped API key made with the store, as `leasehold keys add` makes it. */
+async function apiKey(name: string, scopes: string[]) {
+  const k = await keyCreate(t.pool, { name, scopes });
+  if (k.outcome !== 'ok') throw new Error(JSON.stringify(k));
+  return k.value.key;
+}
+
+/** A fresh n8n user folder, removed after the test. */
+async function home() {
+  const h = await n8nHome();
+  homes.push(h);
+  return h;
+}
+
+/** A local HTTP server; `handle` answers each request (body read). Closed after the test. */
+async function listen(handle: (req: http.IncomingMessage, body: string, res: http.ServerResponse) => void | Promise<void>) {
+  const s = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => (body += c.toString('utf8')));
+    req.on('end', () => {
+      Promise.resolve(handle(req, body, res)).catch((e: unknown) => res.writeHead(500).end(String(e)));
+    });
+  });
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
+  servers.push(s);
+  return `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
+}
+
+const API_CRED = { id: 'lhApiKey00000001', name: 'Leasehold API key' };
+const AGENT_CRED = { id: 'lhAgentKey000001', name: 'Leasehold agent key' };
+const credentialIds = { [API_CRED.name]: API_CRED.id, [AGENT_CRED.name]: AGENT_CRED.id };
+
+describe.skipIf(n8nMissing)(`the n8n templates on real n8n${n8nMissing ? ` (skipped: ${n8nMissing})` : ''}`, () => {
+  afterEach(async () => {
+    for (const h of homes.splice(0)) await h.close();
+    for (const s of servers.splice(0)) {
+      s.closeAllConnections();
+      await new Promise((r) => s.close(r));
+    }
+  });
+
+  it('a: enqueues once; a re-run is a duplicate; another payload under the key takes the 409 branch; bad input stops with the 400', async () => {
+    const h = await home();
+    await h.importCredentials([{ ...API_CRED, key: await apiKey('n8n-enqueue', ['enqueue', 'read']) }]);
+    const a = await readTemplate('a-enqueue-job.json');
+    const base = { baseUrl: lh.httpUrl, credentialIds };
+    await h.importWorkflows([
+      prepare(a, { ...base, id: 'tplA000000000001' }),
+      prepare(a, { ...base, id: 'tplA000000000002', replace: [["format: 'pdf'", "format: 'csv'"]] }),
+      prepare(a, { ...base, id: 'tplA000000000003', replace: [["queue: 'reports'", "queue: 'has space'"]] }),
+    ]);
+
+    const first = await h.execute('tplA000000000001');
+    expect(first.ok, JSON.stringify(first.error)).toBe(true);
+    const [enqueued] = first.out('Job enqueued');
+    expect(enqueued).toMatchObject({ outcome: 'OUTCOME_OK', status: 'JOB_STATUS_QUEUED' });
+    const { rows } = await t.pool.query('SELECT id, queue, payload, status FROM jobs WHERE idempotency_key = $1', ['report-R-1001']);
+    expect(rows).toEqual([{ id: enqueued.jobId, queue: 'reports', payload: { reportId: 'R-1001', format: 'pdf' }, status: 'queued' }]);
+
+    const again = await h.execute('tplA000000000001');
+    expect(again.ok).toBe(true);
+    expect(again.out('Job enqueued')).toEqual([{ jobId: enqueued.jobId, status: 'JOB_STATUS_QUEUED', outcome: 'OUTCOME_DUPLICATE' }]);
+
+    const other = await h.execute('tplA000000000002');
+    expect(other.ok).toBe(true);
+    expect(other.ran('Job enqueued')).toBe(false);
+    const [conflict] = other.out('Key already used with another payload');
+    expect(conflict).toMatchObject({ statusCode: 409, body: { outcome: 'conflict', current: { jobId: enqueued.jobId } } });
+
+    const bad = await h.execute('tplA000000000003');
+    expect(bad.ok).toBe(false);
+    expect(bad.lastNodeExecuted).toBe('Leasehold refused the job');
+    expect(bad.error?.message).toMatch(/^400 invalid: .*\(field queue\)$/);
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM jobs')).rows[0].n).toBe(1);
+    // Out of the way of template d (same queue).
+    expect((await rpc(lh.httpUrl, 'leasehold.v1.JobService/CancelJob', { jobId: enqueued.jobId }, ADMIN_KEY)).status).toBe(200);
+  });
+
+  it('d: claims, starts, heartbeats and completes a job the test enqueued; a completion after the lease was lost takes the 409 branch', async () => {
+    const h = await home();
+    await h.importCredentials([{ ...AGENT_CRED, key: await apiKey('n8n-worker', ['agent']) }]);
+    // The late run: its work (part 2) waits at a gate while the test takes the lease away.
+    let gateJob = '';
+    const gate = await listen(async (_req, _body, res) => {
+      await t.pool.query(`UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [gateJob]);
+      await waitFor('the reaper to requeue the job', async () => (await t.pool.query(`SELECT status FROM jobs WHERE id = $1`, [gateJob])).rows[0]?.status === 'queued');
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+    const d = await readTemplate('d-agent-loop.json');
+    const part2 = (d.nodes as Array<{ name: string; parameters: { jsCode: string } }>).find((n) => n.name === 'Do the work (part 2)')!.parameters.jsCode;
+    await h.importWorkflows([
+      prepare(d, { baseUrl: lh.httpUrl, credentialIds, id: 'tplD000000000001' }),
+      prepare(d, {
+        baseUrl: lh.httpUrl,
+        credentialIds,
+        id: 'tplD000000000002',
+        replace: [[part2, `await this.helpers.httpRequest({ method: 'POST', url: '${gate}/slow-work', json: true, body: {} });\n${part2}`]],
+      }),
+    ]);
+
+    const enq = await rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'reports', payload: { reportId: 'R-2' } }, ADMIN_KEY);
+    expect(enq.status).toBe(200);
+    const jobId = enq.json.job.id as string;
+    const run = await h.execute('tplD000000000001');
+    expect(run.ok, JSON.stringify(run.error)).toBe(true);
+    expect(run.out('Start (StartAttempt)')[0]).toMatchObject({ statusCode: 200 });
+    expect(run.out('Heartbeat')[0]).toMatchObject({ statusCode: 200 });
+    expect(run.out('Complete (CompleteAttempt)')[0]).toMatchObject({ statusCode: 200, body: { outcome: 'OUTCOME_OK' } });
+    expect(run.ran('Done')).toBe(true);
+    const job = (await t.pool.query('SELECT status, result, progress, heartbeat_at, agent_id FROM jobs WHERE id = $1', [jobId])).rows[0];
+    expect(job).toMatchObject({ status: 'succeeded', result: { part1: 'done', part2: 'done', input: { reportId: 'R-2' } } });
+    const attempts = (await t.pool.query('SELECT attempt_no, agent_id, status, started_at FROM attempts WHERE job_id = $1', [jobId])).rows;
+    expect(attempts).toEqual([{ attempt_no: 1, agent_id: 'n8n-worker', status: 'succeeded', started_at: expect.any(Date) }]);
+    expect(job.heartbeat_at).not.toBeNull();
+    expect(job.progress).toEqual({ step: 1 });
+
+    const late = await rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'reports', payload: { reportId: 'R-3' } }, ADMIN_KEY);
+    gateJob = late.json.job.id as string;
+    const lateRun = await h.execute('tplD000000000002');
+    expect(lateRun.ok, JSON.stringify(lateRun.error)).toBe(true);
+    expect(lateRun.out('Heartbeat')[0]).toMatchObject({ statusCode: 200 });
+    expect(lateRun.ran('Done')).toBe(false);
+    const [stale] = lateRun.out('Not current any more (409 stale)');
+    expect(stale).toMatchObject({ statusCode: 409, body: { outcome: 'stale', current: { jobId: gateJob, status: 'JOB_STATUS_QUEUED', attemptNo: 1 } } });
+    expect((await t.pool.query('SELECT status, result FROM jobs WHERE id = $1', [gateJob])).rows[0]).toEqual({ status: 'queued', result: null });
+    expect((await t.pool.query(`SELECT call FROM stale_reports WHERE job_id = $1`, [gateJob])).rows).toEqual([{ call: expect.stringMatching(/complete/i) }]);
+  });
+});
+
