@@ -9,19 +9,22 @@
  * Skipped unless LEASEHOLD_N8N_DIR names a folder where `npm i n8n@1.123.81` was run;
  * LEASEHOLD_REQUIRE_N8N=1 turns the skip into a failure (CI installs n8n).
  */
+import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { keyCreate } from '../server/store/index.js';
+import { keyCreate, subscriptionCreate } from '../server/store/index.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { rpc } from './helpers/http.js';
-import { n8nHome, n8nMissing, prepare, readTemplate, type N8nHome } from './helpers/n8n.js';
+import { freePort, n8nHome, n8nMissing, prepare, readTemplate, type N8nHome } from './helpers/n8n.js';
 
 if (n8nMissing && process.env.LEASEHOLD_REQUIRE_N8N === '1') throw new Error(`LEASEHOLD_REQUIRE_N8N=1 but ${n8nMissing}`);
 
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_WEBHOOK_INTERVAL: '50ms' });
+/** Each n8n command takes seconds (a dozen on a busy 2-core machine). */
+const N8N_TIMEOUT = 240_000;
 const homes: N8nHome[] = [];
 const servers: http.Server[] = [];
 
@@ -66,7 +69,7 @@ describe.skipIf(n8nMissing)(`the n8n templates on real n8n${n8nMissing ? ` (skip
     }
   });
 
-  it('a: enqueues once; a re-run is a duplicate; another payload under the key takes the 409 branch; bad input stops with the 400', async () => {
+  it('a: enqueues once; a re-run is a duplicate; another payload under the key takes the 409 branch; bad input stops with the 400', { timeout: N8N_TIMEOUT }, async () => {
     const h = await home();
     await h.importCredentials([{ ...API_CRED, key: await apiKey('n8n-enqueue', ['enqueue', 'read']) }]);
     const a = await readTemplate('a-enqueue-job.json');
@@ -103,7 +106,7 @@ describe.skipIf(n8nMissing)(`the n8n templates on real n8n${n8nMissing ? ` (skip
     expect((await rpc(lh.httpUrl, 'leasehold.v1.JobService/CancelJob', { jobId: enqueued.jobId }, ADMIN_KEY)).status).toBe(200);
   });
 
-  it('d: claims, starts, heartbeats and completes a job the test enqueued; a completion after the lease was lost takes the 409 branch', async () => {
+  it('d: claims, starts, heartbeats and completes a job the test enqueued; a completion after the lease was lost takes the 409 branch', { timeout: N8N_TIMEOUT }, async () => {
     const h = await home();
     await h.importCredentials([{ ...AGENT_CRED, key: await apiKey('n8n-worker', ['agent']) }]);
     // The late run: its work (part 2) waits at a gate while the test takes the lease away.
@@ -152,5 +155,104 @@ describe.skipIf(n8nMissing)(`the n8n templates on real n8n${n8nMissing ? ` (skip
     expect((await t.pool.query('SELECT status, result FROM jobs WHERE id = $1', [gateJob])).rows[0]).toEqual({ status: 'queued', result: null });
     expect((await t.pool.query(`SELECT call FROM stale_reports WHERE job_id = $1`, [gateJob])).rows).toEqual([{ call: expect.stringMatching(/complete/i) }]);
   });
-});
+  it('b and c on a running n8n: signed deliveries verified, a tampered body or an old timestamp refused (401), one alert per dead job across push and poll', { timeout: N8N_TIMEOUT }, async () => {
+    const h = await home();
+    await h.importCredentials([{ ...API_CRED, key: await apiKey('n8n-reader', ['read']) }]);
+    const port = await freePort();
+    const hooks = `http://127.0.0.1:${port}/webhook`;
+    const subB = await subscriptionCreate(t.pool, { queue: 'notified', url: `${hooks}/leasehold-events`, events: ['job.succeeded'] });
+    const subC = await subscriptionCreate(t.pool, { queue: '*', url: `${hooks}/leasehold-dead-letters`, events: ['job.dead'] });
+    if (subB.outcome !== 'ok' || subC.outcome !== 'ok') throw new Error('subscriptions');
+    const alerts: Array<{ text: string }> = [];
+    const chat = await listen((_req, body, res) => {
+      alerts.push(JSON.parse(body) as { text: string });
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+    const secret = 'REPLACE_WITH_SIGNING_SECRET';
+    await h.importWorkflows([
+      prepare(await readTemplate('b-receive-notifications.json'), { baseUrl: lh.httpUrl, credentialIds, id: 'tplB000000000001', replace: [[secret, subB.value.secret]] }),
+      prepare(await readTemplate('c-dead-letter-alert.json'), {
+        baseUrl: lh.httpUrl,
+        credentialIds,
+        id: 'tplC000000000001',
+        replace: [[secret, subC.value.secret], ['https://hooks.example.com/REPLACE_WITH_YOUR_CHAT_WEBHOOK', `${chat}/chat`]],
+      }),
+    ]);
+    await h.activate('tplB000000000001');
+    await h.activate('tplC000000000001');
+    await h.start(port);
 
+    const worker = await apiKey('doomed-worker', ['agent']);
+    const finish = async (queue: string, how: 'complete' | 'die') => {
+      const enq = await rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue, payload: { n: 1 }, maxAttempts: 1 }, ADMIN_KEY);
+      const c = (await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/ClaimJobs', { queues: [queue] }, worker)).json.jobs[0];
+      await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/StartAttempt', { attemptId: c.attemptId }, worker);
+      const r =
+        how === 'complete'
+          ? await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/CompleteAttempt', { attemptId: c.attemptId, result: { ok: true } }, worker)
+          : await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/FailAttempt', { attemptId: c.attemptId, error: { message: 'no disk' }, retryable: true }, worker);
+      expect(r.status).toBe(200);
+      return enq.json.job.id as string;
+    };
+    const delivered = (jobId: string) =>
+      waitFor(`the delivery of ${jobId}'s event`, async () => {
+        const { rows } = await t.pool.query(
+          `SELECT d.status, d.last_status, e.id, e.body FROM webhook_deliveries d JOIN webhook_events e ON e.id = d.event_id WHERE e.job_id = $1`,
+          [jobId],
+        );
+        return rows[0]?.status === 'delivered' ? (rows[0] as { last_status: number; id: string; body: string }) : undefined;
+      }, 30_000);
+    const post = (path: string, body: string, ts: string, key: string, sig?: string) =>
+      fetch(`${hooks}/${path}`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          'leasehold-timestamp': ts,
+          'leasehold-signature': sig ?? `sha256=${createHmac('sha256', key).update(`${ts}.${body}`).digest('hex')}`,
+        },
+        body,
+      });
+    const now = () => String(Math.floor(Date.now() / 1000));
+
+    // b: the coordinator's own signed delivery is taken (200); sent again it is a duplicate.
+    const okJob = await finish('notified', 'complete');
+    const b = await delivered(okJob);
+    expect(b.last_status).toBe(200);
+    const replay = await post('leasehold-events', b.body, now(), subB.value.secret);
+    expect(replay.status).toBe(200);
+    expect(await replay.json()).toEqual({ received: b.id, duplicate: true });
+
+    // c: pushed first, then polled: one alert.
+    const deadJob = await finish('doomed', 'die');
+    const c = await delivered(deadJob);
+    expect(c.last_status).toBe(200);
+    await waitFor('the pushed alert', () => alerts.length >= 1);
+    const poll = await h.execute('tplC000000000001');
+    expect(poll.ok, JSON.stringify(poll.error)).toBe(true);
+    expect(poll.out('List dead jobs')[0].body.jobs.map((j: { id: string }) => j.id)).toEqual([deadJob]);
+    expect(poll.out('Dead jobs not alerted yet')).toEqual([]);
+    expect(alerts).toEqual([{ text: expect.stringContaining(`job ${deadJob} on queue doomed is dead after 1 attempts: no disk`) }]);
+    // A second dead job the poll finds first: the later push does not alert again.
+    await t.pool.query(`DELETE FROM subscriptions WHERE id = $1`, [subC.value.id]);
+    const deadJob2 = await finish('doomed', 'die');
+    const poll2 = await h.execute('tplC000000000001');
+    expect(poll2.out('Dead jobs not alerted yet').map((i: { job: { id: string } }) => i.job.id)).toEqual([deadJob2]);
+    await waitFor('the polled alert', () => alerts.length >= 2);
+    const body2 = (await t.pool.query(`SELECT body FROM webhook_events WHERE job_id = $1 AND type = 'job.dead'`, [deadJob2])).rows[0].body as string;
+    const late = await post('leasehold-dead-letters', body2, now(), subC.value.secret);
+    expect(late.status).toBe(200);
+    expect(alerts.map((a) => a.text.match(/job (\S+)/)![1])).toEqual([deadJob, deadJob2]);
+
+    // Both refuse a tampered body and a stale timestamp.
+    for (const [path, body, key] of [['leasehold-events', b.body, subB.value.secret], ['leasehold-dead-letters', c.body, subC.value.secret]] as const) {
+      const ts = now();
+      const sig = `sha256=${createHmac('sha256', key).update(`${ts}.${body}`).digest('hex')}`;
+      const tampered = body.replace(/"n": ?1/, '"n": 2');
+      expect(tampered).not.toBe(body);
+      expect((await post(path, tampered, ts, key, sig)).status, path).toBe(401);
+      expect((await post(path, body, String(Number(ts) - 3600), key)).status, path).toBe(401);
+      expect((await post(path, body, ts, key, sig)).status, path).toBe(200);
+    }
+    expect(alerts).toHaveLength(2);
+  });
+});

@@ -67,7 +67,8 @@ export interface N8nHome {
   /** Activates workflows for the next `start` (n8n reads this at start-up). */
   activate(id: string): Promise<void>;
   execute(id: string): Promise<Execution>;
-  start(): Promise<N8nServer>;
+  /** `n8n start` on `port` (default: a free one); resolves once its editor is up. */
+  start(port?: number): Promise<N8nServer>;
   close(): Promise<void>;
 }
 
@@ -168,8 +169,8 @@ export async function n8nHome(): Promise<N8nHome> {
       const r = await cli(['execute', `--id=${id}`, '--rawOutput']);
       return parseExecution(r.stdout, r.stderr, r.code === 0);
     },
-    start: async () => {
-      const port = await freePort();
+    start: async (wanted) => {
+      const port = wanted ?? (await freePort());
       const child: ChildProcess = spawn(BIN, ['start'], { env: n8nEnv(dir, { N8N_PORT: String(port), N8N_LISTEN_ADDRESS: '127.0.0.1' }), cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
       let log = '';
       let exited: number | null | undefined;
