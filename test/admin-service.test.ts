@@ -208,9 +208,11 @@ describe('agents and keys', () => {
     const revoked = await ok('RevokeAgent', { agentId: 'adm-drained' });
     expect(revoked.revokedAt).toBeDefined();
     expect((await a.ended).code).toBe(16); // UNAUTHENTICATED
+    // Listed while its session row is there (the stream's end is written after it is sent); then
+    // only with includeRevoked.
+    await waitFor('its session row gone', async () => (await t.pool.query(`SELECT 1 FROM agent_sessions WHERE agent_id = 'adm-drained'`)).rowCount === 0);
     expect((await ok('ListAgents', {})).agents.map((x: any) => x.agentId)).not.toContain('adm-drained');
     expect((await ok('ListAgents', { includeRevoked: true })).agents.map((x: any) => x.agentId)).toContain('adm-drained');
-    await waitFor('its session row gone', async () => (await t.pool.query(`SELECT 1 FROM agent_sessions WHERE agent_id = 'adm-drained'`)).rowCount === 0);
   });
 
   it('sweeps the sessions of a coordinator that stopped stamping them', async () => {

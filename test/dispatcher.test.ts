@@ -103,3 +103,34 @@ it('hands a job enqueued on the gateway to a waiting agent here, claimed by the 
     a.close();
   }
 });
+
+it('a Credit that arrives while an enqueue hand-off is in flight does not free the slot it took (never more held than slots)', async () => {
+  const token = await lh.agent('eager');
+  const a = RawAgent.open(`127.0.0.1:${lh.port}`, { agentId: 'eager', token, queues: ['eager'], slots: 2 });
+  try {
+    await a.next('welcome');
+    await lh.c.dispatcher.idle();
+    const s = [...lh.c.hub.sessions].find((x) => x.agentId === 'eager')!;
+    // An enqueue on the gateway took one of its two slots and is writing its job...
+    const h = lh.c.dispatcher.reserve('eager', undefined)!;
+    expect(h.session).toBe(s);
+    expect(s.available).toBe(1);
+    // ...when the agent grants more than it has slots: one slot is still free, not two.
+    const credited = once(lh.c.hub, 'credit');
+    a.send({ credit: { n: 1000 } });
+    await credited;
+    expect(s.available).toBe(1);
+    // The enqueue did not get it (say a job waited before it): the slot is free again.
+    lh.c.dispatcher.settle(h, undefined);
+    expect(s.available).toBe(2);
+    for (let n = 0; n < 3; n++) expect((await jobEnqueue(t.pool, { queue: 'eager', payload: { n } })).outcome).toBe('ok');
+    await lh.c.dispatcher.runOnce();
+    await lh.c.dispatcher.idle();
+    expect(s.held.size).toBe(2);
+    expect(s.available).toBe(0);
+    const statuses = (await t.pool.query(`SELECT status::text FROM jobs WHERE queue = 'eager' ORDER BY status::text`)).rows.map((r) => r.status);
+    expect(statuses).toEqual(['claimed', 'claimed', 'queued']);
+  } finally {
+    a.close();
+  }
+});

@@ -6,9 +6,10 @@
  *   resume), reconnecting with exponential backoff and jitter after any failure.
  * - Sends `Started` before running a handler, `Heartbeat` every `heartbeat_interval` while
  *   connected, and `Credit{1}` each time a handler finishes and frees its slot.
- * - Keeps a local lease deadline per attempt: received_at + lease TTL − one heartbeat interval,
- *   from the assignment and then from each `Renewed` the coordinator sends when a heartbeat
- *   renewed the lease; when it passes, or on `Revoke` or `Cancel`, the attempt's signal aborts.
+ * - Keeps a local lease deadline per attempt: sent_at + lease TTL − one heartbeat interval, where
+ *   sent_at is when it sent the Started or Heartbeat that a `Renewed` answers (echoed in its
+ *   `seq`), never when the answer arrived; when it passes, or on `Revoke` or `Cancel`, the
+ *   attempt's signal aborts.
  *   A handler still running one interval after that is reported as a zombie. A `Renewed` for
  *   an attempt it does not run (given up before its start was confirmed) is answered with a
  *   retryable `Failed`, so the coordinator stops renewing it and the job is retried.
@@ -119,6 +120,10 @@ export class Agent extends EventEmitter<AgentEvents> {
   private connected = false;
   /** When the coordinator last said anything on this stream (`monotonic()`). */
   private lastHeard = 0;
+  /** The last number given to a Hello, Started or Heartbeat (the `Renewed` answering it echoes it). */
+  private seq = 0n;
+  /** When each numbered message was sent (monotonic), while a lease counted from it could still run. */
+  private readonly sentAt = new Map<bigint, number>();
   private leaseTtlMs = 30_000;
   private heartbeatMs = 10_000;
   private heartbeatTimer: NodeJS.Timeout | undefined;
@@ -273,6 +278,7 @@ export class Agent extends EventEmitter<AgentEvents> {
               labels: this.options.labels ?? {},
               slots: this.options.slots ?? 1,
               resume,
+              seq: this.nextSeq(),
             },
           },
         }),
@@ -303,6 +309,13 @@ export class Agent extends EventEmitter<AgentEvents> {
     });
   }
 
+  /** A number for a message about to be sent, its send time noted. */
+  private nextSeq(): bigint {
+    this.seq++;
+    this.sentAt.set(this.seq, monotonic());
+    return this.seq;
+  }
+
   private send(m: Parameters<typeof create<typeof AgentMessageSchema>>[1]): boolean {
     if (!this.call || !this.connected) return false;
     return this.call.write(create(AgentMessageSchema, m) as AgentMessage);
@@ -324,13 +337,13 @@ export class Agent extends EventEmitter<AgentEvents> {
         this.resendOutbox();
         // Starts that were never confirmed (the stream dropped first) are asked for again.
         const unconfirmed = [...this.running.values()].filter((r) => !r.started && !r.abort.signal.aborted).map((r) => r.attemptId);
-        if (unconfirmed.length) this.send({ kind: { case: 'started', value: { attemptIds: unconfirmed } } });
+        if (unconfirmed.length) this.send({ kind: { case: 'started', value: { attemptIds: unconfirmed, seq: this.nextSeq() } } });
         this.emit('connected', { sessionId: k.value.sessionId });
         return;
       }
       case 'assign':
         for (const c of k.value.jobs) this.onAssign(c);
-        this.send({ kind: { case: 'started', value: { attemptIds: k.value.jobs.map((j) => j.attemptId) } } });
+        this.send({ kind: { case: 'started', value: { attemptIds: k.value.jobs.map((j) => j.attemptId), seq: this.nextSeq() } } });
         return;
       case 'ack':
         for (const item of k.value.items) void this.onAck(item);
@@ -344,7 +357,12 @@ export class Agent extends EventEmitter<AgentEvents> {
         for (const id of k.value.attemptIds) this.abortById(id, 'the job was canceled', 'canceled');
         return;
       case 'renewed': {
-        const deadline = monotonic() + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
+        // The lease runs from the coordinator's renewal, which came after it received the message
+        // echoed in seq: counted from when that was sent, never from when the answer arrived (it
+        // may have waited in a slow network, or in the socket while this process was frozen). A
+        // coordinator that echoes nothing (0) is counted from the answer's arrival, as before.
+        const sent = k.value.seq ? this.sentAt.get(k.value.seq) : monotonic();
+        const deadline = sent === undefined ? -Infinity : sent + (k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs) - this.heartbeatMs;
         let notRunning: string[] | undefined;
         for (const id of k.value.attemptIds) {
           const r = this.running.get(id);
@@ -355,12 +373,22 @@ export class Agent extends EventEmitter<AgentEvents> {
             continue;
           }
           if (r.abort.signal.aborted) continue;
-          r.deadline = deadline;
-          if (!r.started) {
-            r.started = true;
-            if (this.log.isLevelEnabled('debug')) this.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
-            r.begin?.();
+          if (r.started) {
+            // Answers can come out of order (a start confirmed after a later heartbeat's renewal).
+            r.deadline = Math.max(r.deadline, deadline);
+            continue;
           }
+          // The start confirmed: the lease counts from here (the deadline set on Assign was only
+          // how long to wait for this).
+          r.deadline = deadline;
+          if (deadline <= monotonic()) {
+            // Confirmed too late: the lease may be gone already; never begin the handler.
+            this.abortAttempt(r, 'local lease deadline passed before the start was confirmed');
+            continue;
+          }
+          r.started = true;
+          if (this.log.isLevelEnabled('debug')) this.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
+          r.begin?.();
         }
         if (notRunning) this.release(notRunning);
         return;
@@ -480,7 +508,13 @@ export class Agent extends EventEmitter<AgentEvents> {
       });
     // Deadlines move only when the coordinator confirms a renewal (`Renewed`): a heartbeat
     // written into a dead connection renews nothing.
-    this.send({ kind: { case: 'heartbeat', value: { progress } } });
+    this.send({ kind: { case: 'heartbeat', value: { progress, seq: this.nextSeq() } } });
+    // A renewal answering a message older than a lease could not make a deadline still ahead.
+    const old = monotonic() - this.leaseTtlMs;
+    for (const [seq, at] of this.sentAt) {
+      if (at >= old) break;
+      this.sentAt.delete(seq);
+    }
   }
 
   private checkDeadlines(): void {

@@ -5,7 +5,7 @@
  * - `Hello` authenticates the agent, resumes the attempts it lists that are still its own and
  *   current (the rest get `Revoke`), and is answered with `Welcome`.
  * - Credit: `Hello.slots` is the first grant; `Credit{n}` grants n more; each assigned job uses
- *   one. The dispatcher never assigns beyond min(credit, slots − held).
+ *   one. The dispatcher never assigns beyond min(credit, slots − held − reserved).
  * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
  *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
  *   is revoked). Renewed leases are confirmed with `Renewed` (and a start with one too), which
@@ -50,13 +50,15 @@ export interface Hello {
   labels: Record<string, string>;
   slots: number;
   resume: string[];
+  /** The agent's number for this message (0: none); see `Session.seq`. */
+  seq: bigint;
 }
 
 /** What an agent sends after `Hello`. */
 export type AgentInput =
   | { type: 'credit'; n: number }
-  | { type: 'started'; attemptIds: string[] }
-  | { type: 'heartbeat'; progress: Array<{ attemptId: string; progress: unknown }> }
+  | { type: 'started'; attemptIds: string[]; seq: bigint }
+  | { type: 'heartbeat'; progress: Array<{ attemptId: string; progress: unknown }>; seq: bigint }
   | { type: 'completed'; results: Array<{ attemptId: string; result: unknown }> }
   | { type: 'failed'; failures: Array<{ attemptId: string; error: { message: string; details?: unknown }; retryable: boolean }> }
   | { type: 'bye'; drain: boolean }
@@ -78,7 +80,7 @@ export type AgentOutput =
   | { type: 'ack'; items: AckItem[] }
   | { type: 'revoke'; attemptIds: string[]; reason: RevokeReason; detail: string }
   | { type: 'cancel'; attemptIds: string[] }
-  | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number }
+  | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number; seq: bigint }
   | { type: 'drain' }
   | { type: 'goAway'; detail: string };
 
@@ -129,9 +131,20 @@ export class Session {
    */
   readonly reportedWhileStarting = new Set<string>();
   credit: number;
+  /**
+   * Slots taken by claims in flight (a dispatcher round, an enqueue hand-off): neither free nor
+   * held yet. A `Credit` that arrives meanwhile must not free them again.
+   */
+  reserved = 0;
   draining = false;
   closed = false;
   heartbeatPending = false;
+  /**
+   * The largest number the agent gave a message on this stream (Hello, Started, Heartbeat), 0
+   * if none: a `Renewed` echoes the one it answers, and the agent counts the lease from when it
+   * sent that message, not from when the answer arrived.
+   */
+  seq = 0n;
   readonly progress = new Map<string, unknown>();
   readonly connectedAt = new Date();
   /** The dispatcher's key for sessions that are claimed for together (same queues and labels). */
@@ -151,7 +164,19 @@ export class Session {
   /** Free slots the dispatcher may fill now. */
   get available(): number {
     if (this.closed || this.draining || this.paused()) return 0;
-    return Math.max(0, Math.min(this.credit, this.slots - this.held.size));
+    return Math.max(0, Math.min(this.credit, this.slots - this.held.size - this.reserved));
+  }
+
+  /** Takes a free slot for a claim about to run (`available` must be positive). */
+  reserve(): void {
+    this.credit--;
+    this.reserved++;
+  }
+
+  /** The claim for a reserved slot ended: `filled` (then `assign` holds its job) or not (the slot is free again). */
+  unreserve(filled: boolean): void {
+    this.reserved--;
+    if (!filled) this.credit++;
   }
 
   send(msg: AgentOutput): void {
@@ -300,6 +325,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
       this.log.info({ agentId, sessionId: session.id, resumed: r.value.resumed.length, gone: r.value.gone.length }, 'agent resumed');
     }
     session.heartbeatPending = session.held.size > 0;
+    session.seq = h.seq;
     this.sessions.add(session);
     this.log.info({ agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
     this.emit('session:open', session);
@@ -324,10 +350,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
         return;
       case 'heartbeat':
         s.heartbeatPending = true;
+        if (m.seq > s.seq) s.seq = m.seq;
         for (const p of m.progress) if (s.held.has(p.attemptId)) s.progress.set(p.attemptId, p.progress);
         return;
       case 'started':
-        this.background(s, this.started(s, m.attemptIds));
+        if (m.seq > s.seq) s.seq = m.seq;
+        this.background(s, this.started(s, m.attemptIds, m.seq));
         return;
       case 'completed':
       case 'failed':
@@ -401,9 +429,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
     // Waking from a pause: these heartbeats are old news (the watch ends the streams next).
     if (this.watch.stalled()) return;
     const items: Array<{ attemptId: string; agentId: string; progress?: unknown }> = [];
+    // What each session's renewal answers: the messages received before the UPDATE is written.
+    const answers = new Map<Session, bigint>();
     for (const s of this.sessions) {
       if (!s.heartbeatPending) continue;
       s.heartbeatPending = false;
+      answers.set(s, s.seq);
       for (const id of s.held.keys()) {
         const progress = s.progress.get(id);
         items.push(progress === undefined ? { attemptId: id, agentId: s.agentId } : { attemptId: id, agentId: s.agentId, progress });
@@ -418,9 +449,9 @@ export class AgentHub extends EventEmitter<HubEvents> {
     }
     // Tell each session which of its leases now run: the agents' local deadlines follow these.
     const renewed = new Set(o.value.renewed.map((r) => r.attemptId));
-    for (const s of this.sessions) {
+    for (const [s, seq] of answers) {
       const ids = [...s.held.keys()].filter((id) => renewed.has(id));
-      if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs });
+      if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs, seq });
     }
     const lost = new Map<string, RevokeReason>();
     for (const l of o.value.lost) lost.set(l.attemptId, lostReason(l.reason));
@@ -438,7 +469,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     });
   }
 
-  private async started(s: Session, attemptIds: string[]): Promise<void> {
+  private async started(s: Session, attemptIds: string[], seq: bigint): Promise<void> {
     const gone: string[] = [];
     const running: string[] = [];
     await Promise.all(
@@ -461,7 +492,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
         }
       }),
     );
-    if (running.length) s.send({ type: 'renewed', attemptIds: running, leaseTtlMs: this.config.leaseTtlMs });
+    if (running.length) s.send({ type: 'renewed', attemptIds: running, leaseTtlMs: this.config.leaseTtlMs, seq });
     if (gone.length) {
       for (const id of gone) s.held.delete(id);
       s.send({ type: 'revoke', attemptIds: gone, reason: 'not_started', detail: REVOKE_DETAIL.not_started });

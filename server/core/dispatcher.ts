@@ -165,9 +165,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       const first = sessions[0]!;
       // The slots are taken from the sessions' credit while the claim runs (an enqueue hand-off
       // meanwhile finds them gone); those the claim did not fill are given back.
-      for (const s of slots) s.credit--;
-      const unfilled = new Map<Session, number>();
-      for (const s of slots) unfilled.set(s, (unfilled.get(s) ?? 0) + 1);
+      for (const s of slots) s.reserve();
       let o: Awaited<ReturnType<typeof jobClaimSlots>>;
       try {
         o = await jobClaimSlots(this.db, {
@@ -178,18 +176,19 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
         });
         if (o.outcome !== 'ok') throw new Error(`jobClaimSlots refused: ${JSON.stringify(o)}`);
       } catch (err) {
-        for (const [s, n] of unfilled) s.credit += n;
+        for (const s of slots) s.unreserve(false);
         throw err;
       }
+      const filled = new Set<number>();
       const bySession = new Map<Session, Claimed[]>();
       for (const c of o.value) {
+        filled.add(c.slot);
         const s = slots[c.slot]!;
         const jobs = bySession.get(s);
         if (jobs) jobs.push(c);
         else bySession.set(s, [c]);
-        unfilled.set(s, unfilled.get(s)! - 1);
       }
-      for (const [s, n] of unfilled) s.credit += n;
+      slots.forEach((s, i) => s.unreserve(filled.has(i)));
       for (const [s, jobs] of bySession) {
         // A session that closed meanwhile never sees its jobs: they stay claimed until their
         // claim deadline and go back to the queue without counting as attempts.
@@ -219,7 +218,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       if (s.available <= 0 || !s.queues.includes(queue)) continue;
       if (labels && Object.entries(labels).some(([k, v]) => s.labels[k] !== v)) continue;
       this.turn = (i + this.turn + 1) % sessions.length;
-      s.credit--;
+      s.reserve();
       return { session: s, agentId: s.agentId, agentLabels: s.labels, attemptId: randomAttemptId(), claimTtlMs: this.config.claimTtlMs };
     }
     return undefined;
@@ -227,13 +226,14 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
 
   /** After the enqueue: the job the statement claimed for the session goes to it; else the slot is given back. */
   settle(h: HandOff, claimed: Claimed | undefined): void {
-    if (claimed && claimed.attemptId === h.attemptId) {
-      this.hub.assign(h.session, [claimed]);
-      this.emit('dispatch:handoff', claimed);
-      if (this.log.isLevelEnabled('info')) this.log.info({ jobId: claimed.job.id, attemptId: claimed.attemptId, agentId: h.agentId }, 'job assigned as enqueued');
+    const mine = claimed?.attemptId === h.attemptId ? claimed : undefined;
+    h.session.unreserve(mine !== undefined);
+    if (mine) {
+      this.hub.assign(h.session, [mine]);
+      this.emit('dispatch:handoff', mine);
+      if (this.log.isLevelEnabled('info')) this.log.info({ jobId: mine.job.id, attemptId: mine.attemptId, agentId: h.agentId }, 'job assigned as enqueued');
       return;
     }
-    h.session.credit++;
     this.hub.emit('credit', h.session);
   }
 

@@ -69,6 +69,7 @@ async function* connect(
     labels: h.labels,
     slots: h.slots,
     resume: h.resume,
+    seq: h.seq,
   });
   if (opened.outcome !== 'ok') {
     if (opened.outcome === 'not_found' || opened.outcome === 'forbidden') {
@@ -170,9 +171,9 @@ function toInput(m: AgentMessage): AgentInput {
     case 'credit':
       return { type: 'credit', n: k.value.n };
     case 'started':
-      return { type: 'started', attemptIds: k.value.attemptIds };
+      return { type: 'started', attemptIds: k.value.attemptIds, seq: k.value.seq };
     case 'heartbeat':
-      return { type: 'heartbeat', progress: k.value.progress.map((p) => ({ attemptId: p.attemptId, progress: fromValue(p.progress) })) };
+      return { type: 'heartbeat', progress: k.value.progress.map((p) => ({ attemptId: p.attemptId, progress: fromValue(p.progress) })), seq: k.value.seq };
     case 'completed':
       return { type: 'completed', results: k.value.results.map((r) => ({ attemptId: r.attemptId, result: r.result ?? {} })) };
     case 'failed':
@@ -228,7 +229,7 @@ function toServerMessage(o: AgentOutput): ServerMessage {
     case 'goAway':
       return create(ServerMessageSchema, { kind: { case: 'goAway', value: { detail: o.detail } } });
     case 'renewed':
-      return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds: o.attemptIds, leaseTtl: durationFromMs(o.leaseTtlMs) } } });
+      return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds: o.attemptIds, leaseTtl: durationFromMs(o.leaseTtlMs), seq: o.seq } } });
   }
 }
 

@@ -1,11 +1,12 @@
 /**
  * A TCP fault proxy for the chaos run: it forwards to a target, and can be told to add delay,
  * drop everything while keeping connections open (a silent network), go half-open (the client
- * still sends, nothing comes back), or reset every connection.
+ * still sends, nothing comes back), hold what comes back until the next fault is set (then it
+ * arrives all at once, in order), or reset every connection.
  */
 import net from 'node:net';
 
-export type Fault = { kind: 'ok' } | { kind: 'delay'; ms: number } | { kind: 'drop' } | { kind: 'half-open' };
+export type Fault = { kind: 'ok' } | { kind: 'delay'; ms: number } | { kind: 'drop' } | { kind: 'half-open' } | { kind: 'hold' };
 
 export interface FaultProxy {
   port: number;
@@ -19,8 +20,13 @@ export interface FaultProxy {
 export async function startFaultProxy(targetPort: number, port = 0): Promise<FaultProxy> {
   let fault: Fault = { kind: 'ok' };
   const pairs = new Set<[net.Socket, net.Socket]>();
+  const held: Array<[net.Socket, Buffer]> = [];
   const forward = (to: net.Socket, upstream: boolean) => (chunk: Buffer) => {
     if (fault.kind === 'drop' || (fault.kind === 'half-open' && !upstream)) return;
+    if (fault.kind === 'hold' && !upstream) {
+      held.push([to, chunk]);
+      return;
+    }
     if (fault.kind === 'delay') setTimeout(() => to.writable && to.write(chunk), fault.ms);
     else if (to.writable) to.write(chunk);
   };
@@ -44,6 +50,7 @@ export async function startFaultProxy(targetPort: number, port = 0): Promise<Fau
     port: (server.address() as net.AddressInfo).port,
     set: (f) => {
       fault = f;
+      if (f.kind !== 'hold') for (const [to, chunk] of held.splice(0)) if (to.writable) to.write(chunk);
     },
     reset: () => {
       const n = pairs.size;

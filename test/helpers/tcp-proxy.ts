@@ -10,6 +10,13 @@ export interface TcpProxy {
   muteDownstream(): void;
   /** From now on, bytes are dropped both ways while the connections stay open (a silent network). */
   blackhole(): void;
+  /**
+   * From now on, bytes from the server reach the client `ms` later (a slow way back); those on
+   * their way when `blackhole` is called still arrive.
+   */
+  delayDownstream(ms: number): void;
+  /** How many chunks arrived late because of `delayDownstream`. */
+  readonly delayed: number;
   /** Destroys every open connection (new ones are still accepted). */
   cutAll(): void;
   close(): Promise<void>;
@@ -19,6 +26,8 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
   const pairs = new Set<[net.Socket, net.Socket]>();
   let mute = false;
   let hole = false;
+  let delayMs = 0;
+  let delayed = 0;
   const server = net.createServer((client) => {
     const upstream = net.connect(targetPort, '127.0.0.1');
     const pair: [net.Socket, net.Socket] = [client, upstream];
@@ -34,7 +43,14 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
       if (!hole) upstream.write(chunk);
     });
     upstream.on('data', (chunk: Buffer) => {
-      if (!mute && !hole) client.write(chunk);
+      if (mute || hole) return;
+      if (!delayMs) client.write(chunk);
+      else
+        setTimeout(() => {
+          if (!client.writable) return;
+          client.write(chunk);
+          delayed++;
+        }, delayMs);
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
@@ -45,6 +61,12 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
     },
     blackhole: () => {
       hole = true;
+    },
+    delayDownstream: (ms) => {
+      delayMs = ms;
+    },
+    get delayed() {
+      return delayed;
     },
     cutAll: () => {
       mute = false;
