@@ -190,7 +190,7 @@ export interface ClaimedDelivery {
 const claimSql = statement(
   'deliveryClaim',
   `WITH c AS (
-     SELECT id FROM webhook_deliveries
+     SELECT id, event_id, url, subscription_id FROM webhook_deliveries
      WHERE status = 'pending' AND next_attempt_at <= coalesce($4::timestamptz, now())
      ORDER BY next_attempt_at, id
      LIMIT $1
@@ -199,16 +199,17 @@ const claimSql = statement(
    UPDATE webhook_deliveries d SET status = 'sending', attempts = d.attempts + 1, claim_id = $2,
      claimed_until = coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8 / 1000.0),
      updated_at = coalesce($4::timestamptz, now())
-   FROM c WHERE d.id = c.id
-   RETURNING d.id, d.event_id, d.url, d.attempts,
-     (SELECT e.type::text FROM webhook_events e WHERE e.id = d.event_id) AS type,
-     (SELECT e.body FROM webhook_events e WHERE e.id = d.event_id) AS body,
-     d.subscription_id IS NULL AND d.url = (SELECT j.notify_url FROM webhook_events e JOIN jobs j ON j.id = e.job_id WHERE e.id = d.event_id) AS to_notify_url,
-     (SELECT jsonb_build_object('name', h.name, 'value', h.value)
-      FROM webhook_events e JOIN jobs j ON j.id = e.job_id JOIN notify_headers h ON h.job_id = j.id
-      WHERE e.id = d.event_id AND d.subscription_id IS NULL AND d.url = j.notify_url) AS header,
-     coalesce((SELECT s.secret FROM subscriptions s WHERE s.id = d.subscription_id),
-              (SELECT s.secret FROM subscriptions s WHERE s.url = d.url ORDER BY s.created_at, s.id LIMIT 1)) AS secret`,
+   FROM c
+   JOIN webhook_events e ON e.id = c.event_id
+   LEFT JOIN jobs j ON j.id = e.job_id
+   LEFT JOIN notify_headers h ON h.job_id = e.job_id
+   LEFT JOIN subscriptions s ON s.id = c.subscription_id
+   WHERE d.id = c.id
+   RETURNING d.id, d.event_id, d.url, d.attempts, e.type::text AS type, e.body,
+     c.subscription_id IS NULL AND c.url = j.notify_url AS to_notify_url,
+     CASE WHEN c.subscription_id IS NULL AND c.url = j.notify_url AND h.job_id IS NOT NULL
+          THEN jsonb_build_object('name', h.name, 'value', h.value) END AS header,
+     coalesce(s.secret, (SELECT s2.secret FROM subscriptions s2 WHERE s2.url = c.url ORDER BY s2.created_at, s2.id LIMIT 1)) AS secret`,
 );
 
 /** Claims up to `limit` due deliveries for `leaseMs` (the send timeout and a margin). */

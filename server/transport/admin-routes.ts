@@ -9,7 +9,7 @@
  */
 import { create } from '@bufbuild/protobuf';
 import { durationFromMs, durationMs, timestampDate, timestampFromDate } from '@bufbuild/protobuf/wkt';
-import type { ConnectRouter, HandlerContext } from '@connectrpc/connect';
+import type { ConnectRouter } from '@connectrpc/connect';
 import {
   AdminService,
   AgentInfoSchema,
@@ -45,9 +45,9 @@ import {
   type Queryable,
 } from '../store/index.js';
 import type { JobStatus } from '../store/schema.js';
-import { credentialOwner, principalKey, type Principal } from './auth.js';
+import { callerName, credentialOwner, type Principal } from './auth.js';
 import { webhookAdminMethods } from './webhook-admin-routes.js';
-import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, unwrap } from './codec.js';
+import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, ts, unwrap } from './codec.js';
 
 export interface AdminRoutesDeps {
   db: Queryable;
@@ -63,11 +63,6 @@ export interface AdminRoutesDeps {
   credentials?: CredentialCache<Principal> | undefined;
 }
 
-const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
-const who = (ctx: HandlerContext) => {
-  const p = ctx.values.get(principalKey);
-  return p?.kind === 'key' ? p.name : p?.agentId;
-};
 const dbStatuses = (s: PbJobStatus[]): JobStatus[] => s.map((x, i) => statusFilter(x, `statuses.${i}`)).filter((x): x is JobStatus => x !== undefined);
 
 export function adminRoutes(deps: AdminRoutesDeps) {
@@ -104,7 +99,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
 
       async requeueJob(req, ctx) {
         const { value } = unwrap(await jobRequeue(db, { jobId: req.jobId }));
-        log.info({ jobId: value.id, queue: value.queue, attemptNo: value.attemptNo, by: who(ctx) }, 'job requeued by an operator');
+        log.info({ jobId: value.id, queue: value.queue, attemptNo: value.attemptNo, by: callerName(ctx) }, 'job requeued by an operator');
         deps.activity?.emit('job:requeued', value);
         return { job: toPbJob(value) };
       },
@@ -115,7 +110,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
         const held = value.canceledAttempt;
         if (held) await controlNotify(db, { type: 'cancel', agentId: held.agentId, attemptIds: [held.attemptId] });
         if (o.outcome === 'ok') {
-          log.info({ jobId: value.job.id, attemptId: held?.attemptId, agentId: held?.agentId, by: who(ctx) }, 'job canceled by an operator');
+          log.info({ jobId: value.job.id, attemptId: held?.attemptId, agentId: held?.agentId, by: callerName(ctx) }, 'job canceled by an operator');
           deps.activity?.emit('job:canceled', value.job);
         }
         return { job: toPbJob(value.job), outcome };
@@ -138,7 +133,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
           if (req.dryRun || value.purged < 1000) break;
         }
         if (!req.dryRun) {
-          log.info({ purged, cutoff, statuses: params.statuses, queue: params.queue, by: who(ctx) }, 'finished jobs purged by an operator');
+          log.info({ purged, cutoff, statuses: params.statuses, queue: params.queue, by: callerName(ctx) }, 'finished jobs purged by an operator');
           deps.activity?.emit('jobs:purged', { purged });
         }
         return { purged: BigInt(purged), cutoff: timestampFromDate(cutoff), dryRun: req.dryRun };
@@ -196,13 +191,13 @@ export function adminRoutes(deps: AdminRoutesDeps) {
         }
         // Sent even when no row is registered yet: a stream that just opened is told too.
         await controlNotify(db, { type: 'drain', agentId: req.agentId });
-        log.info({ agentId: req.agentId, sessions: ids.length, by: who(ctx) }, 'agent drain requested');
+        log.info({ agentId: req.agentId, sessions: ids.length, by: callerName(ctx) }, 'agent drain requested');
         return { sessions: ids.length };
       },
 
       async createAgent(req, ctx) {
         const { value } = unwrap(await agentCreate(db, { agentId: req.agentId }));
-        log.info({ agentId: value.agentId, by: who(ctx) }, 'agent created');
+        log.info({ agentId: value.agentId, by: callerName(ctx) }, 'agent created');
         return { agentId: value.agentId, token: value.token };
       },
 
@@ -210,13 +205,13 @@ export function adminRoutes(deps: AdminRoutesDeps) {
         const { value } = unwrap(await agentRevoke(db, { agentId: req.agentId }));
         deps.credentials?.drop(credentialOwner('agent', value.agentId));
         await controlNotify(db, { type: 'disconnect', agentId: value.agentId, reason: `agent ${value.agentId} was revoked` });
-        log.info({ agentId: value.agentId, by: who(ctx) }, 'agent revoked');
+        log.info({ agentId: value.agentId, by: callerName(ctx) }, 'agent revoked');
         return { agentId: value.agentId, revokedAt: timestampFromDate(value.revokedAt) };
       },
 
       async createKey(req, ctx) {
         const { value } = unwrap(await keyCreate(db, { name: req.name, scopes: req.scopes }));
-        log.info({ key: value.name, scopes: value.scopes, by: who(ctx) }, 'API key created');
+        log.info({ key: value.name, scopes: value.scopes, by: callerName(ctx) }, 'API key created');
         return { name: value.name, key: value.key, scopes: value.scopes };
       },
 
@@ -232,7 +227,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
       async revokeKey(req, ctx) {
         const { value } = unwrap(await keyRevoke(db, { name: req.name }));
         deps.credentials?.drop(credentialOwner('key', value.name));
-        log.info({ key: value.name, by: who(ctx) }, 'API key revoked');
+        log.info({ key: value.name, by: callerName(ctx) }, 'API key revoked');
         return { name: value.name };
       },
 

@@ -10,7 +10,7 @@
  * listeners are given one), keyed by its SHA-256: the next calls with it skip the database until
  * the entry's maximum age, or until a revocation's NOTIFY drops it.
  */
-import { Code, ConnectError, createContextKey, type Interceptor } from '@connectrpc/connect';
+import { Code, ConnectError, createContextKey, type HandlerContext, type Interceptor } from '@connectrpc/connect';
 import type { CredentialCache } from '../core/credential-cache.js';
 import { agentAuthenticate, hashSecret, keyAuthenticate, type Queryable } from '../store/index.js';
 import type { ApiKeyScope } from '../store/schema.js';
@@ -115,6 +115,12 @@ export function authInterceptor(deps: AuthDeps): Interceptor {
 }
 
 /** The calling agent's id: an agent token's agent, or the name of a key with the `agent` scope. */
+/** Who made an admin call, for the log: the key's name or the agent's id. */
+export function callerName(ctx: HandlerContext): string | undefined {
+  const p = ctx.values.get(principalKey);
+  return p?.kind === 'key' ? p.name : p?.agentId;
+}
+
 export function requireAgent(p: Principal | undefined): string {
   if (p?.kind === 'agent') return p.agentId;
   if (p?.kind === 'key' && p.scopes.includes('agent')) return p.name;

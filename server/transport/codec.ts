@@ -27,7 +27,8 @@ import type { CurrentState, Failure, Outcome } from '../core/outcomes.js';
 import type { AttemptView, Claimed, Job, JobDetail } from '../store/index.js';
 import type { AttemptRow, JobStatus as DbJobStatus, StepRow, StaleReportRow, JobEventRow } from '../store/schema.js';
 
-const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
+/** A protobuf Timestamp, or unset for a missing date. */
+export const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
 const obj = (v: unknown) => (v && typeof v === 'object' && !Array.isArray(v) ? (v as JsonObject) : undefined);
 
 const jobStatus: Record<DbJobStatus, JobStatus> = {

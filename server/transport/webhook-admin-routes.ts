@@ -7,8 +7,7 @@
  * GetNotifySecret) and never in logs.
  */
 import { create } from '@bufbuild/protobuf';
-import { timestampFromDate } from '@bufbuild/protobuf/wkt';
-import type { HandlerContext, ServiceImpl } from '@connectrpc/connect';
+import type { ServiceImpl } from '@connectrpc/connect';
 import { AdminService, DeliverySchema, SubscriptionSchema } from '../../gen/leasehold/v1/admin_service_pb.js';
 import { invalid } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
@@ -24,19 +23,14 @@ import {
   type Queryable,
   type Subscription,
 } from '../store/index.js';
-import { principalKey } from './auth.js';
-import { unwrap } from './codec.js';
+import { callerName } from './auth.js';
+import { ts, unwrap } from './codec.js';
 
 type WebhookMethods = Pick<
   ServiceImpl<typeof AdminService>,
   'createSubscription' | 'listSubscriptions' | 'deleteSubscription' | 'rotateSubscriptionSecret' | 'getNotifySecret' | 'listDeliveries' | 'retryDeliveries'
 >;
 
-const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);
-const who = (ctx: HandlerContext) => {
-  const p = ctx.values.get(principalKey);
-  return p?.kind === 'key' ? p.name : p?.agentId;
-};
 const toPbSubscription = (s: Subscription) =>
   create(SubscriptionSchema, { id: s.id, queue: s.queue, url: s.url, events: s.events, createdAt: ts(s.createdAt), secret: s.secret ?? '' });
 const toPbDelivery = (d: DeliveryView) =>
@@ -63,7 +57,7 @@ export function webhookAdminMethods(deps: { db: Queryable; log: Logger }): Webho
   return {
     async createSubscription(req, ctx) {
       const { value } = unwrap(await subscriptionCreate(db, { queue: req.queue, url: req.url, ...(req.events.length ? { events: req.events } : {}) }));
-      log.info({ subscriptionId: value.id, queue: value.queue, url: value.url, events: value.events, by: who(ctx) }, 'subscription created');
+      log.info({ subscriptionId: value.id, queue: value.queue, url: value.url, events: value.events, by: callerName(ctx) }, 'subscription created');
       return { subscription: toPbSubscription(value) };
     },
 
@@ -73,19 +67,19 @@ export function webhookAdminMethods(deps: { db: Queryable; log: Logger }): Webho
 
     async deleteSubscription(req, ctx) {
       const { value } = unwrap(await subscriptionRemove(db, { id: req.id }));
-      log.info({ subscriptionId: value.id, by: who(ctx) }, 'subscription removed');
+      log.info({ subscriptionId: value.id, by: callerName(ctx) }, 'subscription removed');
       return { id: value.id };
     },
 
     async rotateSubscriptionSecret(req, ctx) {
       const { value } = unwrap(await subscriptionRotate(db, { id: req.id }));
-      log.info({ subscriptionId: value.subscription.id, url: value.subscription.url, alsoRotated: value.alsoRotated, by: who(ctx) }, 'subscription secret rotated');
+      log.info({ subscriptionId: value.subscription.id, url: value.subscription.url, alsoRotated: value.alsoRotated, by: callerName(ctx) }, 'subscription secret rotated');
       return { subscription: toPbSubscription(value.subscription), alsoRotated: value.alsoRotated };
     },
 
     async getNotifySecret(req, ctx) {
       const secret = await signingSecretGet(db, { rotate: req.rotate });
-      if (req.rotate) log.info({ by: who(ctx) }, 'notify secret rotated');
+      if (req.rotate) log.info({ by: callerName(ctx) }, 'notify secret rotated');
       return { secret };
     },
 
@@ -108,7 +102,7 @@ export function webhookAdminMethods(deps: { db: Queryable; log: Logger }): Webho
       if (req.id !== 0n && req.allFailed) unwrap(invalid('all_failed', 'cannot be set with an id'));
       if (req.id < 0n || req.id > BigInt(Number.MAX_SAFE_INTEGER)) unwrap(invalid('id', 'must be a delivery number'));
       const { value } = unwrap(await deliveryRetry(db, req.id === 0n ? {} : { id: Number(req.id) }));
-      log.info({ deliveries: value.ids, by: who(ctx) }, 'deliveries queued again');
+      log.info({ deliveries: value.ids, by: callerName(ctx) }, 'deliveries queued again');
       return { ids: value.ids.map((id) => BigInt(id)) };
     },
   };
