@@ -23,6 +23,8 @@ export interface System {
   /** The database this system uses (for commit counts). */
   database: string;
   pool: pg.Pool;
+  /** Every pool of this process on that database (the statistics of their idle connections are flushed before they are read). */
+  pools: pg.Pool[];
   bulkEnqueue(n: number, payload?: (i: number) => Record<string, unknown>): Promise<void>;
   enqueueOne(payload: Record<string, unknown>): Promise<void>;
   /**
@@ -108,6 +110,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
     label: 'Leasehold',
     database: 'bench_leasehold',
     pool,
+    pools: [pool, c.db.pool, c.db.hot],
     leaseMs: opts.leaseMs,
     async bulkEnqueue(count, payload = () => ({})) {
       const payloads = Array.from({ length: count }, (_, i) => JSON.stringify(payload(i)));
@@ -161,6 +164,7 @@ export async function graphile(adminUrl: string, batching: boolean): Promise<Sys
     label: `graphile-worker (batching ${batching ? 'on' : 'off'})`,
     database: name,
     pool,
+    pools: [pool],
     async bulkEnqueue(count, payload = () => ({})) {
       for (let i = 0; i < count; i += 5000) {
         const specs = Array.from({ length: Math.min(5000, count - i) }, (_, k) => ({ identifier: QUEUE, payload: payload(i + k) }));
@@ -202,6 +206,7 @@ export async function pgboss(adminUrl: string, opts: { expireMs: number }): Prom
     label: 'pg-boss',
     database: 'bench_pgboss',
     pool,
+    pools: [pool],
     leaseMs: opts.expireMs,
     async bulkEnqueue(count, payload = () => ({})) {
       for (let i = 0; i < count; i += 5000) {
