@@ -27,6 +27,8 @@ if (!executablePath) {
 
 const t = useTestDb();
 const lh = useCoordinator(t);
+/** The page fetches and draws after each click: on a busy 2-core machine that can take seconds (1 s is the default). */
+const POLL = { timeout: 15_000 };
 let context: BrowserContext | undefined;
 let profile: string | undefined;
 const agents: RawAgent[] = [];
@@ -87,21 +89,21 @@ describe.skipIf(!executablePath)('the dashboard in headless Chromium', () => {
 
     // The job this test enqueued, the queue depths and the agent online.
     await page.locator(`#jobs tr[data-job-id="${waiting.value.id}"]`).waitFor();
-    await expect.poll(() => page.locator('#queues tr[data-queue="dash-waiting"] td.queued').textContent()).toBe('1');
+    await expect.poll(() => page.locator('#queues tr[data-queue="dash-waiting"] td.queued').textContent(), POLL).toBe('1');
     await page.locator('#agents tr[data-agent-id="dash-agent"]').waitFor();
 
     // The dead letter, requeued with a click.
     const row = page.locator(`#failures tr[data-job-id="${dead.id}"]`);
-    await expect.poll(() => row.locator('td.error').textContent()).toBe('boom: the printer caught fire');
+    await expect.poll(() => row.locator('td.error').textContent(), POLL).toBe('boom: the printer caught fire');
     await row.locator('button.requeue').click();
     await waitFor('the dead job queued again', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [dead.id])).rows[0].status === 'queued');
-    await expect.poll(() => page.locator('#message').textContent()).toBe(`job ${dead.id} requeued on dash-dead`);
+    await expect.poll(() => page.locator('#message').textContent(), POLL).toBe(`job ${dead.id} requeued on dash-dead`);
     await row.waitFor({ state: 'detached' });
 
     // One job's attempts as a picture.
     await page.locator(`#jobs tr[data-job-id="${run.value.id}"] a.job-link`).click();
     const lanes = page.locator('#timeline svg.timeline g.attempt');
-    await expect.poll(() => lanes.count()).toBe(2);
+    await expect.poll(() => lanes.count(), POLL).toBe(2);
     expect(await lanes.nth(0).getAttribute('class')).toContain('lease_expired');
     expect(await lanes.nth(1).getAttribute('class')).toContain('succeeded');
     expect(await lanes.nth(1).locator('line.heartbeat').count()).toBeGreaterThanOrEqual(1);
