@@ -10,7 +10,7 @@ import { createHmac } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { keyCreate, subscriptionCreate } from '../server/store/index.js';
+import { keyCreate, signingSecretGet, subscriptionCreate } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
 import { rpc, startReceiver, type Receiver } from './helpers/http.js';
@@ -35,6 +35,7 @@ const N8N_1X_VERSIONS: Record<string, number[]> = {
   'n8n-nodes-base.stickyNote': [1],
   'n8n-nodes-base.set': [1, 2, 3, 3.1, 3.2, 3.3, 3.4],
   'n8n-nodes-base.splitOut': [1],
+  'n8n-nodes-base.wait': [1, 1.1],
 };
 /** The versions the issue names for these node types. */
 const REQUIRED_VERSIONS: Record<string, number> = {
@@ -43,6 +44,7 @@ const REQUIRED_VERSIONS: Record<string, number> = {
   'n8n-nodes-base.scheduleTrigger': 1.2,
   'n8n-nodes-base.crypto': 1,
   'n8n-nodes-base.manualTrigger': 1,
+  'n8n-nodes-base.wait': 1.1,
 };
 
 interface N8nNode {
@@ -74,8 +76,8 @@ const node = (w: Workflow, name: string) => {
 const next = (w: Workflow, from: string, output = 0) => w.connections[from]?.main[output]?.map((c) => c.node) ?? [];
 
 describe('the templates as files', () => {
-  it('has the four templates of the issue', () => {
-    expect(files).toEqual(['a-enqueue-job.json', 'b-receive-notifications.json', 'c-dead-letter-alert.json', 'd-agent-loop.json']);
+  it('has the five templates of the issues', () => {
+    expect(files).toEqual(['a-enqueue-job.json', 'b-receive-notifications.json', 'c-dead-letter-alert.json', 'd-agent-loop.json', 'e-wait-for-job.json']);
   });
 
   it.each(files)('%s: parses, uses n8n 1.x node types and versions, and is wired consistently', (f) => {
@@ -149,6 +151,26 @@ describe('the templates as files', () => {
     expect(next(w, 'Do the work (part 1)', 1)).toEqual(['Fail (FailAttempt)']);
     expect(next(w, 'Lease still ours?', 1)).toEqual(['Lease lost: stop here']);
   });
+
+  it('the wait template enqueues with its resume URL and a header, waits on a Header Auth webhook (limited), and branches on the event type', () => {
+    const w = load('e-wait-for-job.json');
+    const enqueue = node(w, 'Enqueue job');
+    expect(enqueue.credentials?.httpHeaderAuth?.name).toBe('Leasehold API key');
+    expect(enqueue.parameters.jsonBody).toContain('notifyUrl: $execution.resumeUrl');
+    expect(enqueue.parameters.jsonBody).toContain("notifyHeader: { name: 'X-Resume-Token', value: 'REPLACE_WITH_RESUME_TOKEN' }");
+    expect(next(w, 'Enqueue job')).toEqual(['Enqueued?']);
+    const wait = node(w, next(w, 'Enqueued?', 0)[0]!);
+    expect(wait).toMatchObject({
+      type: 'n8n-nodes-base.wait',
+      parameters: { resume: 'webhook', httpMethod: 'POST', incomingAuthentication: 'headerAuth', limitWaitTime: true, limitType: 'afterTimeInterval' },
+      credentials: { httpHeaderAuth: { name: 'Leasehold resume token' } },
+    });
+    expect(wait.parameters.responseMode ?? 'onReceived').toBe('onReceived');
+    expect(node(w, next(w, 'Enqueued?', 1)[0]!).type).toBe('n8n-nodes-base.stopAndError');
+    expect(next(w, wait.name)).toEqual(['Succeeded?']);
+    expect(node(w, next(w, 'Succeeded?', 0)[0]!).type).toBe('n8n-nodes-base.set');
+    expect(node(w, next(w, 'Succeeded?', 1)[0]!).type).toBe('n8n-nodes-base.stopAndError');
+  });
 });
 
 // ─────────── running the templates' logic against a coordinator ───────────
@@ -158,14 +180,24 @@ type Item = { json: any };
 class MiniN8n {
   readonly outputs = new Map<string, Item[]>();
   readonly staticData: Record<string, any> = {};
-  constructor(readonly w: Workflow) {}
+  /** `execution`: what `$execution` holds (its id and resume URL). */
+  constructor(
+    readonly w: Workflow,
+    readonly execution: { id: string; resumeUrl: string } = { id: '1', resumeUrl: 'http://127.0.0.1:5678/webhook-waiting/1' },
+  ) {}
   private scope(current: Item) {
     const ref = (name: string) => {
       const items = this.outputs.get(name);
       if (!items) throw new Error(`no output of ${name} yet`);
       return { item: items[0]!, first: () => items[0]!, all: () => items };
     };
-    return { $json: current.json, $: ref, $input: { first: () => current, all: () => [current] }, $getWorkflowStaticData: () => this.staticData };
+    return {
+      $json: current.json,
+      $: ref,
+      $input: { first: () => current, all: () => [current] },
+      $getWorkflowStaticData: () => this.staticData,
+      $execution: this.execution,
+    };
   }
   expr(value: unknown, current: Item): unknown {
     if (typeof value !== 'string' || !value.startsWith('=')) return value;
@@ -340,5 +372,39 @@ describe('the templates against a coordinator', () => {
       const resigned = `sha256=${createHmac('sha256', sub.value.secret).update(`${old}.${got.body}`).digest('hex')}`;
       expect(verify({ ...got.headers, 'leasehold-timestamp': old, 'leasehold-signature': resigned }, got.body).ok, f).toBe(false);
     }
+  });
+
+  it('e: the job carries the resume URL and header; its notification takes the succeeded branch with the result, a failure or the wait limit the other', async () => {
+    const w = load('e-wait-for-job.json');
+    const token = 'resume-token-of-the-test';
+    const resumeUrl = `${rx.url}/webhook-waiting/42`;
+    rx.secret('/webhook-waiting/42', await signingSecretGet(t.pool));
+    const n = new MiniN8n(JSON.parse(JSON.stringify(w).replaceAll('REPLACE_WITH_RESUME_TOKEN', token)) as Workflow, { id: '42', resumeUrl });
+    const [job] = n.setNode('Build the job', { json: {} });
+    expect(job!.json).toMatchObject({ queue: 'reports', payload: { reportId: 'R-3001' }, idempotencyKey: 'report-R-3001-42' });
+    const enqueued = await n.http('Enqueue job', job!, ADMIN_KEY, lh.httpUrl);
+    expect(n.ifNode('Enqueued?', enqueued)).toBe(true);
+    expect(enqueued.json.body.job).toMatchObject({ notifyUrl: resumeUrl, status: 'JOB_STATUS_QUEUED' });
+    // The wait limit passed: the Wait node passes the enqueue answer on.
+    expect(n.ifNode('Succeeded?', enqueued)).toBe(false);
+    const stop = node(w, 'The job did not succeed').parameters.errorMessage;
+    expect(n.expr(stop, enqueued)).toBe(`job ${enqueued.json.body.job.id}: no notification within the wait limit`);
+
+    const k = await keyCreate(t.pool, { name: 'e-worker', scopes: ['agent'] });
+    if (k.outcome !== 'ok') throw new Error('key');
+    const c = (await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/ClaimJobs', { queues: ['reports'] }, k.value.key)).json.jobs[0];
+    expect(c.job.id).toBe(enqueued.json.body.job.id);
+    await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/StartAttempt', { attemptId: c.attemptId }, k.value.key);
+    await rpc(lh.httpUrl, 'leasehold.v1.AttemptService/CompleteAttempt', { attemptId: c.attemptId, result: { pages: 3 } }, k.value.key);
+    await rx.waitFor('the delivery to the resume URL', (r) => r.received.some((x) => x.path === '/webhook-waiting/42'));
+    const got = rx.received.find((x) => x.path === '/webhook-waiting/42')!;
+    expect(got.headers['x-resume-token']).toBe(token);
+    // What the Wait node resumes with: the request's headers, params, query and parsed body.
+    const resumed = { json: { headers: got.headers, params: {}, query: {}, body: JSON.parse(got.body) } };
+    expect(n.ifNode('Succeeded?', resumed)).toBe(true);
+    expect(n.setNode('Job succeeded', resumed)[0]!.json).toEqual({ jobId: c.job.id, result: { pages: 3 } });
+    const dead = { json: { ...resumed.json, body: { ...resumed.json.body, type: 'job.dead', error: { message: 'no disk' } } } };
+    expect(n.ifNode('Succeeded?', dead)).toBe(false);
+    expect(n.expr(stop, dead)).toBe(`job ${c.job.id} ended with job.dead: no disk`);
   });
 });
