@@ -46,6 +46,7 @@ const ADMIN = 'chaos-admin-key';
 const QUEUE = 'chaos';
 /** The lease of the run's replicas; pauses are drawn shorter and longer than it. */
 const LEASE_MS = 2000;
+const HEARTBEAT_MS = 400;
 
 /** What the run can break; `--faults` picks some (all by default). */
 export const FAULTS = ['agent-kill', 'replica-kill', 'agent-pause', 'replica-pause', 'clock', 'network', 'pg-restart'] as const;
@@ -159,6 +160,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     halfOpens: 0,
     pgRestarts: 0,
     staleReports: 0,
+    lateApplies: 0,
     notifications: 0,
     deliveries: 0,
     receiver500s: 0,
@@ -210,7 +212,8 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     let subSecret = '';
     const subServer = receiver('sub', () => subSecret);
     const notifyServer = receiver('notify', () => notifySecret);
-    const sink = await startSink();
+    // A downstream that checks the attempt number as a fencing token, as docs/agent.md advises.
+    const sink = await startSink(undefined, { fence: true });
     cleanup.push(() => sink.close());
     const { applies } = sink;
     for (const s of [subServer, notifyServer]) {
@@ -235,7 +238,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
           LEASEHOLD_ADMIN_KEY: ADMIN,
           LEASEHOLD_LEASE_TTL: `${LEASE_MS}ms`,
           LEASEHOLD_CLAIM_TTL: `${LEASE_MS}ms`,
-          LEASEHOLD_HEARTBEAT_INTERVAL: '400ms',
+          LEASEHOLD_HEARTBEAT_INTERVAL: `${HEARTBEAT_MS}ms`,
           LEASEHOLD_REAPER_INTERVAL: '200ms',
           LEASEHOLD_WEBHOOK_INTERVAL: '200ms',
           LEASEHOLD_WEBHOOK_BACKOFF: '200ms',
@@ -505,12 +508,25 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     for (const s of ['failed', 'dead', 'canceled']) if (byStatus[s]) violations.push(`${byStatus[s]} job(s) ${s} (none expected: every job can succeed)`);
     figures.succeeded = byStatus.succeeded ?? 0;
 
+    // Applies the fencing refused. An attempt passes its step's lease check only while its
+    // local deadline runs, at least one heartbeat interval before the coordinator's lease ends,
+    // and no later attempt can touch the key before that lease ends: so a refused apply took
+    // longer than one interval from its effect's start to the sink. It was frozen between the
+    // check and its request leaving (the window docs/agent.md names). One that took less was
+    // let through by a lease check that should have stopped it.
+    for (const l of sink.late) {
+      if (l.delayMs !== undefined && l.delayMs >= HEARTBEAT_MS) figures.lateApplies!++;
+      else violations.push(`apply of ${l.key} by attempt ${l.attemptNo} (${l.attemptId}) reached the sink ${l.delayMs} ms after its effect began, after attempt ${l.newest} had touched the key: its lease check passed too late`);
+    }
     for (const id of ids) {
       for (const step of ['charge', 'email']) {
         const n = applies.get(`${id}:${step}`) ?? 0;
         if (n > 1) {
           figures.duplicated!++;
-          violations.push(`effect ${id}:${step} applied ${n} times`);
+          // What is needed to tell why: which attempts applied it and when, and each attempt's life.
+          const calls = (sink.history.get(`${id}:${step}`) ?? []).map((c) => `${c.attemptId}@${new Date(c.at).toISOString().slice(11, 23)}`);
+          const at = (await pool.query(`SELECT id, attempt_no, agent_id, status::text, claimed_at, started_at, ended_at, suspect_since FROM attempts WHERE job_id = $1 ORDER BY attempt_no`, [id])).rows;
+          violations.push(`effect ${id}:${step} applied ${n} times: ${calls.join(', ')}; attempts ${JSON.stringify(at)}`);
         }
         if (n === 0 && byStatus.succeeded) {
           const ok = (await pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [id])).rows[0]?.status === 'succeeded';
@@ -568,7 +584,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
       `agent-kills=${figures.agentKills} replica-kills=${figures.replicaKills} pg-restarts=${figures.pgRestarts} ` +
       `agent-pauses=${figures.agentPauses}(${figures.agentPausesPastLease} past the lease) replica-pauses=${figures.replicaPauses}(${figures.replicaPausesPastLease} past the lease) clock-steps=${figures.clockSteps} ` +
       `resets=${figures.resets} delays=${figures.delays} silences=${figures.silences} half-opens=${figures.halfOpens} ` +
-      `stale-reports=${figures.staleReports} notifications=${figures.notifications} deliveries=${figures.deliveries} receiver-500s=${figures.receiver500s} ` +
+      `stale-reports=${figures.staleReports} late-applies-refused=${figures.lateApplies} notifications=${figures.notifications} deliveries=${figures.deliveries} receiver-500s=${figures.receiver500s} ` +
       `lost=${figures.lost} duplicated=${figures.duplicated} violations=${violations.length}`;
     return { line, violations, figures };
   } finally {

@@ -3,6 +3,14 @@
  * would see them: `POST /apply {key, value}` applies (and counts every call, so a test can
  * assert each key was applied exactly once); `GET /status?key=` says whether a key was applied
  * and with what output (what `onUnknown` asks when a step's outcome is unknown).
+ *
+ * With `fence`, it also does what the docs tell a downstream system to do with
+ * `ctx.attempt.number` (a fencing token): an apply from an attempt older than one that already
+ * asked about or applied the key is refused (409) and kept in `late`. That is what absorbs the
+ * one window no agent can close: frozen between its step's last lease check and its request
+ * leaving. The caller tells those apart from a lease check that let an attempt through too late
+ * by `delayMs` (how long the request took from the effect's start to the sink, on the machine's
+ * monotonic clock).
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -12,9 +20,13 @@ export interface Sink {
   url: string;
   /** Apply calls per key (every call, duplicates included). */
   readonly applies: Map<string, number>;
+  /** Per key, each apply call: the attempt that said it made it, and when it came (wall ms). */
+  readonly history: Map<string, Array<{ attemptId: string | undefined; at: number }>>;
   readonly outputs: Map<string, unknown>;
   /** How many status queries came (reconciliations). */
   readonly statusQueries: number;
+  /** With `fence`: the applies refused because a later attempt had asked about or applied the key. */
+  readonly late: Array<{ key: string; attemptId: string | undefined; attemptNo: number; newest: number; delayMs: number | undefined }>;
   close(): Promise<void>;
 }
 
@@ -22,8 +34,15 @@ export interface Sink {
  * Starts a sink. `onApply` runs after a key is applied and before the answer: return `false` to
  * send no answer (the caller never learns the effect happened).
  */
-export async function startSink(onApply?: (key: string) => boolean | void): Promise<Sink> {
+export async function startSink(onApply?: (key: string) => boolean | void, opts: { fence?: boolean } = {}): Promise<Sink> {
   const applies = new Map<string, number>();
+  const newest = new Map<string, number>(); // key → the highest attempt number that asked or applied
+  const late: Sink['late'] = [];
+  const mono = () => Number(process.hrtime.bigint() / 1_000_000n);
+  const seen = (key: string, attemptNo: number | undefined) => {
+    if (attemptNo !== undefined) newest.set(key, Math.max(newest.get(key) ?? 0, attemptNo));
+  };
+  const history = new Map<string, Array<{ attemptId: string | undefined; at: number }>>();
   const outputs = new Map<string, unknown>();
   let statusQueries = 0;
   const server = http.createServer((req, res) => {
@@ -31,14 +50,23 @@ export async function startSink(onApply?: (key: string) => boolean | void): Prom
     if (req.method === 'GET' && u.pathname === '/status') {
       statusQueries++;
       const key = u.searchParams.get('key')!;
+      const asking = u.searchParams.get('attemptNo');
+      seen(key, asking === null ? undefined : Number(asking));
       res.end(JSON.stringify({ applied: applies.has(key), output: outputs.get(key) ?? null }));
       return;
     }
     let body = '';
     req.on('data', (c) => (body += c));
     req.on('end', () => {
-      const { key, value } = JSON.parse(body) as { key: string; value: number };
+      const { key, value, attemptId, attemptNo, mono: sentAt } = JSON.parse(body) as { key: string; value: number; attemptId?: string; attemptNo?: number; mono?: number };
+      if (opts.fence && attemptNo !== undefined && attemptNo < (newest.get(key) ?? 0)) {
+        late.push({ key, attemptId, attemptNo, newest: newest.get(key)!, delayMs: sentAt === undefined ? undefined : mono() - sentAt });
+        res.writeHead(409).end(JSON.stringify({ refused: `attempt ${attemptNo} is older than attempt ${newest.get(key)}` }));
+        return;
+      }
+      seen(key, attemptNo);
       applies.set(key, (applies.get(key) ?? 0) + 1);
+      history.set(key, [...(history.get(key) ?? []), { attemptId, at: Date.now() }]);
       outputs.set(key, { applied: value, key });
       if (onApply?.(key) === false) return;
       res.end(JSON.stringify(outputs.get(key)));
@@ -48,6 +76,8 @@ export async function startSink(onApply?: (key: string) => boolean | void): Prom
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     applies,
+    history,
+    late,
     outputs,
     get statusQueries() {
       return statusQueries;
