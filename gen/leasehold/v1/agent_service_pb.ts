@@ -738,8 +738,9 @@ export type ServerMessage_Renewed = Message<"leasehold.v1.ServerMessage.Renewed"
   leaseTtl?: Duration | undefined;
 
   /**
-   * The largest seq of the Heartbeat or Started messages this renewal answers (received
-   * before it was written); 0 when they carried none.
+   * The seq of the message this renewal answers: for a start, its Started; for a heartbeat's
+   * renewal, the largest seq (Hello, Started or Heartbeat) received on the stream before the
+   * renewal was written. 0 when none carried one.
    *
    * @generated from field: uint64 seq = 3;
    */
