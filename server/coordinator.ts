@@ -26,6 +26,8 @@ export interface Coordinator {
   reaper: Reaper;
   hub: AgentHub;
   dispatcher: Dispatcher;
+  /** Wakes the dispatchers of every coordinator after a gateway enqueue commits. */
+  waker: QueueWaker;
   deliverer: WebhookDeliverer;
   /** Purges finished jobs past the retention; undefined when `LEASEHOLD_RETENTION=off`. */
   purger: Purger | undefined;
@@ -164,7 +166,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, deliverer, purger, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, waker, deliverer, purger, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

@@ -55,6 +55,8 @@ it('a gateway enqueue wakes every coordinator after its commit, once per queue f
     const answers = await Promise.all([...Array.from({ length: 20 }, () => enqueue('w-gateway')), enqueue('w-other')]);
     expect(answers.map((a) => a.status)).toEqual(answers.map(() => 200));
     expect(answers.every((a) => a.json.job.status === 'JOB_STATUS_QUEUED')).toBe(true);
+    // The gateway answers before its waker has sent: what is heard is complete once it is idle.
+    await lh.c.waker.idle();
     const got = await heardSoFar();
     expect(new Set(got)).toEqual(new Set(['w-gateway', 'w-other']));
     // Batched: far fewer notifications than enqueues (PostgreSQL folds equal ones in a transaction).
@@ -62,6 +64,7 @@ it('a gateway enqueue wakes every coordinator after its commit, once per queue f
     // A job due later wakes nobody now.
     const later = await enqueue('w-later', { runAt: new Date(Date.now() + 3_600_000).toISOString() });
     expect(later.json.job.status).toBe('JOB_STATUS_QUEUED');
+    await lh.c.waker.idle();
     expect(await heardSoFar()).toEqual([]);
   } finally {
     lh.c.dispatcher.off('dispatch:round', onRound);

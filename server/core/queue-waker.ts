@@ -37,6 +37,11 @@ export class QueueWaker {
     this.flushing ??= this.flush().finally(() => (this.flushing = undefined));
   }
 
+  /** Resolves once every wake so far has been sent (the gateway answers before it is). */
+  async idle(): Promise<void> {
+    while (this.flushing) await this.flushing;
+  }
+
   /** Sends what is pending and stops; safe to call twice. */
   async stop(): Promise<void> {
     this.stopped = true;
