@@ -1,64 +1,18 @@
 /**
- * The hand-written encoding of `Assign` (server/transport/assign-codec.ts) writes exactly the
- * bytes protobuf-es writes for the same jobs through `toPbClaimed`, for random jobs: every field
- * set or not, payloads of any JSON, labels, errors, times.
+ * The hand-written encodings of `Assign`, `Ack` and `Renewed` (server/transport/assign-codec.ts)
+ * write exactly the bytes protobuf-es writes for the same messages (the jobs through
+ * `toPbClaimed`), on random ones: every field set or not, payloads of any JSON, labels, errors,
+ * times.
  */
-import { create, toBinary } from '@bufbuild/protobuf';
+import { create, toBinary, type JsonObject } from '@bufbuild/protobuf';
+import { durationFromMs } from '@bufbuild/protobuf/wkt';
 import fc from 'fast-check';
 import { expect, it } from 'vitest';
 import { ServerMessageSchema } from '../gen/leasehold/v1/agent_service_pb.js';
-import { assignMessage } from '../server/transport/assign-codec.js';
-import { toPbClaimed } from '../server/transport/codec.js';
-import type { Claimed, Job } from '../server/store/index.js';
-
-// Keys named __proto__ aside: protobuf-es drops them from a Struct it builds (assigning one sets
-// the object's prototype), where the hand encoder keeps them.
-const key = fc.string({ maxLength: 8 }).filter((k) => k !== '__proto__');
-const json = fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v), (k, x) => (k === '__proto__' ? undefined : x)) as unknown);
-const object = fc.dictionary(key, json, { maxKeys: 5 });
-// Mostly after 1970; now and then before (negative seconds take another path).
-const time = fc.oneof({ weight: 9, arbitrary: fc.integer({ min: 0, max: 4_102_444_800_000 }) }, { weight: 1, arbitrary: fc.integer({ min: -2_208_988_800_000, max: 0 }) }).map((ms) => new Date(ms));
-const maybe = <T>(a: fc.Arbitrary<T>) => fc.option(a, { nil: null });
-
-const job: fc.Arbitrary<Job> = fc.record({
-  id: fc.uuid(),
-  queue: fc.string({ minLength: 1, maxLength: 20 }),
-  payload: object,
-  priority: fc.integer({ min: -32767, max: 32767 }),
-  status: fc.constantFrom('queued', 'claimed', 'running', 'succeeded', 'failed', 'dead', 'canceled' as const),
-  runAt: time,
-  maxAttempts: fc.integer({ min: 1, max: 1000 }),
-  attemptNo: fc.integer({ min: 0, max: 1000 }),
-  attemptsStarted: fc.integer({ min: 0, max: 1000 }),
-  currentAttemptId: maybe(fc.uuid()),
-  agentId: maybe(fc.string({ maxLength: 12 })),
-  claimedAt: maybe(time),
-  claimDeadline: maybe(time),
-  startedAt: maybe(time),
-  suspectSince: maybe(time),
-  leaseExpiresAt: maybe(time),
-  heartbeatAt: maybe(time),
-  executionTimeoutMs: maybe(fc.integer({ min: 1, max: 604_800_000 })),
-  executionDeadline: maybe(time),
-  idempotencyKey: maybe(fc.string({ maxLength: 20 })),
-  labels: fc.dictionary(key.filter((k) => k.length > 0), fc.string({ maxLength: 6 }), { maxKeys: 4 }),
-  progress: maybe(json),
-  result: maybe(object),
-  error: maybe(object),
-  notifyUrl: maybe(fc.webUrl()),
-  createdAt: time,
-  updatedAt: time,
-  finishedAt: maybe(time),
-}) as fc.Arbitrary<Job>;
-
-const claimed: fc.Arbitrary<Claimed> = fc.record({
-  job,
-  slot: fc.nat(),
-  agentId: fc.string(),
-  attemptId: fc.uuid(),
-  attemptNo: fc.integer({ min: 1, max: 1000 }),
-  claimDeadline: time,
-});
+import type { AckItem } from '../server/core/agent-hub.js';
+import { ackMessage, assignMessage, renewedMessage } from '../server/transport/assign-codec.js';
+import { toPbClaimed, toPbCurrent, toPbOutcome } from '../server/transport/codec.js';
+import { claimed, object } from './helpers/arbitraries.js';
 
 it('encodes an Assign byte for byte as protobuf-es does', () => {
   fc.assert(
@@ -67,6 +21,64 @@ it('encodes an Assign byte for byte as protobuf-es does', () => {
       const byHand = toBinary(ServerMessageSchema, assignMessage(jobs));
       expect(Buffer.from(byHand).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
     }),
+    { numRuns: 500 },
+  );
+});
+
+const outcome = fc.constantFrom('ok', 'duplicate', 'stale', 'conflict', 'invalid', 'not_found', 'too_large', 'forbidden' as const);
+const ackItem: fc.Arbitrary<AckItem> = fc.record(
+  {
+    attemptId: fc.oneof(fc.uuid(), fc.string({ maxLength: 8 })),
+    outcome,
+    storedResult: fc.oneof(fc.constant(undefined), fc.constant(null), object, fc.jsonValue({ maxDepth: 1 })),
+    current: fc.record({
+      jobId: fc.uuid(),
+      status: fc.constantFrom('queued', 'claimed', 'running', 'succeeded', 'failed', 'dead', 'canceled' as const),
+      attemptNo: fc.integer({ min: 0, max: 1000 }),
+      currentAttemptId: fc.option(fc.uuid(), { nil: null }),
+    }),
+    message: fc.string({ maxLength: 20 }),
+  },
+  { requiredKeys: ['attemptId', 'outcome', 'message'] },
+) as fc.Arbitrary<AckItem>;
+
+it('encodes an Ack byte for byte as protobuf-es does', () => {
+  fc.assert(
+    fc.property(fc.array(ackItem, { maxLength: 6 }), (items) => {
+      const reflective = toBinary(
+        ServerMessageSchema,
+        create(ServerMessageSchema, {
+          kind: {
+            case: 'ack',
+            value: {
+              items: items.map((i) => ({
+                attemptId: i.attemptId,
+                outcome: toPbOutcome(i.outcome),
+                storedResult: typeof i.storedResult === 'object' && i.storedResult !== null && !Array.isArray(i.storedResult) ? (i.storedResult as JsonObject) : undefined,
+                current: i.current ? toPbCurrent(i.current) : undefined,
+                message: i.message,
+              })),
+            },
+          },
+        }),
+      );
+      expect(Buffer.from(toBinary(ServerMessageSchema, ackMessage(items))).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+    }),
+    { numRuns: 500 },
+  );
+});
+
+it('encodes a Renewed byte for byte as protobuf-es does', () => {
+  fc.assert(
+    fc.property(
+      fc.array(fc.oneof(fc.uuid(), fc.string({ maxLength: 8 })), { maxLength: 8 }),
+      fc.oneof(fc.integer({ min: 0, max: 86_400_000 }), fc.integer({ min: -5000, max: -1 })),
+      fc.oneof(fc.constant(0n), fc.bigInt({ min: 0n, max: 2n ** 64n - 1n })),
+      (attemptIds, leaseTtlMs, seq) => {
+        const reflective = toBinary(ServerMessageSchema, create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds, leaseTtl: durationFromMs(leaseTtlMs), seq } } }));
+        expect(Buffer.from(toBinary(ServerMessageSchema, renewedMessage(attemptIds, leaseTtlMs, seq))).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+      },
+    ),
     { numRuns: 500 },
   );
 });

@@ -17,13 +17,12 @@
  *   acknowledged at every connection, and forgets (ok, duplicate) or sets aside (stale) on `Ack`.
  */
 import { EventEmitter } from 'node:events';
-import { create, fromJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
+import { fromJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
 import { durationMs, ValueSchema } from '@bufbuild/protobuf/wkt';
 import pino, { type Logger } from 'pino';
+import type { AgentMessageInit } from './codec.js';
 import {
-  AgentMessageSchema,
   RevokeReason,
-  type AgentMessage,
   type ServerMessage,
   type ServerMessage_Ack_Item,
 } from './gen/leasehold/v1/agent_service_pb.js';
@@ -81,12 +80,38 @@ export interface AgentEvents {
   zombie: [{ attemptId: string }];
 }
 
+/**
+ * An attempt's abort: the `AbortController` is made only when the handler asks for its signal.
+ * Most never do, and making one (an EventTarget) cost more in this process than the rest of an
+ * assignment's bookkeeping. Once made, it follows: aborted already if the attempt was.
+ */
+class LazyAbort {
+  aborted = false;
+  reason: unknown;
+  private controller?: AbortController;
+
+  get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      if (this.aborted) this.controller.abort(this.reason);
+    }
+    return this.controller.signal;
+  }
+
+  abort(reason: unknown): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.reason = reason;
+    this.controller?.abort(reason);
+  }
+}
+
 interface Running {
   job: JobInfo;
   attemptId: string;
   /** The coordinator confirmed the start (a `Renewed` for it came): the handler runs. */
   started: boolean;
-  abort: AbortController;
+  abort: LazyAbort;
   /** Local lease deadline, on the monotonic clock (`monotonic()`); never the wall clock. */
   deadline: number;
   abortedAt?: number;
@@ -266,9 +291,8 @@ export class Agent extends EventEmitter<AgentEvents> {
       let welcomed = false;
       const call = this.channels[this.current]!.connect();
       this.call = call;
-      const resume = [...this.running.values()].filter((r) => !r.abort.signal.aborted).map((r) => r.attemptId);
-      call.write(
-        create(AgentMessageSchema, {
+      const resume = [...this.running.values()].filter((r) => !r.abort.aborted).map((r) => r.attemptId);
+      call.write({
           kind: {
             case: 'hello',
             value: {
@@ -281,8 +305,7 @@ export class Agent extends EventEmitter<AgentEvents> {
               seq: this.nextSeq(),
             },
           },
-        }),
-      );
+        });
       call.on('data', (m: ServerMessage) => {
         try {
           this.onMessage(m);
@@ -316,9 +339,9 @@ export class Agent extends EventEmitter<AgentEvents> {
     return this.seq;
   }
 
-  private send(m: Parameters<typeof create<typeof AgentMessageSchema>>[1]): boolean {
+  private send(m: AgentMessageInit): boolean {
     if (!this.call || !this.connected) return false;
-    return this.call.write(create(AgentMessageSchema, m) as AgentMessage);
+    return this.call.write(m);
   }
 
   private onMessage(m: ServerMessage): void {
@@ -336,7 +359,7 @@ export class Agent extends EventEmitter<AgentEvents> {
         if (this.draining) this.send({ kind: { case: 'bye', value: { drain: true } } });
         this.resendOutbox();
         // Starts that were never confirmed (the stream dropped first) are asked for again.
-        const unconfirmed = [...this.running.values()].filter((r) => !r.started && !r.abort.signal.aborted).map((r) => r.attemptId);
+        const unconfirmed = [...this.running.values()].filter((r) => !r.started && !r.abort.aborted).map((r) => r.attemptId);
         if (unconfirmed.length) this.send({ kind: { case: 'started', value: { attemptIds: unconfirmed, seq: this.nextSeq() } } });
         this.emit('connected', { sessionId: k.value.sessionId });
         return;
@@ -372,7 +395,7 @@ export class Agent extends EventEmitter<AgentEvents> {
             if (!this.outbox.has(id)) (notRunning ??= []).push(id);
             continue;
           }
-          if (r.abort.signal.aborted) continue;
+          if (r.abort.aborted) continue;
           if (r.started) {
             // Answers can come out of order (a start confirmed after a later heartbeat's renewal).
             r.deadline = Math.max(r.deadline, deadline);
@@ -417,7 +440,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       attemptNo: c.attemptNo,
       labels: j.labels,
     };
-    const abort = new AbortController();
+    const abort = new LazyAbort();
     const r: Running = {
       job,
       attemptId: c.attemptId,
@@ -450,7 +473,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     const ctx = createContext({
       job: r.job,
       attemptId: r.attemptId,
-      signal: r.abort.signal,
+      abort: r.abort,
       channel: () => this.channels[this.current]!,
       onProgress: (v) => {
         r.progress = v;
@@ -481,7 +504,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       this.log.error({ err, attemptId: r.attemptId }, 'could not write the outbox: the report is lost and the job will be redone');
     }
     this.running.delete(r.attemptId);
-    if (this.log.isLevelEnabled('info')) this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.signal.aborted }, 'handler finished');
+    if (this.log.isLevelEnabled('info')) this.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.aborted }, 'handler finished');
     this.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
     if (this.outbox.has(r.attemptId)) this.queueReport(entry);
     if (!this.draining) this.grantCredit();
@@ -521,12 +544,12 @@ export class Agent extends EventEmitter<AgentEvents> {
     const now = monotonic();
     this.checkSilence(now);
     for (const r of this.running.values()) {
-      if (!r.abort.signal.aborted && now > r.deadline) {
+      if (!r.abort.aborted && now > r.deadline) {
         this.abortAttempt(r, 'local lease deadline passed without a renewal');
       } else if (r.abortedAt && !r.zombieReported && now > r.abortedAt + this.heartbeatMs) {
         r.zombieReported = true;
         this.log.warn(
-          { jobId: r.job.id, attemptId: r.attemptId, abortedMsAgo: now - r.abortedAt, reason: String(r.abort.signal.reason) },
+          { jobId: r.job.id, attemptId: r.attemptId, abortedMsAgo: now - r.abortedAt, reason: String(r.abort.reason) },
           'zombie handler: still running after its signal aborted (its lease is gone); make it honour ctx.signal',
         );
         this.emit('zombie', { attemptId: r.attemptId });
@@ -544,7 +567,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (!this.connected || !this.call) return;
     const silentMs = now - this.lastHeard;
     if (silentMs < Math.max(this.heartbeatMs * 1.5, SILENCE_FLOOR_MS)) return;
-    if (![...this.running.values()].some((r) => !r.abort.signal.aborted)) return;
+    if (![...this.running.values()].some((r) => !r.abort.aborted)) return;
     this.log.warn({ silentMs: Math.round(silentMs), heartbeatMs: this.heartbeatMs }, 'the coordinator is silent while holding leases: moving to the next address to resume them');
     this.connected = false;
     this.goAway = true;
@@ -557,7 +580,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   }
 
   private abortAttempt(r: Running, reason: string, revoke?: string): void {
-    if (r.abort.signal.aborted) return;
+    if (r.abort.aborted) return;
     r.abortedAt = monotonic();
     r.abort.abort(new Error(reason));
     if (!r.started) r.cancelBegin?.(); // never ran: nothing to stop, nothing to report

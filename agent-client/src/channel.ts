@@ -5,12 +5,8 @@
 import { readFileSync } from 'node:fs';
 import { fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape, create } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import {
-  AgentMessageSchema,
-  ServerMessageSchema,
-  type AgentMessage,
-  type ServerMessage,
-} from './gen/leasehold/v1/agent_service_pb.js';
+import { decodeServerMessage, encodeAgentMessage, type AgentMessageInit } from './codec.js';
+import type { ServerMessage } from './gen/leasehold/v1/agent_service_pb.js';
 import {
   RecordStepRequestSchema,
   RecordStepResponseSchema,
@@ -66,13 +62,9 @@ export class CoordinatorChannel {
     });
   }
 
-  /** Opens `AgentService.Connect`. */
-  connect(): grpc.ClientDuplexStream<AgentMessage, ServerMessage> {
-    return this.client.makeBidiStreamRequest(
-      '/leasehold.v1.AgentService/Connect',
-      ser(AgentMessageSchema),
-      de(ServerMessageSchema),
-    );
+  /** Opens `AgentService.Connect`; its hot messages are encoded and decoded by hand (codec.ts). */
+  connect(): grpc.ClientDuplexStream<AgentMessageInit, ServerMessage> {
+    return this.client.makeBidiStreamRequest('/leasehold.v1.AgentService/Connect', encodeAgentMessage, decodeServerMessage);
   }
 
   reserveStep(req: MessageInitShape<typeof ReserveStepRequestSchema>, signal?: AbortSignal) {

@@ -90,7 +90,8 @@ const toValue = (v: unknown) => fromJson(ValueSchema, (v === undefined ? null : 
 export function createContext(opts: {
   job: JobInfo;
   attemptId: string;
-  signal: AbortSignal;
+  /** Gives the attempt's abort signal, made when first asked for (agent.ts, LazyAbort). */
+  abort: { readonly signal: AbortSignal };
   /** The channel of the stream in use (it changes when the agent fails over to another replica). */
   channel: () => CoordinatorChannel;
   onProgress: (v: unknown) => void;
@@ -102,7 +103,7 @@ export function createContext(opts: {
    */
   checkLease: () => void;
 }): JobContext {
-  const { job, attemptId, signal, channel } = opts;
+  const { job, attemptId, abort, channel } = opts;
   const key = (step: string) => `${job.id}:${step}`;
   const ref = { jobId: job.id, attemptId };
   const call = async <R>(f: () => Promise<R>): Promise<R> => {
@@ -118,17 +119,20 @@ export function createContext(opts: {
     }
   };
   const record = async (name: string, output: unknown) => {
-    await call(() => channel().recordStep({ ...ref, step: name, output: toValue(output) }, signal));
+    await call(() => channel().recordStep({ ...ref, step: name, output: toValue(output) }, abort.signal));
   };
 
   return {
     job,
     attempt: { id: attemptId, number: job.attemptNo },
-    signal,
+    get signal() {
+      return abort.signal;
+    },
     progress: (v) => opts.onProgress(v),
     idempotencyKey: key,
     async step(name, fn, stepOpts) {
       const idempotencyKey = key(name);
+      const signal = abort.signal;
       const r = await call(() => channel().reserveStep({ ...ref, step: name }, signal));
       const state = r.state;
       if (state.case === 'done') return (state.value.output ? toJson(ValueSchema, state.value.output) : null) as never;

@@ -4,23 +4,21 @@
  * `core/agent-hub.ts`. A protocol violation ends this stream with INVALID_ARGUMENT; it never
  * touches another stream.
  */
-import { create, type JsonObject } from '@bufbuild/protobuf';
+import { create } from '@bufbuild/protobuf';
 import { durationFromMs } from '@bufbuild/protobuf/wkt';
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from '@connectrpc/connect';
 import {
   AgentService,
   RevokeReason,
   ServerMessageSchema,
-  ServerMessage_AckSchema,
-  ServerMessage_Ack_ItemSchema,
   type AgentMessage,
   type ServerMessage,
 } from '../../gen/leasehold/v1/agent_service_pb.js';
 import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type RevokeReason as Reason, type Session } from '../core/agent-hub.js';
 import type { Failure } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
-import { assignMessage } from './assign-codec.js';
-import { fromValue, toConnectError, toPbCurrent, toPbOutcome } from './codec.js';
+import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';
+import { fromValue, toConnectError } from './codec.js';
 
 export interface AgentRoutesDeps {
   hub: AgentHub;
@@ -204,22 +202,7 @@ function toServerMessage(o: AgentOutput): ServerMessage {
     case 'assign':
       return assignMessage(o.jobs);
     case 'ack':
-      return create(ServerMessageSchema, {
-        kind: {
-          case: 'ack',
-          value: create(ServerMessage_AckSchema, {
-            items: o.items.map((i) =>
-              create(ServerMessage_Ack_ItemSchema, {
-                attemptId: i.attemptId,
-                outcome: toPbOutcome(i.outcome),
-                storedResult: isObject(i.storedResult) ? i.storedResult : undefined,
-                current: i.current ? toPbCurrent(i.current) : undefined,
-                message: i.message,
-              }),
-            ),
-          }),
-        },
-      });
+      return ackMessage(o.items);
     case 'revoke':
       return create(ServerMessageSchema, { kind: { case: 'revoke', value: { attemptIds: o.attemptIds, reason: REVOKE_REASON[o.reason], detail: o.detail } } });
     case 'cancel':
@@ -229,10 +212,8 @@ function toServerMessage(o: AgentOutput): ServerMessage {
     case 'goAway':
       return create(ServerMessageSchema, { kind: { case: 'goAway', value: { detail: o.detail } } });
     case 'renewed':
-      return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds: o.attemptIds, leaseTtl: durationFromMs(o.leaseTtlMs), seq: o.seq } } });
+      return renewedMessage(o.attemptIds, o.leaseTtlMs, o.seq);
   }
 }
-
-const isObject = (v: unknown): v is JsonObject => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 export type { Session };

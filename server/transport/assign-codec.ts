@@ -1,175 +1,29 @@
 /**
- * The jobs of an `Assign`, encoded by hand. An `Assign` carries every job the dispatcher hands
+ * The jobs of an `Assign`, and `Ack` and `Renewed`, encoded by hand. An `Assign` carries every job the dispatcher hands
  * out, so it is the message the coordinator writes most; protobuf-es encodes it by reflection,
  * field by field (about 20 µs per job measured here, the largest part of what a job costs the
  * coordinator), and its BinaryWriter's fork/join per nested message is nearly as slow. This
  * sizes each message first and writes the same bytes straight into one buffer; `assignMessage`
  * hands them to the transport as the `Assign`'s unknown fields, which protobuf-es writes as they
  * are. On the wire it is an ordinary `Assign` (test/assign-codec.test.ts compares the bytes with
- * protobuf-es's, on random jobs).
+ * protobuf-es's, on random jobs). `Ack` and `Renewed`, sent once per job too, are written the
+ * same way (the writer is the agent's, agent-client/src/wire.ts).
  */
-import { create, toBinary, type JsonValue } from '@bufbuild/protobuf';
+import { create, toBinary } from '@bufbuild/protobuf';
 import { WireType } from '@bufbuild/protobuf/wire';
-import { ServerMessageSchema, ServerMessage_AssignSchema, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
-import { ClaimedJobSchema } from '../../gen/leasehold/v1/job_pb.js';
+import { LEN, Writer, int32Size, isObject, lenField, lenField2, structSize, timeSize, uint64Size, valueSize, varintSize } from '../../agent-client/src/wire.js';
+import { durationFromMs } from '@bufbuild/protobuf/wkt';
+import {
+  ServerMessageSchema,
+  ServerMessage_AckSchema,
+  ServerMessage_AssignSchema,
+  ServerMessage_RenewedSchema,
+  type ServerMessage,
+} from '../../gen/leasehold/v1/agent_service_pb.js';
+import { ClaimedJobSchema, CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
+import type { AckItem } from '../core/agent-hub.js';
 import type { Claimed } from '../store/index.js';
-import { toPbClaimed, toPbStatus } from './codec.js';
-
-const LEN = WireType.LengthDelimited;
-
-type Obj = { [k: string]: JsonValue };
-const isObject = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
-
-// ───────────────────────────── sizes ─────────────────────────────
-
-/** Bytes of a varint of a non-negative integer below 2^53. */
-function varintSize(n: number): number {
-  let size = 1;
-  while (n >= 128) {
-    n = Math.floor(n / 128);
-    size++;
-  }
-  return size;
-}
-/** Bytes of an int32 field's value: negative numbers take ten. */
-const int32Size = (n: number) => (n < 0 ? 10 : varintSize(n));
-/** Bytes of a length-delimited field with a one-byte tag (field numbers below 16) and `len` bytes. */
-const lenField = (len: number) => 1 + varintSize(len) + len;
-/** Bytes of a length-delimited field with a two-byte tag (fields 16 to 2047). */
-const lenField2 = (len: number) => 2 + varintSize(len) + len;
-
-function timeSize(ms: number): number {
-  const seconds = Math.floor(ms / 1000);
-  const nanos = Math.round((ms - seconds * 1000) * 1e6);
-  return (seconds !== 0 ? 1 + varintSize(seconds) : 0) + (nanos !== 0 ? 1 + varintSize(nanos) : 0);
-}
-
-function valueSize(v: JsonValue): number {
-  if (v === null) return 2;
-  if (typeof v === 'number') return 9;
-  if (typeof v === 'string') return lenField(Buffer.byteLength(v));
-  if (typeof v === 'boolean') return 2;
-  if (Array.isArray(v)) return lenField(listSize(v));
-  return lenField(structSize(v));
-}
-
-function listSize(a: JsonValue[]): number {
-  let size = 0;
-  for (const x of a) size += lenField(valueSize(x));
-  return size;
-}
-
-function entrySize(k: string, v: JsonValue): number {
-  return lenField(Buffer.byteLength(k)) + lenField(valueSize(v));
-}
-
-function structSize(o: Obj): number {
-  let size = 0;
-  for (const k in o) size += lenField(entrySize(k, o[k]!));
-  return size;
-}
-
-// ───────────────────────────── writing ─────────────────────────────
-
-class Out {
-  pos = 0;
-  constructor(readonly buf: Buffer) {}
-
-  byte(b: number): void {
-    this.buf[this.pos++] = b;
-  }
-
-  varint(n: number): void {
-    while (n >= 128) {
-      this.buf[this.pos++] = (n % 128) | 128;
-      n = Math.floor(n / 128);
-    }
-    this.buf[this.pos++] = n;
-  }
-
-  int32(n: number): void {
-    if (n >= 0) return this.varint(n);
-    // Negative int32: the 64-bit two's complement, ten bytes.
-    let lo = n >>> 0;
-    for (let i = 0; i < 4; i++) {
-      this.buf[this.pos++] = (lo & 127) | 128;
-      lo >>>= 7;
-    }
-    this.buf[this.pos++] = (lo & 15) | 0x70 | 128;
-    for (let i = 0; i < 4; i++) this.buf[this.pos++] = 0xff;
-    this.buf[this.pos++] = 1;
-  }
-
-  tag(no: number, type: number): void {
-    this.varint(no * 8 + type);
-  }
-
-  string(no: number, s: string): void {
-    const len = Buffer.byteLength(s);
-    this.tag(no, LEN);
-    this.varint(len);
-    this.pos += this.buf.write(s, this.pos, len, 'utf8');
-  }
-
-  double(v: number): void {
-    this.buf.writeDoubleLE(v, this.pos);
-    this.pos += 8;
-  }
-}
-
-function writeTime(o: Out, no: number, ms: number): void {
-  const seconds = Math.floor(ms / 1000);
-  const nanos = Math.round((ms - seconds * 1000) * 1e6);
-  o.tag(no, LEN);
-  o.varint(timeSize(ms));
-  if (seconds !== 0) {
-    o.tag(1, WireType.Varint);
-    o.varint(seconds);
-  }
-  if (nanos !== 0) {
-    o.tag(2, WireType.Varint);
-    o.varint(nanos);
-  }
-}
-
-function writeValue(o: Out, v: JsonValue): void {
-  if (v === null) {
-    o.tag(1, WireType.Varint);
-    o.byte(0);
-  } else if (typeof v === 'number') {
-    o.tag(2, WireType.Bit64);
-    o.double(v);
-  } else if (typeof v === 'string') {
-    o.string(3, v);
-  } else if (typeof v === 'boolean') {
-    o.tag(4, WireType.Varint);
-    o.byte(v ? 1 : 0);
-  } else if (Array.isArray(v)) {
-    o.tag(6, LEN);
-    o.varint(listSize(v));
-    for (const x of v) {
-      o.tag(1, LEN);
-      o.varint(valueSize(x));
-      writeValue(o, x);
-    }
-  } else {
-    o.tag(5, LEN);
-    o.varint(structSize(v));
-    writeStruct(o, v);
-  }
-}
-
-function writeStruct(o: Out, s: Obj): void {
-  for (const k in s) {
-    const v = s[k]!;
-    o.tag(1, LEN);
-    o.varint(entrySize(k, v));
-    o.string(1, k);
-    o.tag(2, LEN);
-    o.varint(valueSize(v));
-    writeValue(o, v);
-  }
-}
+import { toPbClaimed, toPbCurrent, toPbOutcome, toPbStatus } from './codec.js';
 
 /** The job of `c` as `toPbJob` shows it: each field and its size, written in field order. */
 function jobSize(c: Claimed): number {
@@ -198,20 +52,18 @@ function jobSize(c: Claimed): number {
   if (isObject(j.labels)) {
     for (const k in j.labels) size += lenField2(lenField(Buffer.byteLength(k)) + lenField(Buffer.byteLength(String(j.labels[k]))));
   }
-  if (j.progress !== null && j.progress !== undefined) size += lenField2(valueSize(j.progress as JsonValue));
+  if (j.progress !== null && j.progress !== undefined) size += lenField2(valueSize(j.progress));
   return size;
 }
 
-function writeJob(o: Out, c: Claimed, size: number): void {
+function writeJob(o: Writer, c: Claimed, size: number): void {
   const j = c.job;
   o.tag(1, LEN);
   o.varint(size);
   if (j.id) o.string(1, j.id);
   if (j.queue) o.string(2, j.queue);
   if (isObject(j.payload)) {
-    o.tag(3, LEN);
-    o.varint(structSize(j.payload));
-    writeStruct(o, j.payload);
+    o.struct(3, j.payload);
   }
   if (j.priority !== 0) {
     o.tag(4, WireType.Varint);
@@ -222,7 +74,7 @@ function writeJob(o: Out, c: Claimed, size: number): void {
     o.tag(5, WireType.Varint);
     o.varint(status);
   }
-  writeTime(o, 6, j.runAt.getTime());
+  o.time(6, j.runAt.getTime());
   for (const [no, n] of [
     [7, j.maxAttempts],
     [8, j.attemptNo],
@@ -235,22 +87,18 @@ function writeJob(o: Out, c: Claimed, size: number): void {
   }
   if (j.currentAttemptId) o.string(10, j.currentAttemptId);
   if (j.agentId) o.string(11, j.agentId);
-  if (j.leaseExpiresAt) writeTime(o, 12, j.leaseExpiresAt.getTime());
-  if (j.executionTimeoutMs) writeTime(o, 13, j.executionTimeoutMs);
+  if (j.leaseExpiresAt) o.time(12, j.leaseExpiresAt.getTime());
+  if (j.executionTimeoutMs) o.time(13, j.executionTimeoutMs);
   if (j.idempotencyKey) o.string(14, j.idempotencyKey);
   if (isObject(j.result)) {
-    o.tag(15, LEN);
-    o.varint(structSize(j.result));
-    writeStruct(o, j.result);
+    o.struct(15, j.result);
   }
   if (isObject(j.error)) {
-    o.tag(16, LEN);
-    o.varint(structSize(j.error));
-    writeStruct(o, j.error);
+    o.struct(16, j.error);
   }
-  writeTime(o, 17, j.createdAt.getTime());
-  writeTime(o, 18, j.updatedAt.getTime());
-  if (j.finishedAt) writeTime(o, 19, j.finishedAt.getTime());
+  o.time(17, j.createdAt.getTime());
+  o.time(18, j.updatedAt.getTime());
+  if (j.finishedAt) o.time(19, j.finishedAt.getTime());
   if (j.notifyUrl) o.string(20, j.notifyUrl);
   if (isObject(j.labels)) {
     for (const k in j.labels) {
@@ -263,8 +111,8 @@ function writeJob(o: Out, c: Claimed, size: number): void {
   }
   if (j.progress !== null && j.progress !== undefined) {
     o.tag(22, LEN);
-    o.varint(valueSize(j.progress as JsonValue));
-    writeValue(o, j.progress as JsonValue);
+    o.varint(valueSize(j.progress));
+    o.valueBody(j.progress);
   }
 }
 
@@ -277,7 +125,7 @@ export function encodeClaimedJob(c: Claimed): Uint8Array {
   const j = c.job;
   if (Math.min(j.runAt.getTime(), j.createdAt.getTime(), j.updatedAt.getTime(), c.claimDeadline.getTime(), j.leaseExpiresAt?.getTime() ?? 0, j.finishedAt?.getTime() ?? 0) < 0) {
     const bytes = toBinary(ClaimedJobSchema, toPbClaimed(c));
-    const o = new Out(Buffer.allocUnsafe(varintSize(bytes.length) + bytes.length));
+    const o = new Writer(Buffer.allocUnsafe(varintSize(bytes.length) + bytes.length));
     o.varint(bytes.length);
     o.buf.set(bytes, o.pos);
     return o.buf;
@@ -288,7 +136,7 @@ export function encodeClaimedJob(c: Claimed): Uint8Array {
     (c.attemptId ? lenField(Buffer.byteLength(c.attemptId)) : 0) +
     (c.attemptNo !== 0 ? 1 + int32Size(c.attemptNo) : 0) +
     lenField(timeSize(c.claimDeadline.getTime()));
-  const o = new Out(Buffer.allocUnsafe(varintSize(body) + body));
+  const o = new Writer(Buffer.allocUnsafe(varintSize(body) + body));
   o.varint(body);
   writeJob(o, c, job);
   if (c.attemptId) o.string(2, c.attemptId);
@@ -296,7 +144,7 @@ export function encodeClaimedJob(c: Claimed): Uint8Array {
     o.tag(3, WireType.Varint);
     o.int32(c.attemptNo);
   }
-  writeTime(o, 4, c.claimDeadline.getTime());
+  o.time(4, c.claimDeadline.getTime());
   return o.buf;
 }
 
@@ -308,4 +156,63 @@ export function assignMessage(jobs: Claimed[]): ServerMessage {
   const assign = create(ServerMessage_AssignSchema);
   assign.$unknown = jobs.map((c) => ({ no: 1, wireType: LEN, data: encodeClaimedJob(c) }));
   return create(ServerMessageSchema, { kind: { case: 'assign', value: assign } });
+}
+
+/** One `Ack.Item` as its unknown-field data (length first), as `toServerMessage` would build it. */
+function encodeAckItem(i: AckItem): Uint8Array {
+  const outcome = toPbOutcome(i.outcome);
+  const current = i.current ? toBinary(CurrentStateSchema, toPbCurrent(i.current)) : undefined;
+  const stored = isObject(i.storedResult) ? i.storedResult : undefined;
+  const body =
+    (i.attemptId ? lenField(Buffer.byteLength(i.attemptId)) : 0) +
+    (outcome !== 0 ? 1 + int32Size(outcome) : 0) +
+    (stored ? lenField(structSize(stored)) : 0) +
+    (current ? lenField(current.length) : 0) +
+    (i.message ? lenField(Buffer.byteLength(i.message)) : 0);
+  const o = Writer.sized(varintSize(body) + body);
+  o.varint(body);
+  if (i.attemptId) o.string(1, i.attemptId);
+  if (outcome !== 0) {
+    o.tag(2, WireType.Varint);
+    o.int32(outcome);
+  }
+  if (stored) o.struct(3, stored);
+  if (current) {
+    o.tag(4, LEN);
+    o.varint(current.length);
+    o.buf.set(current, o.pos);
+    o.pos += current.length;
+  }
+  if (i.message) o.string(5, i.message);
+  return o.buf;
+}
+
+/** A `ServerMessage` with an `Ack` of `items`, each encoded by hand (as the jobs of an `Assign`). */
+export function ackMessage(items: AckItem[]): ServerMessage {
+  const ack = create(ServerMessage_AckSchema);
+  ack.$unknown = items.map((i) => ({ no: 1, wireType: LEN, data: encodeAckItem(i) }));
+  return create(ServerMessageSchema, { kind: { case: 'ack', value: ack } });
+}
+
+/** A `ServerMessage` with a `Renewed`, its fields encoded by hand. */
+export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bigint): ServerMessage {
+  // A lease is never negative; such a duration (ten-byte varints) is left to protobuf-es.
+  if (!(leaseTtlMs >= 0)) return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds, leaseTtl: durationFromMs(leaseTtlMs), seq } } });
+  const renewed = create(ServerMessage_RenewedSchema);
+  const unknown: Array<{ no: number; wireType: WireType; data: Uint8Array }> = attemptIds.map((id) => {
+    const o = Writer.sized(lenField(Buffer.byteLength(id)) - 1);
+    o.varint(Buffer.byteLength(id));
+    o.pos += o.buf.write(id, o.pos, 'utf8');
+    return { no: 1, wireType: LEN, data: o.buf };
+  });
+  const ttl = Writer.sized(lenField(timeSize(leaseTtlMs)) - 1);
+  ttl.timeBody(leaseTtlMs);
+  unknown.push({ no: 2, wireType: LEN, data: ttl.buf });
+  if (seq !== 0n) {
+    const o = Writer.sized(uint64Size(seq));
+    o.uint64(seq);
+    unknown.push({ no: 3, wireType: WireType.Varint, data: o.buf });
+  }
+  renewed.$unknown = unknown;
+  return create(ServerMessageSchema, { kind: { case: 'renewed', value: renewed } });
 }

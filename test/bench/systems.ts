@@ -130,7 +130,17 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
       return (await pool.query(q)).rows[0].done as boolean;
     },
     async reset() {
-      await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports CASCADE');
+      // The coordinator's background work (reaper, purger, webhook deliverer) may hold one of
+      // these tables while it waits for another: PostgreSQL breaks such a deadlock by failing one
+      // side, and a failed TRUNCATE is simply tried again (seen once in a latency run).
+      for (let attempt = 1; ; attempt++) {
+        try {
+          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports CASCADE');
+          return;
+        } catch (err) {
+          if ((err as { code?: string }).code !== '40P01' || attempt >= 5) throw err;
+        }
+      }
     },
     async worker(mode, concurrency) {
       const tokens: string[] = [];
