@@ -64,12 +64,49 @@ interface Worker {
 /** Where worker profiles go while profiling (`--profile`), after the warm-up. */
 let profiling: { dir: string; n: number } | undefined;
 
-function forkWorker(cfg: WorkerConfig): Promise<Worker> {
-  // One directory per worker: every thread writes a profile (tsx's loader runs in one of its own).
+/**
+ * worker.ts and the agent SDK compiled to one plain JavaScript file, its dependencies loaded from
+ * node_modules as usual: workers run what users run. The SDK ships compiled (its package's dist/,
+ * or the `build:agent` bundle), and the peers run their own compiled code; through the tsx loader
+ * every closure the SDK makes per job would also be named at run time (esbuild's keepNames, which
+ * tsx turns on), a cost only this repository's tests pay.
+ */
+let workerFile: Promise<string> | undefined;
+function compiledWorker(): Promise<string> {
+  workerFile ??= (async () => {
+    const { build } = await import('esbuild');
+    const outfile = path.join(root, 'node_modules', '.cache', 'leasehold-bench', 'worker.mjs');
+    await build({
+      entryPoints: [path.join(here, 'worker.ts')],
+      bundle: true,
+      platform: 'node',
+      format: 'esm',
+      target: 'node20',
+      outfile,
+      sourcemap: 'inline',
+      alias: { '@leasehold/agent-client': path.join(root, 'agent-client/src/index.ts') },
+      plugins: [
+        {
+          // Packages stay packages (resolved from node_modules at run time); only this repository's files are compiled in.
+          name: 'packages-external',
+          setup(b) {
+            b.onResolve({ filter: /^[^./]/ }, (a) => (a.path.startsWith('@leasehold/') ? undefined : { path: a.path, external: true }));
+          },
+        },
+      ],
+      logLevel: 'warning',
+    });
+    return outfile;
+  })();
+  return workerFile;
+}
+
+async function forkWorker(cfg: WorkerConfig): Promise<Worker> {
+  // One directory per worker: every thread writes a profile.
   const prof = profiling ? ['--cpu-prof', `--cpu-prof-dir=${path.join(profiling.dir, `worker-${cfg.system}-${cfg.mode}-${++profiling.n}`)}`] : [];
-  const child = fork(path.join(here, 'worker.ts'), [JSON.stringify(cfg)], {
+  const child = fork(await compiledWorker(), [JSON.stringify(cfg)], {
     cwd: root,
-    execArgv: ['--import', 'tsx', ...prof],
+    execArgv: ['--enable-source-maps', ...prof],
     stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
   });
   const w: Worker = { child, started: new Map() };
