@@ -200,25 +200,9 @@ function readJobHigh(r: Reader, j: Job, tag: number, once: (p: unknown) => void,
     case 20:
       j.notifyUrl = r.string();
       return;
-    case 21: {
-      const end = r.len();
-      let key = '';
-      let value = '';
-      let seen = 0;
-      while (r.pos < end) {
-        const t = r.varint();
-        if (t === 10 && !(seen & 1)) {
-          key = r.string();
-          seen |= 1;
-        } else if (t === 18 && !(seen & 2)) {
-          value = r.string();
-          seen |= 2;
-        } else throw UNEXPECTED;
-      }
-      if (r.pos !== end || key === '__proto__') throw UNEXPECTED;
-      j.labels[key] = value;
+    case 21:
+      r.entry(j.labels, () => r.string(), '');
       return;
-    }
   }
 }
 

@@ -328,25 +328,34 @@ export class Reader {
     const o: JsonObject = {};
     while (this.pos < end) {
       if (this.varint() !== 10) throw UNEXPECTED;
-      const entryEnd = this.len();
-      let key = '';
-      let value: JsonValue = null;
-      let seen = 0;
-      while (this.pos < entryEnd) {
-        const tag = this.varint();
-        if (tag === 10 && !(seen & 1)) {
-          key = this.string();
-          seen |= 1;
-        } else if (tag === 18 && !(seen & 2)) {
-          value = this.value(this.len());
-          seen |= 2;
-        } else throw UNEXPECTED;
-      }
-      if (key === '__proto__') throw UNEXPECTED;
-      o[key] = value;
+      this.entry(o, () => this.value(this.len()), null);
     }
     if (this.pos !== end) throw UNEXPECTED;
     return o;
+  }
+
+  /**
+   * A map entry (its length first) into `into`: the key (field 1) and the value (field 2, read
+   * by `value`, `empty` when absent), each at most once.
+   */
+  entry<V>(into: Record<string, V>, value: () => V, empty: V): void {
+    const end = this.len();
+    let key = '';
+    let v = empty;
+    let seen = 0;
+    while (this.pos < end) {
+      const tag = this.varint();
+      if (tag === 10 && !(seen & 1)) {
+        key = this.string();
+        seen |= 1;
+      } else if (tag === 18 && !(seen & 2)) {
+        v = value();
+        seen |= 2;
+      } else throw UNEXPECTED;
+    }
+    // A key of __proto__ would set the object's prototype: protobuf-es's to decide.
+    if (this.pos !== end || key === '__proto__') throw UNEXPECTED;
+    into[key] = v;
   }
 
   /** A `Value` body ending at `end`, as the JSON value protobuf-es makes of it inside a `Struct`. */

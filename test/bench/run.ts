@@ -442,25 +442,34 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       await systems[0]?.pool.query('SELECT pg_stat_statements_reset()');
     }
 
+    // Repetitions take turns between the systems (1st of each, then 2nd of each, …), so that a
+    // stretch of a slower machine (a shared virtual machine varies from minute to minute) falls on
+    // all of them alike rather than on whichever ran then.
     if (o.scenarios.includes('throughput')) {
-      for (const s of systems) {
-        const jps: number[] = [];
-        const cpj: number[] = [];
-        const cpu = { main: [] as number[], worker: [] as number[], db: [] as number[], total: [] as number[] };
-        for (let r = 0; r < o.reps; r++) {
+      type Tp = Awaited<ReturnType<typeof throughputRep>>;
+      const reps = new Map<System, Tp[]>(systems.map((s) => [s, []]));
+      for (let r = 0; r < o.reps; r++) {
+        for (const s of systems) {
           const x = await throughputRep(s, o, o.jobs);
-          jps.push(x.jobsPerSec);
-          cpj.push(x.commitsPerJob);
+          reps.get(s)!.push(x);
           const c = x.cpuMsPerJob;
-          cpu.main.push(c.main);
-          if (c.worker !== undefined) cpu.worker.push(c.worker);
-          if (c.db !== undefined) cpu.db.push(c.db);
-          if (c.total !== undefined) cpu.total.push(c.total);
           log(
             `throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
               `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
           );
         }
+      }
+      for (const s of systems) {
+        const xs = reps.get(s)!;
+        const jps = xs.map((x) => x.jobsPerSec);
+        const cpj = xs.map((x) => x.commitsPerJob);
+        const defined = (v: Array<number | undefined>) => v.filter((n): n is number => n !== undefined);
+        const cpu = {
+          main: xs.map((x) => x.cpuMsPerJob.main),
+          worker: defined(xs.map((x) => x.cpuMsPerJob.worker)),
+          db: defined(xs.map((x) => x.cpuMsPerJob.db)),
+          total: defined(xs.map((x) => x.cpuMsPerJob.total)),
+        };
         const cpuFig = (xs: number[], unit: string, metric?: MetricKey) =>
           xs.length === o.reps ? [{ ...fig(xs, 2), unit, ...(metric ? { metric } : {}) }] : [];
         rows.push({
@@ -499,24 +508,26 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       }
     }
     if (o.scenarios.includes('latency')) {
-      for (const s of systems) {
-        const p50: number[] = [];
-        const p95: number[] = [];
-        const p99: number[] = [];
-        const cpu: number[] = [];
-        const all: number[] = [];
-        for (let r = 0; r < o.reps; r++) {
-          const { latencies: l, cpu: c } = await latencyRep(s, o);
-          p50.push(pct(l, 50));
-          p95.push(pct(l, 95));
-          p99.push(pct(l, 99));
-          if (c.total !== undefined) cpu.push(c.total);
-          all.push(...l);
+      type Lat = Awaited<ReturnType<typeof latencyRep>>;
+      const reps = new Map<System, Lat[]>(systems.map((s) => [s, []]));
+      for (let r = 0; r < o.reps; r++) {
+        for (const s of systems) {
+          const x = await latencyRep(s, o);
+          reps.get(s)!.push(x);
+          const { latencies: l, cpu: c } = x;
           log(
             `latency ${s.label} rep ${r + 1}: p50 ${pct(l, 50)} ms, p95 ${pct(l, 95)} ms, p99 ${pct(l, 99)} ms; ` +
               `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator and HTTP client' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
           );
         }
+      }
+      for (const s of systems) {
+        const xs = reps.get(s)!;
+        const p50 = xs.map((x) => pct(x.latencies, 50));
+        const p95 = xs.map((x) => pct(x.latencies, 95));
+        const p99 = xs.map((x) => pct(x.latencies, 99));
+        const cpu = xs.map((x) => x.cpu.total).filter((n): n is number => n !== undefined);
+        const all = xs.flatMap((x) => x.latencies);
         latencies.set(s.label, all);
         rows.push({
           scenarioKey: 'latency',
