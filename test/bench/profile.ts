@@ -41,6 +41,8 @@ export async function profileSelf(file: string): Promise<() => Promise<void>> {
 function areaOf(url: string, name: string): string {
   if (!url) return name.startsWith('(') ? name : '(native)';
   if (url.startsWith('node:')) return `node:${url.slice(5).split('/')[0]}`;
+  // The benchmark's worker, compiled with the agent SDK inside (run.ts, compiledWorker).
+  if (url.includes('/.cache/leasehold-bench/')) return 'agent SDK and worker.ts (compiled)';
   const nm = url.lastIndexOf('node_modules/');
   if (nm >= 0) {
     const rest = url.slice(nm + 'node_modules/'.length).split('/');
