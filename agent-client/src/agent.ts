@@ -293,19 +293,19 @@ export class Agent extends EventEmitter<AgentEvents> {
       this.call = call;
       const resume = [...this.running.values()].filter((r) => !r.abort.aborted).map((r) => r.attemptId);
       call.write({
-          kind: {
-            case: 'hello',
-            value: {
-              agentId: this.options.agentId ?? '',
-              token: this.options.token,
-              queues,
-              labels: this.options.labels ?? {},
-              slots: this.options.slots ?? 1,
-              resume,
-              seq: this.nextSeq(),
-            },
+        kind: {
+          case: 'hello',
+          value: {
+            agentId: this.options.agentId ?? '',
+            token: this.options.token,
+            queues,
+            labels: this.options.labels ?? {},
+            slots: this.options.slots ?? 1,
+            resume,
+            seq: this.nextSeq(),
           },
-        });
+        },
+      });
       call.on('data', (m: ServerMessage) => {
         try {
           this.onMessage(m);

@@ -24,6 +24,13 @@ export type AgentMessageInit = MessageInitShape<typeof AgentMessageSchema>;
 
 // ───────────────────────────── reading ─────────────────────────────
 
+const timestamp = (r: Reader) => r.time('google.protobuf.Timestamp', r.len());
+
+/** A message field met twice is merged by protobuf-es: left to it. */
+function once(present: unknown): void {
+  if (present !== undefined) throw UNEXPECTED;
+}
+
 /** A `ServerMessage` from its bytes, as `fromBinary(ServerMessageSchema, bytes)` gives it. */
 export function decodeServerMessage(bytes: Uint8Array): ServerMessage {
   const buf = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
@@ -43,7 +50,8 @@ function readServerMessage(r: Reader): ServerMessage {
   if (r.end === 0) throw UNEXPECTED;
   let kind: ServerMessage['kind'];
   const tag = r.varint();
-  const end = tag & 7 ? r.len() : -1;
+  if (tag !== 18 && tag !== 26 && tag !== 58) throw UNEXPECTED;
+  const end = r.len();
   if (tag === 18) kind = { case: 'assign', value: readAssign(r, end) };
   else if (tag === 26) kind = { case: 'ack', value: readAck(r, end) };
   else if (tag === 58) kind = { case: 'renewed', value: readRenewed(r, end) };
@@ -67,7 +75,7 @@ function readClaimed(r: Reader, end: number): ClaimedJob {
   while (r.pos < end) {
     switch (r.varint()) {
       case 10:
-        if (c.job) throw UNEXPECTED;
+        once(c.job);
         c.job = readJob(r, r.len());
         break;
       case 18:
@@ -77,8 +85,8 @@ function readClaimed(r: Reader, end: number): ClaimedJob {
         c.attemptNo = r.int32();
         break;
       case 34:
-        if (c.claimDeadline) throw UNEXPECTED;
-        c.claimDeadline = r.time('google.protobuf.Timestamp', r.len());
+        once(c.claimDeadline);
+        c.claimDeadline = timestamp(r);
         break;
       default:
         throw UNEXPECTED;
@@ -104,14 +112,8 @@ function readJob(r: Reader, end: number): Job {
     notifyUrl: '',
     labels: {},
   };
-  // A message field met twice is merged by protobuf-es: left to it.
-  const once = (present: unknown) => {
-    if (present !== undefined) throw UNEXPECTED;
-  };
-  const ts = () => r.time('google.protobuf.Timestamp', r.len());
   while (r.pos < end) {
-    const tag = r.varint();
-    switch (tag) {
+    switch (r.varint()) {
       case 10:
         j.id = r.string();
         break;
@@ -130,7 +132,7 @@ function readJob(r: Reader, end: number): Job {
         break;
       case 50:
         once(j.runAt);
-        j.runAt = ts();
+        j.runAt = timestamp(r);
         break;
       case 56:
         j.maxAttempts = r.int32();
@@ -149,7 +151,7 @@ function readJob(r: Reader, end: number): Job {
         break;
       case 98:
         once(j.leaseExpiresAt);
-        j.leaseExpiresAt = ts();
+        j.leaseExpiresAt = timestamp(r);
         break;
       case 106:
         once(j.executionTimeout);
@@ -162,13 +164,28 @@ function readJob(r: Reader, end: number): Job {
         once(j.result);
         j.result = r.struct(r.len());
         break;
-      case 130: // fields from 16 on have two-byte tags
+      // Fields from 16 on: two-byte tags.
+      case 130:
+        once(j.error);
+        j.error = r.struct(r.len());
+        break;
       case 138:
+        once(j.createdAt);
+        j.createdAt = timestamp(r);
+        break;
       case 146:
+        once(j.updatedAt);
+        j.updatedAt = timestamp(r);
+        break;
       case 154:
+        once(j.finishedAt);
+        j.finishedAt = timestamp(r);
+        break;
       case 162:
+        j.notifyUrl = r.string();
+        break;
       case 170:
-        readJobHigh(r, j, tag, once, ts);
+        r.entry(j.labels, () => r.string(), '');
         break;
       default:
         // progress (22, a Value kept as a message), unknown fields: protobuf-es's.
@@ -177,33 +194,6 @@ function readJob(r: Reader, end: number): Job {
   }
   if (r.pos !== end) throw UNEXPECTED;
   return j;
-}
-
-function readJobHigh(r: Reader, j: Job, tag: number, once: (p: unknown) => void, ts: () => Job['runAt']): void {
-  switch (tag >>> 3) {
-    case 16:
-      once(j.error);
-      j.error = r.struct(r.len());
-      return;
-    case 17:
-      once(j.createdAt);
-      j.createdAt = ts();
-      return;
-    case 18:
-      once(j.updatedAt);
-      j.updatedAt = ts();
-      return;
-    case 19:
-      once(j.finishedAt);
-      j.finishedAt = ts();
-      return;
-    case 20:
-      j.notifyUrl = r.string();
-      return;
-    case 21:
-      r.entry(j.labels, () => r.string(), '');
-      return;
-  }
 }
 
 function readAck(r: Reader, end: number): ServerMessage_Ack {
@@ -221,11 +211,11 @@ function readAck(r: Reader, end: number): ServerMessage_Ack {
           item.outcome = r.int32();
           break;
         case 26:
-          if (item.storedResult) throw UNEXPECTED;
+          once(item.storedResult);
           item.storedResult = r.struct(r.len());
           break;
         case 34:
-          if (item.current) throw UNEXPECTED;
+          once(item.current);
           item.current = readCurrent(r, r.len());
           break;
         case 42:
@@ -274,7 +264,7 @@ function readRenewed(r: Reader, end: number): ServerMessage_Renewed {
         m.attemptIds.push(r.string());
         break;
       case 18:
-        if (m.leaseTtl) throw UNEXPECTED;
+        once(m.leaseTtl);
         m.leaseTtl = r.time('google.protobuf.Duration', r.len());
         break;
       case 24:

@@ -131,8 +131,13 @@ export class Writer {
   }
 
   string(no: number, s: string): void {
-    const len = Buffer.byteLength(s);
     this.tag(no, LEN);
+    this.stringBody(s);
+  }
+
+  /** A string's length, then its UTF-8 bytes. */
+  stringBody(s: string): void {
+    const len = Buffer.byteLength(s);
     this.varint(len);
     this.pos += this.buf.write(s, this.pos, len, 'utf8');
   }
@@ -230,16 +235,13 @@ export const UNEXPECTED = new Error('not a message the hand reader decodes');
  * decodes what this one did not expect or says precisely what is wrong.
  */
 export class Reader {
-  pos: number;
+  pos = 0;
+  readonly end: number;
   /** The upper 32 bits of the last varint read by `varint`. */
   private hi = 0;
 
-  constructor(
-    readonly buf: Buffer,
-    pos = 0,
-    readonly end = buf.length,
-  ) {
-    this.pos = pos;
+  constructor(readonly buf: Buffer) {
+    this.end = buf.length;
   }
 
   /** The low 32 bits of a varint, unsigned; the high ones are kept in `hi`. */

@@ -201,8 +201,7 @@ export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bi
   const renewed = create(ServerMessage_RenewedSchema);
   const unknown: Array<{ no: number; wireType: WireType; data: Uint8Array }> = attemptIds.map((id) => {
     const o = Writer.sized(lenField(Buffer.byteLength(id)) - 1);
-    o.varint(Buffer.byteLength(id));
-    o.pos += o.buf.write(id, o.pos, 'utf8');
+    o.stringBody(id);
     return { no: 1, wireType: LEN, data: o.buf };
   });
   const ttl = Writer.sized(lenField(timeSize(leaseTtlMs)) - 1);
