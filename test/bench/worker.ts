@@ -2,12 +2,13 @@
  * A worker process for the benchmarks: Leasehold agents (the SDK over real streams),
  * graphile-worker or pg-boss, each with its own workers and a no-op (or holding) handler.
  * Started with `fork()`; reports over IPC: `ready`, and in `latency`/`hold` mode a `started`
- * message per job with the time the handler began.
+ * message per job with the time the handler began (`clockMs()`).
  */
 import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync } from 'node:fs';
 import pino from 'pino';
+import { clockMs } from './clock.js';
 
 export interface WorkerConfig {
   system: 'leasehold' | 'graphile-off' | 'graphile-on' | 'pgboss';
@@ -23,7 +24,7 @@ export interface WorkerConfig {
 const cfg = JSON.parse(process.argv[2]!) as WorkerConfig;
 const send = (m: unknown) => process.send?.(m);
 const onJob = (payload: Record<string, unknown> | undefined) => {
-  if (cfg.mode !== 'drain') send({ type: 'started', id: payload?.id, t: Date.now() });
+  if (cfg.mode !== 'drain') send({ type: 'started', id: payload?.id, t: clockMs() });
   if (cfg.mode === 'hold') return new Promise<never>(() => undefined); // until the process is killed
   return undefined;
 };
