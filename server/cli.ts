@@ -36,7 +36,8 @@ withDbFlags(
     .command('serve', { isDefault: true })
     .description('run the coordinator until SIGINT or SIGTERM')
     .option('--grpc-addr <host:port>', 'gRPC listener (env LEASEHOLD_GRPC_ADDR, default 127.0.0.1:50051)')
-    .option('--http-addr <host:port>', 'HTTP listener (env LEASEHOLD_HTTP_ADDR, default 127.0.0.1:8080)'),
+    .option('--http-addr <host:port>', 'HTTP listener (env LEASEHOLD_HTTP_ADDR, default 127.0.0.1:8080)')
+    .option('--insecure', 'allow cleartext listeners on a non-loopback address (env LEASEHOLD_INSECURE=1)'),
 ).action(async (flags: ConfigFlags) => {
   const config = await loadConfig(flags);
   // Loaded here, not at the top: the tool commands need only the store, and start faster without

@@ -44,6 +44,17 @@ export interface Config {
   helloPendingMax: number;
   /** TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
   tls: { certFile: string; keyFile: string } | undefined;
+  /**
+   * Cleartext listeners on an address other than loopback were asked for: `--insecure`
+   * (`LEASEHOLD_INSECURE=1`). Without it (or TLS, or `trustProxy`) such a start is refused.
+   */
+  insecure: boolean;
+  /**
+   * A TLS-terminating proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`), e.g.
+   * Caddy in front of a container that listens on `0.0.0.0`: cleartext on a non-loopback address
+   * is allowed, as the proxy's own network leg.
+   */
+  trustProxy: boolean;
 }
 
 /** Flags given on the command line; each overrides its environment variable. */
@@ -51,6 +62,8 @@ export interface ConfigFlags {
   grpcAddr?: string;
   httpAddr?: string;
   dataDir?: string;
+  /** `--insecure`: accept cleartext listeners on a non-loopback address. */
+  insecure?: boolean;
 }
 
 export class ConfigError extends Error {
@@ -74,6 +87,22 @@ function count(name: string, raw: string | undefined, fallback: number, min: num
   const n = Number(raw);
   if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(`${name}=${JSON.stringify(raw)} must be a whole number from ${min} to ${max}`);
   return n;
+}
+
+function flag(name: string, raw: string | undefined): boolean {
+  const v = raw?.trim().toLowerCase() ?? '';
+  if (['', '0', 'false', 'no', 'off'].includes(v)) return false;
+  if (['1', 'true', 'yes', 'on'].includes(v)) return true;
+  throw new ConfigError(`${name}=${JSON.stringify(raw)} must be 1 or 0 (true or false)`);
+}
+
+/**
+ * Whether `host:port` listens on loopback only: 127.0.0.0/8, `localhost`, `[::1]`. Anything else
+ * (`0.0.0.0`, `[::]`, a LAN address, a host name) may be reached from a network.
+ */
+export function isLoopback(hostPort: string): boolean {
+  const host = hostPort.slice(0, hostPort.lastIndexOf(':')).toLowerCase();
+  return host === 'localhost' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
 
 /** Builds the configuration from flags and environment; throws `ConfigError` naming the bad setting. */
@@ -116,6 +145,8 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     helloTimeoutMs: duration('LEASEHOLD_HELLO_TIMEOUT', env.LEASEHOLD_HELLO_TIMEOUT, 10_000, 100),
     helloPendingMax: count('LEASEHOLD_HELLO_PENDING_MAX', env.LEASEHOLD_HELLO_PENDING_MAX, 256, 1, 100_000),
     tls: undefined,
+    insecure: flags.insecure === true || flag('LEASEHOLD_INSECURE', env.LEASEHOLD_INSECURE),
+    trustProxy: flag('LEASEHOLD_TRUST_PROXY', env.LEASEHOLD_TRUST_PROXY),
   };
   if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {
     throw new ConfigError(`LEASEHOLD_ALERT_URL=${JSON.stringify(cfg.alertUrl)} must be an http:// or https:// URL`);
@@ -128,6 +159,21 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       if (!existsSync(file)) throw new ConfigError(`${name}=${file}: no such file`);
     }
     cfg.tls = { certFile: cert, keyFile: key };
+  }
+  // API keys and agent tokens travel in every request: in cleartext only where no network can
+  // read them (loopback), behind a TLS-terminating proxy, or when the operator says so.
+  if (!cfg.tls && !cfg.insecure && !cfg.trustProxy) {
+    for (const [what, value, flagName, envName] of [
+      ['gRPC', grpcAddr, '--grpc-addr', 'LEASEHOLD_GRPC_ADDR'],
+      ['HTTP', httpAddr, '--http-addr', 'LEASEHOLD_HTTP_ADDR'],
+    ] as const) {
+      if (isLoopback(value)) continue;
+      throw new ConfigError(
+        `refusing to listen for ${what} on ${value} (${flagName}, ${envName}) without TLS: keys and tokens would cross the network in cleartext. ` +
+          'Set LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY; or, with a TLS-terminating proxy in front, LEASEHOLD_TRUST_PROXY=1; ' +
+          'or accept cleartext with --insecure (LEASEHOLD_INSECURE=1).',
+      );
+    }
   }
   if (cfg.authCacheTtlMs > 3_600_000) {
     throw new ConfigError(`LEASEHOLD_AUTH_CACHE_TTL=${env.LEASEHOLD_AUTH_CACHE_TTL} is above the maximum of 1h (it bounds how long a revoked key may work if a notification is lost)`);

@@ -4,7 +4,7 @@
  * purger, session registry), the agent hub and dispatcher, the credential cache, the metrics,
  * and the gRPC and HTTP listeners; stops them in the reverse order.
  */
-import type { Config } from './config.js';
+import { isLoopback, type Config } from './config.js';
 import { Activity } from './core/activity.js';
 import { AgentHub } from './core/agent-hub.js';
 import { CredentialCache } from './core/credential-cache.js';
@@ -160,6 +160,17 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       dispatcher,
       waker,
     };
+    if (!config.tls) {
+      const open = [config.grpcAddr, config.httpAddr].filter((a) => !isLoopback(a));
+      if (open.length) {
+        log.warn(
+          { addrs: open, reason: config.trustProxy ? 'LEASEHOLD_TRUST_PROXY' : '--insecure' },
+          config.trustProxy
+            ? 'cleartext listeners beyond loopback: only a TLS-terminating proxy may reach them'
+            : 'cleartext listeners beyond loopback: keys and tokens cross the network unencrypted',
+        );
+      }
+    }
     const grpc = await listenGrpc({ ...deps, log: log.child({ component: 'grpc' }) }, config.grpcAddr, config.tls);
     cleanups.push(() => grpc.close());
     const http = await listenHttp({ ...deps, log: log.child({ component: 'http' }) }, config.httpAddr, config.tls);

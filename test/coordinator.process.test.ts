@@ -175,4 +175,21 @@ describe('leasehold serve', () => {
     expect((await p.exited).code).toBe(2);
     expect(p.lines.map((l) => String(l.msg)).join('\n')).toMatch(/LEASEHOLD_LEASE_TTL="soon" is not a duration/);
   });
+
+  it('refuses to listen beyond loopback in cleartext unless told to (--insecure), and warns when told', async () => {
+    const refused = serve(['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '0.0.0.0:0']);
+    expect((await refused.exited).code).toBe(2);
+    expect(refused.lines.map((l) => String(l.msg)).join('\n')).toMatch(/refusing to listen for HTTP on 0\.0\.0\.0:0 .* without TLS/);
+    expect(postmasterPid(), 'refused before the database started').toBeUndefined();
+
+    const told = serve(['serve', '--grpc-addr', '127.0.0.1:0', '--http-addr', '0.0.0.0:0', '--insecure']);
+    try {
+      await told.waitFor(/^HTTP listening$/);
+      const warning = told.lines.find((l) => String(l.msg).startsWith('cleartext listeners beyond loopback'));
+      expect(warning).toMatchObject({ addrs: ['0.0.0.0:0'], reason: '--insecure' });
+    } finally {
+      told.child.kill('SIGTERM');
+      await told.exited;
+    }
+  });
 });

@@ -12,6 +12,7 @@ import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import pg from 'pg';
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
@@ -262,6 +263,65 @@ describe('the seed scenario over HTTP alone', () => {
       ['complete', 2],
     ]);
     await checkInvariants(t.pool);
+  });
+});
+
+describe('what a stranger learns', () => {
+  it('/healthz says up or unavailable and nothing more: not why (stopping, the database unreachable)', async () => {
+    const log = pino({ level: 'silent' });
+    const hub = new AgentHub(t.pool, log, { leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 });
+    // A database that answers nothing: a port closed right after it was bound.
+    const closed = await new Promise<number>((resolve) => {
+      const srv = http.createServer().listen(0, '127.0.0.1', () => {
+        const port = (srv.address() as { port: number }).port;
+        srv.close(() => resolve(port));
+      });
+    });
+    const deadDb = new pg.Pool({ connectionString: `postgres://nobody:x@127.0.0.1:${closed}/none`, connectionTimeoutMillis: 2000 });
+    const deps = { hub, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 };
+    const up = await listenHttp({ ...deps, db: t.pool }, '127.0.0.1:0');
+    const noDb = await listenHttp({ ...deps, db: deadDb }, '127.0.0.1:0');
+    try {
+      const ok = await fetch(`http://127.0.0.1:${up.address.port}/healthz`);
+      expect([ok.status, await ok.json(), ok.headers.get('cache-control')]).toEqual([200, { status: 'ok' }, 'no-store']);
+      const dbDown = await fetch(`http://127.0.0.1:${noDb.address.port}/healthz`);
+      expect([dbDown.status, await dbDown.json()]).toEqual([503, { status: 'unavailable' }]);
+      up.health.shutdown();
+      const stopping = await fetch(`http://127.0.0.1:${up.address.port}/healthz`);
+      expect([stopping.status, await stopping.json()]).toEqual([503, { status: 'unavailable' }]);
+    } finally {
+      await up.close();
+      await noDb.close();
+      await deadDb.end();
+      await hub.stop();
+    }
+  });
+
+  it('never takes a key from the URL: a credential in the query string is refused before anything else', async () => {
+    const cases: Array<[string, string, string]> = [
+      ['POST', `/${JOBS}/ListJobs?key=${ADMIN_KEY}`, 'key'],
+      ['POST', `/${JOBS}/EnqueueJob?access_token=${ADMIN_KEY}`, 'access_token'],
+      ['GET', `/metrics?Token=${ADMIN_KEY}`, 'Token'],
+      ['GET', `/healthz?api_key=x`, 'api_key'],
+      ['GET', `/?key=${ADMIN_KEY}`, 'key'],
+    ];
+    for (const [method, url, field] of cases) {
+      // With a valid key in the header too: the one in the URL is still refused, not ignored.
+      const r = await fetch(`${lh.httpUrl}${url}`, {
+        method,
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+        ...(method === 'POST' ? { body: '{"queue":"q"}' } : {}),
+      });
+      expect(r.status, url).toBe(400);
+      const body = (await r.json()) as { outcome: string; field: string; message: string };
+      expect(body, url).toMatchObject({ code: 'invalid_argument', status: 400, outcome: 'invalid', field });
+      expect(body.message).toContain('Authorization: Bearer');
+      expect(body.message).not.toContain(ADMIN_KEY);
+    }
+    // No job was enqueued by the refused call.
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'q'`)).rows[0].n).toBe(0);
+    // Other query parameters are no concern of this rule.
+    expect((await fetch(`${lh.httpUrl}/healthz?probe=1`)).status).toBe(200);
   });
 });
 

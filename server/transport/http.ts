@@ -127,7 +127,18 @@ async function handle(
   req: http.IncomingMessage,
   res: http.ServerResponse,
 ): Promise<void> {
-  const path = (req.url ?? '/').split('?', 1)[0]!;
+  const [path, query] = splitUrl(req.url ?? '/');
+  const leaked = query && credentialParam(query);
+  if (leaked) {
+    // Refused, not ignored: a key in a URL is written to proxy logs, shell and browser histories.
+    return sendJson(res, 400, {
+      code: 'invalid_argument',
+      message: `credentials are never read from the URL (query parameter "${leaked}"): send "Authorization: Bearer <key>", and revoke a key that was sent this way`,
+      status: 400,
+      outcome: 'invalid',
+      field: leaked,
+    });
+  }
   if (path === '/healthz') return healthz(deps, health, req, res);
   if (path === '/metrics' && deps.metrics) return metrics(deps, req, res);
   if (isDashboardPath(path)) return serveDashboard(path, req, res);
@@ -220,6 +231,21 @@ function universalRequest(
   };
 }
 
+/** The path of a request target and its query string (without the `?`), if any. */
+function splitUrl(url: string): [string, string | undefined] {
+  const q = url.indexOf('?');
+  return q < 0 ? [url, undefined] : [url.slice(0, q), url.slice(q + 1)];
+}
+
+/** Query parameter names that carry a credential in other APIs; none is ever read here. */
+const CREDENTIAL_PARAMS = new Set(['key', 'api_key', 'apikey', 'token', 'access_token', 'auth', 'authorization', 'bearer', 'password']);
+
+/** The first query parameter named like a credential, if any. */
+function credentialParam(query: string): string | undefined {
+  for (const name of new URLSearchParams(query).keys()) if (CREDENTIAL_PARAMS.has(name.toLowerCase())) return name;
+  return undefined;
+}
+
 /** Outcomes named from Connect codes, for errors that did not come from a store outcome. */
 const OUTCOME_BY_CODE: Record<string, string> = {
   aborted: 'stale',
@@ -290,12 +316,18 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
     res.setHeader('allow', 'GET');
     return sendJson(res, 405, { code: 'unimplemented', message: 'use GET', status: 405, outcome: 'error' });
   }
-  if (health.status('') !== 'SERVING') return sendJson(res, 503, { status: 'stopping' });
+  // Up or not, nothing more: this path is open to anyone who reaches the listener. Why it is not
+  // up (stopping, the database unreachable) goes to the log.
+  res.setHeader('cache-control', 'no-store');
+  if (health.status('') !== 'SERVING') {
+    deps.log.debug('healthz: stopping');
+    return sendJson(res, 503, { status: 'unavailable' });
+  }
   try {
     await databasePing(deps.db);
   } catch (err) {
     deps.log.warn({ err }, 'healthz: database unreachable');
-    return sendJson(res, 503, { status: 'database unreachable' });
+    return sendJson(res, 503, { status: 'unavailable' });
   }
   return sendJson(res, 200, { status: 'ok' });
 }

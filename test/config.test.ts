@@ -1,0 +1,62 @@
+/**
+ * What a coordinator agrees to listen on: cleartext only on loopback unless TLS is configured,
+ * a TLS-terminating proxy is declared (LEASEHOLD_TRUST_PROXY) or the operator passes --insecure.
+ */
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { ConfigError, isLoopback, loadConfig } from '../server/config.js';
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'leasehold-config-'));
+const cert = path.join(dir, 'cert.pem');
+const key = path.join(dir, 'key.pem');
+// loadConfig checks that the files exist; the listeners read them.
+writeFileSync(cert, 'cert');
+writeFileSync(key, 'key');
+
+describe('listening beyond loopback', () => {
+  it('tells loopback addresses from the rest', () => {
+    for (const a of ['127.0.0.1:8080', '127.1.2.3:1', 'localhost:50051', 'LOCALHOST:1', '[::1]:8080']) expect(isLoopback(a), a).toBe(true);
+    for (const a of ['0.0.0.0:8080', '[::]:8080', '10.0.0.5:8080', '192.168.1.2:50051', 'leasehold.example.com:443', '128.0.0.1:80', '[::ffff:127.0.0.1]:80']) {
+      expect(isLoopback(a), a).toBe(false);
+    }
+  });
+
+  it('starts on loopback without TLS, as by default', () => {
+    const c = loadConfig({}, {});
+    expect([c.grpcAddr, c.httpAddr, c.insecure, c.trustProxy, c.tls]).toEqual(['127.0.0.1:50051', '127.0.0.1:8080', false, false, undefined]);
+  });
+
+  it('refuses a cleartext listener on a network address, naming the listener and the ways out', () => {
+    for (const [flags, env, listener] of [
+      [{ httpAddr: '0.0.0.0:8080' }, {}, 'HTTP on 0.0.0.0:8080 (--http-addr, LEASEHOLD_HTTP_ADDR)'],
+      [{}, { LEASEHOLD_GRPC_ADDR: '[::]:50051' }, 'gRPC on [::]:50051 (--grpc-addr, LEASEHOLD_GRPC_ADDR)'],
+      [{}, { LEASEHOLD_HTTP_ADDR: '192.168.1.10:8080', LEASEHOLD_INSECURE: '0' }, 'HTTP on 192.168.1.10:8080'],
+    ] as const) {
+      let err: unknown;
+      try {
+        loadConfig(flags, env);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, listener).toBeInstanceOf(ConfigError);
+      const m = (err as Error).message;
+      expect(m).toContain(`refusing to listen for ${listener}`);
+      for (const way of ['LEASEHOLD_TLS_CERT', 'LEASEHOLD_TRUST_PROXY=1', '--insecure', 'LEASEHOLD_INSECURE=1']) expect(m).toContain(way);
+    }
+  });
+
+  it('allows it with TLS, with a declared proxy, or when told to', () => {
+    const open = { grpcAddr: '0.0.0.0:50051', httpAddr: '0.0.0.0:8080' };
+    expect(loadConfig(open, { LEASEHOLD_TLS_CERT: cert, LEASEHOLD_TLS_KEY: key }).tls).toEqual({ certFile: cert, keyFile: key });
+    expect(loadConfig(open, { LEASEHOLD_TRUST_PROXY: '1' }).trustProxy).toBe(true);
+    expect(loadConfig(open, { LEASEHOLD_INSECURE: 'true' }).insecure).toBe(true);
+    expect(loadConfig({ ...open, insecure: true }, {}).insecure).toBe(true);
+  });
+
+  it('refuses a switch that is neither on nor off', () => {
+    expect(() => loadConfig({}, { LEASEHOLD_INSECURE: 'maybe' })).toThrow('LEASEHOLD_INSECURE="maybe" must be 1 or 0 (true or false)');
+    expect(() => loadConfig({}, { LEASEHOLD_TRUST_PROXY: 'yes please' })).toThrow(/LEASEHOLD_TRUST_PROXY/);
+  });
+});
