@@ -97,7 +97,9 @@ registerRemoteCommands(program);
 registerWebhookCommands(program);
 
 program.parseAsync().catch((err: unknown) => {
-  if ((err as Error).name === 'ConfigError') {
+  // A bad setting (DatabaseSettingError: DATABASE_URL's TLS settings, found on the first
+  // connection) is one line and exit code 2; anything else is logged with its stack, exit code 1.
+  if ((err as Error).name === 'ConfigError' || (err as Error).name === 'DatabaseSettingError') {
     log.error((err as Error).message);
     process.exitCode = 2;
   } else {

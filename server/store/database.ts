@@ -64,7 +64,9 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
     await pool.end().catch(() => undefined);
     await hot.end().catch(() => undefined);
     await embedded?.stop();
-    throw new Error(`cannot connect to PostgreSQL at ${redact(url)}: ${(err as Error).message}`, { cause: err });
+    const setting = databaseSettingProblem(url, err as Error & { code?: string; path?: string });
+    const why = setting ? `${setting} (${(err as Error).message})` : (err as Error).message;
+    throw new (setting ? DatabaseSettingError : Error)(`cannot connect to PostgreSQL at ${redact(url)}: ${why}`, { cause: err });
   }
   log.info({ url: redact(url), embedded: Boolean(embedded) }, 'database connected');
   let closed: Promise<void> | undefined;
@@ -80,6 +82,63 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
         await embedded?.stop();
       })()),
   };
+}
+
+/**
+ * A first connection refused because of what `DATABASE_URL` asks for: its TLS settings do not fit
+ * the server (a CA that did not sign its certificate, a host name the certificate does not list,
+ * no sslmode where the server requires TLS, an unreadable sslrootcert). Restarting will not help
+ * and changing the URL will (also when the provider changed its CA: the fix is a new
+ * sslrootcert), so `leasehold serve` and `migrate` report it as they do a `ConfigError`: one line
+ * naming the setting, exit code 2. Unreachable servers, refused passwords and everything else stay
+ * plain errors with exit code 1, as before: they may pass by themselves (a server starting, a
+ * password being rotated), and their own messages already say what happened.
+ */
+export class DatabaseSettingError extends Error {
+  override readonly name = 'DatabaseSettingError';
+}
+
+// Node's codes for a certificate chain that the trusted CAs do not vouch for.
+const UNTRUSTED_CERT = new Set([
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'CERT_SIGNATURE_FAILURE',
+]);
+
+/**
+ * What in `url` a failed first connection points at, in words an operator can act on; undefined
+ * when the failure is not about its TLS settings. node-postgres's own messages ("unable to verify
+ * the first certificate") name neither the setting nor the fix.
+ */
+function databaseSettingProblem(url: string, err: Error & { code?: string; path?: string }): string | undefined {
+  let params: URLSearchParams;
+  try {
+    params = new URL(url).searchParams;
+  } catch {
+    return undefined;
+  }
+  const rootcert = params.get('sslrootcert');
+  const mode = params.get('sslmode');
+  const libpq = params.get('uselibpqcompat') === 'true';
+  if (err.code && UNTRUSTED_CERT.has(err.code)) {
+    if (rootcert) return `its TLS certificate is not signed by the CA in sslrootcert (${rootcert}); check sslrootcert / sslmode in DATABASE_URL`;
+    // node-postgres (8.x) verifies the certificate for sslmode=require, prefer and verify-ca too.
+    const modeHint = mode && mode !== 'verify-full' && !libpq ? ` (node-postgres verifies it for sslmode=${mode} too; uselibpqcompat=true&sslmode=require encrypts without verifying)` : '';
+    return `its TLS certificate is not signed by a CA that Node.js trusts; give your provider's CA file with sslrootcert=<file> in DATABASE_URL${modeHint}`;
+  }
+  if (err.code === 'ERR_TLS_CERT_ALTNAME_INVALID') return 'its TLS certificate is not for the host name in DATABASE_URL; connect by a name the certificate lists, or check sslmode';
+  if (err.code === 'ENOENT' || err.code === 'EACCES') {
+    for (const name of ['sslrootcert', 'sslcert', 'sslkey'])
+      if (err.path && params.get(name) === err.path) return `the ${name} file of DATABASE_URL cannot be read`;
+  }
+  // PostgreSQL 14+ says "no encryption", earlier versions "SSL off".
+  if (/no pg_hba\.conf entry .*(no encryption|SSL off)/.test(err.message))
+    return "the server accepts only encrypted connections and DATABASE_URL asks for none; add sslmode=verify-full&sslrootcert=<your provider's CA file> to it";
+  if (err.message === 'The server does not support SSL connections') return "DATABASE_URL asks for TLS (sslmode) and the server has none; check the host, or the server's ssl setting";
+  return undefined;
 }
 
 /**

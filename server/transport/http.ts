@@ -43,6 +43,9 @@ export const KEEP_ALIVE_MS = 65_000;
 /** Largest request body the gateway reads (documents inside are bounded lower, 256 KiB). */
 export const HTTP_READ_MAX_BYTES = 1024 * 1024;
 
+/** How much of an oversized body is read away after its 413 before the connection is closed. */
+export const HTTP_DISCARD_MAX_BYTES = 16 * 1024 * 1024;
+
 export interface HttpServer {
   /** The bound address (the port is real when 0 was asked for). */
   address: AddressInfo;
@@ -154,7 +157,13 @@ async function handle(
   }
   const body = await readBody(req, HTTP_READ_MAX_BYTES);
   if (body === 'too_large') {
-    res.setHeader('connection', 'close');
+    // The rest of the body is read and thrown away, up to HTTP_DISCARD_MAX_BYTES, so that the
+    // connection stays usable and a proxy still writing the body (Caddy, nginx) gets to read this
+    // answer: closing a socket with unread data makes the kernel reset it, and the proxy then
+    // answers 502 instead of this 413 (test/proxies.test.ts). Past that, the connection closes.
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > HTTP_DISCARD_MAX_BYTES) res.setHeader('connection', 'close');
+    else discardRest(req);
     return sendJson(res, 413, {
       code: 'invalid_argument',
       message: `the request body is over the limit of ${HTTP_READ_MAX_BYTES} bytes`,
@@ -382,6 +391,16 @@ function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer | 't
     req.once('end', () => resolve(Buffer.concat(chunks)));
     req.once('error', reject);
   });
+}
+
+/** Reads what is left of a request's body and drops it; past HTTP_DISCARD_MAX_BYTES, closes the connection. */
+function discardRest(req: http.IncomingMessage): void {
+  let discarded = 0;
+  req.on('data', (chunk: Buffer) => {
+    discarded += chunk.length;
+    if (discarded > HTTP_DISCARD_MAX_BYTES) req.socket.destroy();
+  });
+  req.resume();
 }
 
 async function readAll(uRes: UniversalServerResponse): Promise<Buffer> {

@@ -1,0 +1,206 @@
+/**
+ * The coordinator behind the reverse proxies deploy/ ships: Caddy (deploy/Caddyfile) and nginx
+ * (deploy/nginx.conf), each a real process run from the shipped file (test/helpers/proxies.ts says
+ * what a test changes in it: ports, paths, a certificate). Everything goes through the proxy over
+ * HTTPS: an SDK agent's gRPC stream (HTTP/2) and the gateway's Connect JSON (HTTP/1.1, as n8n
+ * sends it). Shown for each proxy: jobs enqueued through the gateway run on the agent; after the
+ * proxy process restarts the agent comes back by itself, a job running across the restart is
+ * finished once, and no job is lost or run twice; a body over the gateway's 1 MiB gets the
+ * gateway's JSON 413, not the proxy's page.
+ *
+ * Skipped when caddy or nginx is not installed, unless LEASEHOLD_REQUIRE_PROXIES=1 (CI), which
+ * fails instead.
+ */
+import { once } from 'node:events';
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { createAgent, type Agent } from '@leasehold/agent-client';
+import { HTTP_READ_MAX_BYTES } from '../server/transport/http.js';
+import { useTestDb } from './helpers/db.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { checkInvariants } from './helpers/invariants.js';
+import { missing, request, startCaddy, startNginx, type RunningProxy, type Upstreams } from './helpers/proxies.js';
+
+const t = useTestDb();
+// Leases longer than a proxy restart takes: an attempt running across the restart must resume on
+// the reconnected stream, not expire and run again.
+const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '10s', LEASEHOLD_CLAIM_TTL: '10s', LEASEHOLD_HEARTBEAT_INTERVAL: '1s' });
+const required = process.env.LEASEHOLD_REQUIRE_PROXIES === '1';
+const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
+
+interface JobView {
+  id: string;
+  status: string;
+  attemptNo: number;
+  result: unknown;
+}
+
+/** A promise the test resolves (Node 20 has no Promise.withResolvers). */
+interface Gate {
+  promise: Promise<void>;
+  resolve(): void;
+}
+function newGate(): Gate {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+const PROXIES: { name: 'caddy' | 'nginx'; file: string; start: (up: Upstreams) => Promise<RunningProxy> }[] = [
+  { name: 'caddy', file: 'deploy/Caddyfile', start: startCaddy },
+  { name: 'nginx', file: 'deploy/nginx.conf', start: startNginx },
+];
+
+describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
+  const absent = missing(name);
+  const queue = `via-${name}`;
+  let proxy: RunningProxy | undefined;
+  let agent: Agent | undefined;
+  let outboxDir: string | undefined;
+  /** Handler invocations per job id: each must end at exactly 1. */
+  const runs = new Map<string, number>();
+  /** Jobs whose handler waits until the test lets it go. */
+  const held = new Map<string, Gate>();
+
+  const px = () => {
+    if (!proxy) throw new Error(`${name} did not start`);
+    return proxy;
+  };
+  const rpc = async (method: string, body: unknown) => {
+    const r = await request(px(), 'POST', `/leasehold.v1.JobService/${method}`, {
+      body: JSON.stringify(body),
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` },
+    });
+    if (r.status !== 200) throw new Error(`${method} through ${name}: ${r.status} ${r.body.slice(0, 500)}`);
+    return JSON.parse(r.body) as { job: JobView };
+  };
+  const enqueue = async (payload: Record<string, unknown>) => (await rpc('EnqueueJob', { queue, payload })).job.id;
+  const getJob = async (id: string) => (await rpc('GetJob', { jobId: id })).job;
+  const allSucceeded = (ids: string[]) =>
+    waitFor(`${ids.length} jobs to succeed through ${name}`, async () => {
+      const jobs = await Promise.all(ids.map(getJob));
+      return jobs.every((j) => j.status === 'JOB_STATUS_SUCCEEDED') && jobs;
+    }, 15_000);
+
+  beforeAll(async () => {
+    if (absent) return;
+    proxy = await start({ grpcPort: lh.port, httpPort: lh.c.http.address.port });
+    outboxDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-'));
+    agent = createAgent({
+      // Through the proxy only, with its CA: the name on the certificate is localhost.
+      url: `https://localhost:${proxy.port}`,
+      tls: { ca: proxy.caFile },
+      token: await lh.agent(`agent-${name}`),
+      queues: [queue],
+      slots: 2,
+      outboxDir,
+      handleSignals: false,
+      log,
+      // Retry quickly while the proxy is down, so the restart test does not wait on backoff.
+      reconnect: { baseMs: 50, maxMs: 500 },
+    });
+    agent.handle(queue, async (job) => {
+      runs.set(job.id, (runs.get(job.id) ?? 0) + 1);
+      await held.get(job.id)?.promise;
+      const pad = typeof job.payload.pad === 'number' ? { pad: 'y'.repeat(job.payload.pad) } : {};
+      return { echo: job.payload, attempt: job.attemptNo, ...pad };
+    });
+    // start() resolves on the coordinator's Welcome and retries until then: bounded here, so a
+    // proxy that does not pass the stream fails this file in seconds rather than at the hook timeout.
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no Welcome through ${name} within 15 s:\n${proxy?.log().slice(-4000)}`)), 15_000);
+    });
+    await Promise.race([agent.start(), late]).finally(() => clearTimeout(timer));
+  });
+
+  afterAll(async () => {
+    for (const h of held.values()) h.resolve();
+    await agent?.stop();
+    await proxy?.dispose();
+    if (outboxDir) await rm(outboxDir, { recursive: true, force: true });
+  });
+
+  beforeEach((ctx) => {
+    if (absent) {
+      if (required) throw new Error(`${absent}, and LEASEHOLD_REQUIRE_PROXIES=1 (apt-get install caddy nginx)`);
+      ctx.skip(absent);
+    }
+    // The proxy's own log says why a request failed.
+    ctx.onTestFailed(() => console.error(`--- ${name} log (tail) ---\n${proxy?.log().slice(-6000)}`));
+  });
+
+  it('serves /healthz, and jobs enqueued through the gateway run on an agent streaming through it', async () => {
+    const health = await request(px(), 'GET', '/healthz');
+    expect(health.status).toBe(200);
+    expect(JSON.parse(health.body)).toEqual({ status: 'ok' });
+
+    const ids = await Promise.all([1, 2, 3, 4, 5].map((n) => enqueue({ n })));
+    const jobs = await allSucceeded(ids);
+    expect(jobs.map((j) => j.result)).toEqual([1, 2, 3, 4, 5].map((n) => ({ echo: { n }, attempt: 1 })));
+    for (const id of ids) expect(runs.get(id), `runs of ${id}`).toBe(1);
+
+    // Results of 200 KB each: 1.2 MB up one stream, more than the gateway's 1 MiB per request,
+    // which is no limit for a stream.
+    const padded = await Promise.all([1, 2, 3, 4, 5, 6].map((n) => enqueue({ n, pad: 200_000 })));
+    const big = await allSucceeded(padded);
+    expect(big.map((j) => (j.result as { pad: string }).pad.length)).toEqual(padded.map(() => 200_000));
+    for (const id of padded) expect(runs.get(id), `runs of ${id}`).toBe(1);
+  });
+
+  it('after a restart of the proxy process the agent reconnects by itself: nothing lost, nothing run twice', async () => {
+    const a = agent!;
+    // A job running across the restart: its handler waits until the proxy is down.
+    const gate = newGate();
+    const before = await enqueue({ phase: 'before' });
+    held.set(before, gate);
+    await waitFor('the held job to be running', async () => (await getJob(before)).status === 'JOB_STATUS_RUNNING');
+
+    const disconnected = once(a, 'disconnected');
+    // Ended by SIGTERM within systemd's 5 s, agent stream open or not: no SIGKILL needed.
+    expect(await px().stop(5_000)).toBe('exited');
+    await disconnected;
+    gate.resolve(); // the result waits in the outbox
+    await waitFor('the handler to finish', () => a.runningAttempts.length === 0);
+
+    const reconnected = once(a, 'connected');
+    await px().start();
+    await reconnected;
+
+    const after = await Promise.all([1, 2, 3, 4, 5].map((n) => enqueue({ phase: 'after', n })));
+    const jobs = await allSucceeded([before, ...after]);
+    // The held job finished on its first attempt (resumed after the reconnect, not reclaimed).
+    expect(jobs.map((j) => j.attemptNo)).toEqual([1, 1, 1, 1, 1, 1]);
+    expect(jobs[0]!.result).toEqual({ echo: { phase: 'before' }, attempt: 1 });
+    // Every job this agent ever saw, the first test's included, ran exactly once.
+    expect([...runs.values()].every((n) => n === 1), JSON.stringify([...runs])).toBe(true);
+    const { rows } = await t.pool.query<{ id: string }>(`SELECT id FROM jobs WHERE queue = $1 AND status <> 'succeeded'`, [queue]);
+    expect(rows).toEqual([]);
+    expect(runs.size).toBe((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = $1`, [queue])).rows[0].n);
+    await checkInvariants(t.pool);
+  });
+
+  it.each([
+    { how: 'with a Content-Length', chunked: false },
+    { how: 'chunked', chunked: true },
+  ])('answers a body of 2 MiB sent $how with the gateway\'s JSON 413', async ({ chunked }) => {
+    const big = JSON.stringify({ queue: `${queue}-big`, payload: { blob: 'x'.repeat(2 * HTTP_READ_MAX_BYTES) } });
+    const r = await request(px(), 'POST', '/leasehold.v1.JobService/EnqueueJob', {
+      body: big,
+      chunked,
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` },
+    });
+    // A proxy streams the body on while the gateway answers, and takes a failed write for a dead
+    // upstream: a 502 with "broken pipe" in its log means the gateway closed the connection on
+    // an unread body (a reset, under its own 413) instead of reading the rest and dropping it.
+    expect(r.status, r.body.slice(0, 300)).toBe(413);
+    expect(r.headers['content-type']).toMatch(/^application\/json/);
+    expect(JSON.parse(r.body)).toMatchObject({ status: 413, outcome: 'too_large', limitBytes: HTTP_READ_MAX_BYTES });
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = $1`, [`${queue}-big`])).rows[0].n).toBe(0);
+    // The proxy serves on afterwards.
+    expect((await request(px(), 'GET', '/healthz')).status).toBe(200);
+  });
+});
