@@ -2,17 +2,19 @@
  * The coordinator behind the reverse proxies deploy/ ships: Caddy (deploy/Caddyfile) and nginx
  * (deploy/nginx.conf), each a real process run from the shipped file (test/helpers/proxies.ts says
  * what a test changes in it: ports, paths, a certificate). Everything goes through the proxy over
- * HTTPS: an SDK agent's gRPC stream (HTTP/2) and the gateway's Connect JSON (HTTP/1.1, as n8n
- * sends it). Shown for each proxy: jobs enqueued through the gateway run on the agent; after the
- * proxy process restarts the agent comes back by itself, a job running across the restart is
+ * HTTPS: an SDK agent's gRPC stream (HTTP/2), the packed `leasehold-agent` runner's, and the
+ * gateway's Connect JSON (HTTP/1.1, as n8n sends it). Shown for each proxy: jobs enqueued through
+ * the gateway run on the agent and on the runner; after the proxy process restarts both come back
+ * by themselves, a job running across the restart is
  * finished once, and no job is lost or run twice; a body over the gateway's 1 MiB gets the
  * gateway's JSON 413, not the proxy's page.
  *
  * Skipped when caddy or nginx is not installed, unless LEASEHOLD_REQUIRE_PROXIES=1 (CI), which
  * fails instead.
  */
+import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
@@ -21,6 +23,7 @@ import { createAgent, type Agent } from '@leasehold/agent-client';
 import { HTTP_READ_MAX_BYTES } from '../server/transport/http.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { installAgent, packAgent } from './helpers/agent-package.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { missing, request, startCaddy, startNginx, type RunningProxy, type Upstreams } from './helpers/proxies.js';
 
@@ -49,6 +52,25 @@ function newGate(): Gate {
   return { promise, resolve };
 }
 
+/**
+ * The packed runner, as a PC gets it: `npm pack` in agent-client/, installed from the tarball
+ * into an empty folder (test/agent-package.test.ts checks that install itself). Made once, for
+ * both proxies; nothing when neither is installed.
+ */
+let packed: { dir: string; bin: string } | undefined;
+beforeAll(async () => {
+  if (missing('caddy') && missing('nginx')) return;
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-proxies-runner-'));
+  const { tgz } = await packAgent(dir);
+  await installAgent(path.join(dir, 'app'), tgz);
+  // A job's command: the payload on stdin, the result on stdout.
+  await writeFile(path.join(dir, 'add.mjs'), "let s = '';\nprocess.stdin.on('data', (d) => (s += d)).on('end', () => { const p = JSON.parse(s); console.log(JSON.stringify({ sum: p.a + p.b })); });\n");
+  packed = { dir, bin: path.join(dir, 'app/node_modules/@leasehold/agent-client/bin/leasehold-agent.mjs') };
+}, 300_000);
+afterAll(async () => {
+  if (packed) await rm(packed.dir, { recursive: true, force: true });
+});
+
 const PROXIES: { name: 'caddy' | 'nginx'; file: string; start: (up: Upstreams) => Promise<RunningProxy> }[] = [
   { name: 'caddy', file: 'deploy/Caddyfile', start: startCaddy },
   { name: 'nginx', file: 'deploy/nginx.conf', start: startNginx },
@@ -60,6 +82,10 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
   let proxy: RunningProxy | undefined;
   let agent: Agent | undefined;
   let outboxDir: string | undefined;
+  /** The packed `leasehold-agent` runner, streaming through the proxy too, and what it printed. */
+  let runner: ChildProcess | undefined;
+  let runnerOut = '';
+  const runnerQueue = `runner-via-${name}`;
   /** Handler invocations per job id: each must end at exactly 1. */
   const runs = new Map<string, number>();
   /** Jobs whose handler waits until the test lets it go. */
@@ -115,9 +141,34 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
       timer = setTimeout(() => reject(new Error(`no Welcome through ${name} within 15 s:\n${proxy?.log().slice(-4000)}`)), 15_000);
     });
     await Promise.race([agent.start(), late]).finally(() => clearTimeout(timer));
-  });
+
+    const p = packed!;
+    const config = path.join(outboxDir, `runner-${name}.json`);
+    await writeFile(
+      config,
+      JSON.stringify({
+        url: `https://localhost:${proxy.port}`,
+        tls: { ca: proxy.caFile },
+        token: await lh.agent(`runner-${name}`),
+        slots: 1,
+        outboxDir: path.join(outboxDir, 'runner-outbox'),
+        grace: '5s',
+        queues: { [runnerQueue]: { command: [process.execPath, path.join(p.dir, 'add.mjs')], timeout: '1m' } },
+      }),
+    );
+    runner = spawn(process.execPath, [p.bin, '--config', config], { cwd: path.join(p.dir, 'app'), stdio: ['ignore', 'pipe', 'pipe'] });
+    runner.stdout!.on('data', (d: Buffer) => (runnerOut += d));
+    runner.stderr!.on('data', (d: Buffer) => (runnerOut += d));
+  }, 60_000);
 
   afterAll(async () => {
+    if (runner && runner.exitCode === null) {
+      const exited = once(runner, 'exit');
+      runner.kill('SIGINT'); // drains, then exits
+      const timer = setTimeout(() => runner?.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(timer);
+    }
     for (const h of held.values()) h.resolve();
     await agent?.stop();
     await proxy?.dispose();
@@ -130,10 +181,21 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
       ctx.skip(absent);
     }
     // The proxy's own log says why a request failed.
-    ctx.onTestFailed(() => console.error(`--- ${name} log (tail) ---\n${proxy?.log().slice(-6000)}`));
+    ctx.onTestFailed(() => console.error(`--- ${name} log (tail) ---\n${proxy?.log().slice(-6000)}\n--- leasehold-agent (tail) ---\n${runnerOut.slice(-4000)}`));
   });
 
-  it('serves /healthz, and jobs enqueued through the gateway run on an agent streaming through it', async () => {
+  /** Jobs for the packed runner, enqueued through the gateway; resolves with their results once all succeeded. */
+  const runnerJobs = async (pairs: Array<[number, number]>) => {
+    const ids: string[] = [];
+    for (const [a, b] of pairs) ids.push((await rpc('EnqueueJob', { queue: runnerQueue, payload: { a, b } })).job.id);
+    const jobs = await waitFor(`${ids.length} runner jobs to succeed through ${name}`, async () => {
+      const js = await Promise.all(ids.map(getJob));
+      return js.every((j) => j.status === 'JOB_STATUS_SUCCEEDED') && js;
+    }, 30_000);
+    return jobs.map((j) => j.result);
+  };
+
+  it('serves /healthz, and jobs enqueued through the gateway run on an SDK agent and on the packed leasehold-agent, both streaming through it', async () => {
     const health = await request(px(), 'GET', '/healthz');
     expect(health.status).toBe(200);
     expect(JSON.parse(health.body)).toEqual({ status: 'ok' });
@@ -149,9 +211,12 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
     const big = await allSucceeded(padded);
     expect(big.map((j) => (j.result as { pad: string }).pad.length)).toEqual(padded.map(() => 200_000));
     for (const id of padded) expect(runs.get(id), `runs of ${id}`).toBe(1);
+
+    // The packed leasehold-agent runner, its own stream through the same proxy, runs its commands.
+    expect(await runnerJobs([[2, 40], [1, 1]])).toEqual([{ sum: 42 }, { sum: 2 }]);
   });
 
-  it('after a restart of the proxy process the agent reconnects by itself: nothing lost, nothing run twice', async () => {
+  it('after a restart of the proxy process the agent and the runner reconnect by themselves: nothing lost, nothing run twice', async () => {
     const a = agent!;
     // A job running across the restart: its handler waits until the proxy is down.
     const gate = newGate();
@@ -180,6 +245,9 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
     const { rows } = await t.pool.query<{ id: string }>(`SELECT id FROM jobs WHERE queue = $1 AND status <> 'succeeded'`, [queue]);
     expect(rows).toEqual([]);
     expect(runs.size).toBe((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = $1`, [queue])).rows[0].n);
+    // The runner came back by itself too (its own backoff) and runs what was enqueued after.
+    expect(await runnerJobs([[20, 22]])).toEqual([{ sum: 42 }]);
+    expect(runner!.exitCode, runnerOut.slice(-2000)).toBeNull();
     await checkInvariants(t.pool);
   });
 
