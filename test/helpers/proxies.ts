@@ -18,10 +18,13 @@ import { freePort } from './n8n.js';
 const root = path.resolve(import.meta.dirname, '../..');
 
 /** Where the coordinator under test listens (cleartext, loopback). */
+/** The coordinators' ports: one, or several replicas behind the one address. */
 export interface Upstreams {
-  grpcPort: number;
-  httpPort: number;
+  grpcPort: number | number[];
+  httpPort: number | number[];
 }
+
+const hostPorts = (p: number | number[]) => (Array.isArray(p) ? p : [p]).map((n) => `127.0.0.1:${n}`);
 
 export interface RunningProxy {
   readonly name: 'caddy' | 'nginx';
@@ -198,8 +201,9 @@ export async function startCaddy(up: Upstreams): Promise<RunningProxy> {
     XDG_DATA_HOME: path.join(dir, 'xdg-data'),
     XDG_CONFIG_HOME: path.join(dir, 'xdg-config'),
     LEASEHOLD_SITE: `localhost:${port}`,
-    LEASEHOLD_GRPC_UPSTREAM: `127.0.0.1:${up.grpcPort}`,
-    LEASEHOLD_HTTP_UPSTREAM: `127.0.0.1:${up.httpPort}`,
+    // Several replicas: the placeholders take a space-separated list, as the Caddyfile says.
+    LEASEHOLD_GRPC_UPSTREAM: hostPorts(up.grpcPort).join(' '),
+    LEASEHOLD_HTTP_UPSTREAM: hostPorts(up.httpPort).join(' '),
   };
   // The root of Caddy's local CA, made on the first start and kept in storage across restarts.
   const caFile = path.join(dir, 'data/pki/authorities/local/root.crt');
@@ -239,7 +243,7 @@ function substitute(text: string, from: string | RegExp, to: string): string {
  * error log in a temp dir, in the foreground). In the shipped block the test changes only what is
  * the machine's: the listen ports (free ones for 443 and 80; the `[::]` listens dropped where IPv6
  * is unavailable), server_name, the certificate (a self-signed one for localhost), and the upstream
- * ports (the coordinator's own for 50051 and 8080).
+ * servers (the coordinators' own ports for 50051 and 8080, a `server` line per replica).
  */
 export async function startNginx(up: Upstreams): Promise<RunningProxy> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-nginx-'));
@@ -259,8 +263,9 @@ export async function startNginx(up: Upstreams): Promise<RunningProxy> {
     site = substitute(site, /server_name leasehold\.example\.com;/g, 'server_name localhost;');
     site = substitute(site, '/etc/ssl/leasehold/fullchain.pem', cert);
     site = substitute(site, '/etc/ssl/leasehold/privkey.pem', key);
-    site = substitute(site, /127\.0\.0\.1:50051/g, `127.0.0.1:${up.grpcPort}`);
-    site = substitute(site, /127\.0\.0\.1:8080/g, `127.0.0.1:${up.httpPort}`);
+    // Several replicas: a `server` line each in the upstream blocks, as the file says.
+    site = substitute(site, /server 127\.0\.0\.1:50051 max_fails=0;/g, hostPorts(up.grpcPort).map((h) => `server ${h} max_fails=0;`).join('\n    '));
+    site = substitute(site, /server 127\.0\.0\.1:8080 max_fails=0;/g, hostPorts(up.httpPort).map((h) => `server ${h} max_fails=0;`).join('\n    '));
     await writeFile(path.join(dir, 'leasehold.conf'), site);
     const temps = ['client_body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'];
     for (const t of temps) await mkdir(path.join(dir, t));
