@@ -30,11 +30,12 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   expect(throughput.map((r) => r.system)).toEqual(['Leasehold', 'graphile-worker (batching off)', 'graphile-worker (batching on)', 'pg-boss']);
   for (const r of throughput) expect(r.figures[0]!.median, r.system).toBeGreaterThan(0);
   if (process.platform === 'linux') {
-    // Every job costs PostgreSQL and the workers some CPU: a zero means the /proc reading broke.
-    for (const r of throughput) {
-      for (const unit of ['CPU ms/job: workers', 'CPU ms/job: PostgreSQL']) {
-        expect(r.figures.find((x) => x.unit === unit)?.median, `${r.system}: ${unit}`).toBeGreaterThan(0);
-      }
+    // Every job costs PostgreSQL and the workers some CPU: a zero across all systems means the
+    // /proc reading broke. One system alone may read 0: /proc counts in ticks of 10 ms, and 300
+    // jobs of graphile-worker with batching cost its PostgreSQL ~6 ms on a fast day.
+    for (const unit of ['CPU ms/job: workers', 'CPU ms/job: PostgreSQL']) {
+      const sum = throughput.reduce((a, r) => a + (r.figures.find((x) => x.unit === unit)?.median ?? 0), 0);
+      expect(sum, unit).toBeGreaterThan(0);
     }
   }
   // results.json: the figures scripts compare, by metric name, for every system.

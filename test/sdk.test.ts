@@ -101,8 +101,10 @@ describe('ctx.signal', () => {
       resolve({ stopped: true });
     })));
     await agent.start();
+    // Listening before the enqueue: the job can be handed to the agent before the enqueue returns.
+    const assigned = once(agent, 'assigned');
     const j = await enqueue('sdk-cancel');
-    await once(agent, 'assigned');
+    await assigned;
     await waitFor('running', async () => (await job(j.id)).status === 'running');
     const client = rawClient('JobService', `127.0.0.1:${lh.port}`);
     // Listening before the cancel: the ack of the late result can follow the abort within moments.
