@@ -21,7 +21,8 @@ import { keyCreate, subscriptionCreate } from '../server/store/index.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { rpc } from './helpers/http.js';
-import { freePort, N8N_DIR, n8nHome, n8nMissing, prepare, readTemplate, type Execution, type N8nHome, type NodeRun } from './helpers/n8n.js';
+import { N8N_DIR, n8nHome, n8nMissing, prepare, readTemplate, type Execution, type N8nHome, type NodeRun } from './helpers/n8n.js';
+import { freePort } from './helpers/ports.js';
 
 if (n8nMissing && process.env.LEASEHOLD_REQUIRE_N8N === '1') throw new Error(`LEASEHOLD_REQUIRE_N8N=1 but ${n8nMissing}`);
 

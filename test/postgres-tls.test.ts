@@ -15,7 +15,6 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -23,6 +22,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { rpc } from './helpers/http.js';
+import { freePort } from './helpers/ports.js';
 import { killAll, serve, type Proc } from './helpers/serve.js';
 
 const BIN = '/usr/lib/postgresql/15/bin';
@@ -61,13 +61,6 @@ async function superClient(db = 'postgres'): Promise<pg.Client> {
   return c;
 }
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve));
-  const p = (s.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => s.close(() => resolve()));
-  return p;
-}
 
 /** The uid and gid PostgreSQL runs as: the `postgres` user when we are root (it refuses root). */
 async function runAs(): Promise<{ uid?: number; gid?: number }> {

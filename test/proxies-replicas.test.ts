@@ -10,17 +10,17 @@
  * Skipped when caddy or nginx is not installed, unless LEASEHOLD_REQUIRE_PROXIES=1 (CI).
  */
 import { mkdtemp, rm } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
-import { loadConfig } from '../server/config.js';
-import { startCoordinator, type Coordinator } from '../server/coordinator.js';
+import type { Coordinator } from '../server/coordinator.js';
 import { agentCreate } from '../server/store/index.js';
 import { ADMIN_KEY, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
+import { freePort } from './helpers/ports.js';
+import { replica } from './helpers/replicas.js';
 import { missing, request, startCaddy, startNginx, type RunningProxy, type Upstreams } from './helpers/proxies.js';
 
 const t = useTestDb();
@@ -30,32 +30,6 @@ const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c().catch(() => undefined);
 });
-
-/** A free port (asked of the OS, then released: the coordinator binds it at once). */
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
-  const { port } = s.address() as net.AddressInfo;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
-
-/** A coordinator on fixed ports, so that it comes back where the proxy looks for it. */
-async function coordinator(grpcPort: number, httpPort: number): Promise<Coordinator> {
-  const config = loadConfig(
-    { grpcAddr: `127.0.0.1:${grpcPort}`, httpAddr: `127.0.0.1:${httpPort}` },
-    {
-      DATABASE_URL: t.url,
-      LEASEHOLD_ADMIN_KEY: ADMIN_KEY,
-      LEASEHOLD_LEASE_TTL: '10s',
-      LEASEHOLD_CLAIM_TTL: '10s',
-      LEASEHOLD_HEARTBEAT_INTERVAL: '1s',
-      LEASEHOLD_REAPER_INTERVAL: '200ms',
-      LEASEHOLD_RETENTION: 'off',
-    },
-  );
-  return startCoordinator(config, log);
-}
 
 describe.each([
   { name: 'caddy' as const, start: startCaddy },
@@ -69,7 +43,7 @@ describe.each([
     }
     const grpcPorts = [await freePort(), await freePort()];
     const httpPorts = [await freePort(), await freePort()];
-    const live: Array<Coordinator | undefined> = [await coordinator(grpcPorts[0]!, httpPorts[0]!), await coordinator(grpcPorts[1]!, httpPorts[1]!)];
+    const live: Array<Coordinator | undefined> = [await replica(t.url, grpcPorts[0]!, httpPorts[0]!), await replica(t.url, grpcPorts[1]!, httpPorts[1]!)];
     cleanups.push(async () => {
       for (const c of live) await c?.stop();
     });
@@ -131,7 +105,7 @@ describe.each([
       live[i] = undefined;
       // Jobs keep coming while this replica is down: the proxy sends them to the other.
       for (const end = n + 10; n < end; n++) await enqueue(n);
-      live[i] = await coordinator(grpcPorts[i]!, httpPorts[i]!);
+      live[i] = await replica(t.url, grpcPorts[i]!, httpPorts[i]!);
       await waitFor('progress after the restart', async () => (await done()) > before + 5, 20_000);
     }
     for (const end = n + 10; n < end; n++) await enqueue(n);

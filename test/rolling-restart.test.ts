@@ -6,17 +6,17 @@
  * may run twice, and nothing may be revoked because of the restarts.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { afterAll, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
-import { loadConfig } from '../server/config.js';
-import { startCoordinator, type Coordinator } from '../server/coordinator.js';
+import type { Coordinator } from '../server/coordinator.js';
 import { agentCreate, jobEnqueue } from '../server/store/index.js';
-import { ADMIN_KEY, waitFor } from './helpers/coordinator.js';
+import { waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
+import { freePort } from './helpers/ports.js';
+import { replica } from './helpers/replicas.js';
 
 const t = useTestDb();
 const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
@@ -25,34 +25,9 @@ afterAll(async () => {
   for (const c of cleanups.reverse()) await c().catch(() => undefined);
 });
 
-/** A free port (asked of the OS, then released: the coordinator binds it at once). */
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
-  const { port } = s.address() as net.AddressInfo;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
-
-async function coordinator(port: number): Promise<Coordinator> {
-  const config = loadConfig(
-    { grpcAddr: `127.0.0.1:${port}`, httpAddr: '127.0.0.1:0' },
-    {
-      DATABASE_URL: t.url,
-      LEASEHOLD_ADMIN_KEY: ADMIN_KEY,
-      LEASEHOLD_LEASE_TTL: '10s',
-      LEASEHOLD_CLAIM_TTL: '10s',
-      LEASEHOLD_HEARTBEAT_INTERVAL: '1s',
-      LEASEHOLD_REAPER_INTERVAL: '200ms',
-      LEASEHOLD_RETENTION: 'off',
-    },
-  );
-  return startCoordinator(config, log);
-}
-
 it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handlers run twice, 0 attempts revoked', async () => {
   const ports = [await freePort(), await freePort()];
-  const live: Array<Coordinator | undefined> = [await coordinator(ports[0]!), await coordinator(ports[1]!)];
+  const live: Array<Coordinator | undefined> = [await replica(t.url, ports[0]!), await replica(t.url, ports[1]!)];
   cleanups.push(async () => {
     for (const c of live) await c?.stop();
   });
@@ -104,7 +79,7 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
     live[i] = undefined;
     // The agent moved to the other coordinator (a new session), with work in hand.
     await waitFor('reconnected elsewhere', () => connected.length > sessions, 10_000);
-    live[i] = await coordinator(ports[i]!);
+    live[i] = await replica(t.url, ports[i]!);
     await waitFor('progress after the restart', async () => (await done()) > before + 5, 20_000);
   }
   await waitFor('every job done', async () => (await done()) === TOTAL, 60_000);

@@ -8,9 +8,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, openSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { freePort } from './ports.js';
 
 /** The n8n install the tests use (`LEASEHOLD_N8N_DIR`), or undefined. */
 export const N8N_DIR = process.env.LEASEHOLD_N8N_DIR || undefined;
@@ -111,14 +111,6 @@ function parseExecution(stdout: string, stderr: string, ok: boolean): Execution 
   };
 }
 
-/** A free TCP port on 127.0.0.1. */
-export async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 /** A fresh n8n user folder in a temp dir. */
 export async function n8nHome(): Promise<N8nHome> {

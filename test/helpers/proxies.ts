@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { waitFor } from './coordinator.js';
-import { freePort } from './n8n.js';
+import { freePort } from './ports.js';
 
 const root = path.resolve(import.meta.dirname, '../..');
 
