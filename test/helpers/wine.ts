@@ -6,7 +6,7 @@
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, openSync, closeSync, readFileSync } from 'node:fs';
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rename, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -52,12 +52,19 @@ export async function setUpWine(work: string): Promise<Wine> {
   const cache = path.join(os.tmpdir(), `leasehold-${WINDOWS_NODE.replace('@', '-')}`);
   const nodeExe = path.join(cache, 'package', 'bin', 'node.exe');
   if (!existsSync(nodeExe)) {
-    await rm(cache, { recursive: true, force: true });
-    await mkdir(cache, { recursive: true });
-    const { stdout } = await npm(['pack', '--json', WINDOWS_NODE, '--pack-destination', cache], cache);
-    const tgz = path.join(cache, (JSON.parse(stdout) as { filename: string }[])[0]!.filename);
-    await run('tar', ['-xzf', tgz, '-C', cache, 'package/bin/node.exe']);
-    await rm(tgz);
+    // The Wine test files run at the same time and may both get here: each downloads into a
+    // directory of its own and moves node.exe into place with one rename, which replaces
+    // atomically (once they shared the cache directory, and one deleted the other's tarball).
+    const own = await mkdtemp(path.join(os.tmpdir(), 'leasehold-node-win-'));
+    try {
+      const { stdout } = await npm(['pack', '--json', WINDOWS_NODE, '--pack-destination', own], own);
+      const tgz = path.join(own, (JSON.parse(stdout) as { filename: string }[])[0]!.filename);
+      await run('tar', ['-xzf', tgz, '-C', own, 'package/bin/node.exe']);
+      await mkdir(path.dirname(nodeExe), { recursive: true });
+      await rename(path.join(own, 'package', 'bin', 'node.exe'), nodeExe);
+    } finally {
+      await rm(own, { recursive: true, force: true });
+    }
   }
   const prefix = path.join(work, 'wine-prefix');
   const env: NodeJS.ProcessEnv = { ...process.env, WINEPREFIX: prefix, WINEDEBUG: '-all', WINEDLLOVERRIDES: 'mscoree,mshtml=' };
