@@ -9,14 +9,14 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
+import { missing } from './helpers/proxies.js';
 
 const root = path.resolve(import.meta.dirname, '..');
 const run = promisify(execFile);
-const has = async (cmd: string) => run('sh', ['-c', `command -v ${cmd}`]).then(() => true, () => false);
 
 describe('deploy/leasehold.service', () => {
   it('passes systemd-analyze verify without a warning', async (ctx) => {
-    if (!(await has('systemd-analyze'))) {
+    if (missing('systemd-analyze')) {
       if (process.env.LEASEHOLD_REQUIRE_DEPLOY_TOOLS === '1') throw new Error('systemd-analyze is missing (apt-get install systemd)');
       return ctx.skip('systemd-analyze is not installed');
     }
@@ -63,7 +63,7 @@ describe('Dockerfile', () => {
 
 describe('deploy/Caddyfile', () => {
   it('adapts to a valid Caddy configuration', async (ctx) => {
-    if (!(await has('caddy'))) {
+    if (missing('caddy')) {
       if (process.env.LEASEHOLD_REQUIRE_DEPLOY_TOOLS === '1') throw new Error('caddy is missing (apt-get install caddy)');
       return ctx.skip('caddy is not installed');
     }

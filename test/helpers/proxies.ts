@@ -3,8 +3,7 @@
  * file in deploy/ with as few changes as a test needs (ports, paths, a certificate). A proxy can be
  * stopped and started again on the same ports and with the same certificate, as a restart would.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { execFile } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import https from 'node:https';
@@ -17,8 +16,7 @@ import { freePort } from './ports.js';
 
 const root = path.resolve(import.meta.dirname, '../..');
 
-/** Where the coordinator under test listens (cleartext, loopback). */
-/** The coordinators' ports: one, or several replicas behind the one address. */
+/** The coordinators' ports (cleartext, loopback): one, or several replicas behind the one address. */
 export interface Upstreams {
   grpcPort: number | number[];
   httpPort: number | number[];
