@@ -14,6 +14,7 @@ import pino, { type Logger } from 'pino';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { Outbox, readOutbox, type OutboxEntry } from '@leasehold/agent-client';
 import { encodeRecord, segmentName } from '../agent-client/src/outbox-log.js';
+import { ACK_LINGER_MS } from '../agent-client/src/outbox.js';
 
 const root = path.resolve(import.meta.dirname, '..');
 const dirs: string[] = [];
@@ -74,11 +75,29 @@ describe('Outbox', () => {
     expect(fsyncs).toBeLessThanOrEqual(5);
     expect(o.stats.writes - before.writes).toBe(fsyncs);
     expect(order).toHaveLength(100);
-    // Acks ride along without syncing.
-    const synced = o.stats.fsyncs;
-    await Promise.all(es.slice(0, 50).map((e) => o.remove(e.attemptId)));
-    expect(o.stats.fsyncs).toBe(synced);
-    expect(o.pending()).toHaveLength(50);
+    // Acks wait for the next flush: no write of their own, and the put after them carries them.
+    const writes = o.stats.writes;
+    const acked = Promise.all(es.slice(0, 50).map((e) => o.remove(e.attemptId)));
+    await new Promise((r) => setImmediate(r));
+    expect(o.stats.writes).toBe(writes);
+    const next = entry();
+    await Promise.all([acked, o.put(next)]);
+    expect(o.stats.writes).toBe(writes + 1);
+    expect(o.pending()).toHaveLength(51);
+  });
+
+  it('writes acknowledgements on their own after ACK_LINGER_MS when no put comes, in one write', async () => {
+    const dir = await tmpDir();
+    const o = await openOutbox(dir);
+    const es = Array.from({ length: 10 }, () => entry());
+    await Promise.all(es.map((e) => o.put(e)));
+    const writes = o.stats.writes;
+    const t0 = performance.now();
+    await Promise.all(es.slice(0, 4).map((e) => o.remove(e.attemptId)));
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(ACK_LINGER_MS - 1);
+    expect(o.stats.writes).toBe(writes + 1);
+    // Written (a crash now would not bring them back), before any close.
+    expect(ids((await readOutbox(dir)).pending)).toEqual(ids(es.slice(4)));
   });
 
   it('returns what was put after a reopen, oldest first, and forgets what was removed or superseded', async () => {
