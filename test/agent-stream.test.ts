@@ -272,6 +272,29 @@ describe('bad input on the stream', () => {
     expect(end.details).toMatch(/Credit\.n must be a positive number/);
   });
 
+  it('grants the credit a report carries (Welcome.credit_with_reports), nothing for a report without, and ends the stream on a negative one', async () => {
+    const token = await lh.agent('carrier');
+    const a = agent({ agentId: 'carrier', token, queues: ['carrier'], slots: 2 });
+    expect((await a.next('welcome')).welcome.creditWithReports).toBe(true);
+    const jobs = [await enqueue('carrier'), await enqueue('carrier'), await enqueue('carrier')];
+    const assigned: string[] = [];
+    while (assigned.length < 2) for (const j of (await a.next('assign')).assign.jobs) assigned.push(j.attemptId as string);
+    a.send({ started: { attemptIds: assigned } });
+    await a.next('renewed');
+    a.send({ completed: { results: [{ attemptId: assigned[0], result: toStruct({}) }] } });
+    expect((await a.next('ack')).ack.items).toMatchObject([{ attemptId: assigned[0], outcome: 'OUTCOME_OK' }]);
+    await lh.c.dispatcher.runOnce();
+    const queued = (await Promise.all(jobs.map(async (j) => (await row(j.id)).status))).filter((x) => x === 'queued');
+    expect(queued).toHaveLength(1); // no credit came with that report
+    a.send({ completed: { results: [{ attemptId: assigned[1], result: toStruct({}) }], credit: 2 } });
+    const third = (await a.next('assign')).assign.jobs[0];
+    expect(third.attemptNo).toBe(1);
+    a.send({ failed: { failures: [{ attemptId: third.attemptId, error: { message: 'x' }, retryable: true }], credit: -1 } });
+    const end = await a.ended;
+    expect(end.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(end.details).toMatch(/Failed\.credit must not be negative/);
+  });
+
   it('refuses an unknown token with UNAUTHENTICATED and a malformed Hello with INVALID_ARGUMENT', async () => {
     const bad = agent({ agentId: 'nobody', token: 'lh_agent_wrong', queues: ['q'], slots: 1 });
     expect((await bad.ended).code).toBe(grpc.status.UNAUTHENTICATED);

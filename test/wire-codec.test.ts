@@ -95,8 +95,8 @@ describe('encoding an AgentMessage by hand', () => {
     fc.record({ attemptIds: fc.array(id, { maxLength: 6 }), seq }, { requiredKeys: [] }).map((value) => ({ kind: { case: 'started' as const, value } })),
     fc.record({ n: int32 }, { requiredKeys: [] }).map((value) => ({ kind: { case: 'credit' as const, value } })),
     fc
-      .array(fc.record({ attemptId: id, result: object }, { requiredKeys: [] }), { maxLength: 5 })
-      .map((results) => ({ kind: { case: 'completed' as const, value: { results } } })),
+      .tuple(fc.array(fc.record({ attemptId: id, result: object }, { requiredKeys: [] }), { maxLength: 5 }), fc.option(int32, { nil: undefined }))
+      .map(([results, credit]) => ({ kind: { case: 'completed' as const, value: { results, ...(credit === undefined ? {} : { credit }) } } })),
     fc.record({ seq }, { requiredKeys: [] }).map((value) => ({ kind: { case: 'heartbeat' as const, value } })),
     // Not written by hand: protobuf-es's, through the same call.
     fc.record({ drain: fc.boolean() }).map((value) => ({ kind: { case: 'bye' as const, value } })),

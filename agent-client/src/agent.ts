@@ -5,7 +5,8 @@
  * - Connects with `Hello` (its queues, labels, slots, and the attempts still running locally to
  *   resume), reconnecting with exponential backoff and jitter after any failure.
  * - Sends `Started` before running a handler, `Heartbeat` every `heartbeat_interval` while
- *   connected, and `Credit{1}` each time a handler finishes and frees its slot.
+ *   connected, and the slot a handler frees when it finishes (on its report as
+ *   `Completed.credit`, or as `Credit{1}`).
  * - Keeps a local lease deadline per attempt: sent_at + lease TTL − one heartbeat interval, where
  *   sent_at is when it sent the Started or Heartbeat that a `Renewed` answers (echoed in its
  *   `seq`), never when the answer arrived; when it passes, or on `Revoke` or `Cancel`, the
@@ -159,6 +160,8 @@ export class Agent extends EventEmitter<AgentEvents> {
   private pendingSend: OutboxEntry[] = [];
   private creditPending = 0;
   private sendScheduled = false;
+  /** The coordinator reads credit carried by Completed/Failed (its Welcome said so). */
+  private creditWithReports = false;
   private ackWaiters: Array<() => void> = [];
   /** Attempts given back with `release` and not yet acknowledged. */
   private readonly released = new Set<string>();
@@ -351,6 +354,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       case 'welcome': {
         this.leaseTtlMs = k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.leaseTtlMs;
         this.heartbeatMs = k.value.heartbeatInterval ? durationMs(k.value.heartbeatInterval) : this.heartbeatMs;
+        this.creditWithReports = k.value.creditWithReports;
         this.connected = true;
         this.released.clear(); // a new session holds only what Hello resumed
         this.log.info({ sessionId: k.value.sessionId, leaseTtlMs: this.leaseTtlMs, heartbeatMs: this.heartbeatMs }, 'connected to the coordinator');
@@ -510,15 +514,13 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (!this.draining) this.grantCredit();
   }
 
-  /** Gives a freed slot back: one `Credit` per turn of the event loop, with the sum. */
+  /**
+   * Gives a freed slot back: the sum of a turn of the event loop, with that turn's reports if
+   * the coordinator reads credit there, else as a `Credit` of its own.
+   */
   private grantCredit(): void {
     this.creditPending++;
-    if (this.creditPending > 1) return;
-    setImmediate(() => {
-      const n = this.creditPending;
-      this.creditPending = 0;
-      if (n > 0 && !this.draining) this.send({ kind: { case: 'credit', value: { n } } });
-    });
+    this.scheduleSend();
   }
 
   private heartbeat(): void {
@@ -616,21 +618,31 @@ export class Agent extends EventEmitter<AgentEvents> {
 
   private queueReport(e: OutboxEntry): void {
     this.pendingSend.push(e);
+    this.scheduleSend();
+  }
+
+  /** Reports and freed slots go out once per turn of the event loop, in as few messages as can be. */
+  private scheduleSend(): void {
     if (this.sendScheduled) return;
     this.sendScheduled = true;
     setImmediate(() => {
       this.sendScheduled = false;
       const batch = this.pendingSend.splice(0);
-      this.sendReports(batch);
+      const credit = this.draining ? 0 : this.creditPending;
+      this.creditPending = 0;
+      this.sendReports(batch, credit);
     });
   }
 
-  private sendReports(entries: OutboxEntry[]): void {
-    if (!this.connected) return; // sent again at the next Welcome
+  /** Sends reports; `credit` rides with the first of them if the coordinator reads it there. */
+  private sendReports(entries: OutboxEntry[], credit = 0): void {
+    if (!this.connected) return; // reports: sent again at the next Welcome; credit: Hello's slots
     const completed = entries.filter((e) => e.kind === 'completed');
     const failed = entries.filter((e) => e.kind === 'failed');
+    let carry = this.creditWithReports && credit > 0 && entries.length > 0 ? credit : 0;
     if (completed.length) {
-      this.send({ kind: { case: 'completed', value: { results: completed.map((e) => ({ attemptId: e.attemptId, result: e.result as JsonObject })) } } });
+      this.send({ kind: { case: 'completed', value: { results: completed.map((e) => ({ attemptId: e.attemptId, result: e.result as JsonObject })), credit: carry } } });
+      carry = 0;
     }
     if (failed.length) {
       this.send({
@@ -642,10 +654,12 @@ export class Agent extends EventEmitter<AgentEvents> {
               error: { message: e.error!.message, ...(e.error!.details ? { details: e.error!.details as JsonObject } : {}) },
               retryable: e.retryable ?? true,
             })),
+            credit: carry,
           },
         },
       });
     }
+    if (credit > 0 && !(this.creditWithReports && entries.length > 0)) this.send({ kind: { case: 'credit', value: { n: credit } } });
   }
 
   private resendOutbox(): void {

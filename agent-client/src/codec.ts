@@ -320,7 +320,8 @@ export function encodeAgentMessage(m: AgentMessageInit): Buffer {
         return (id ? lenField(Buffer.byteLength(id)) : 0) + (result ? lenField(structSize(result)) : 0);
       });
       if (sizes.includes(-1)) break;
-      let body = 0;
+      const credit = k.value.credit ?? 0;
+      let body = credit !== 0 ? 1 + int32Size(credit) : 0;
       for (const s of sizes) body += lenField(s);
       const w = Writer.sized(lenField(body));
       w.tag(5, LEN);
@@ -331,6 +332,10 @@ export function encodeAgentMessage(m: AgentMessageInit): Buffer {
         if (x.attemptId) w.string(1, x.attemptId);
         if (x.result) w.struct(2, x.result as JsonObject);
       });
+      if (credit !== 0) {
+        w.tag(2, WireType.Varint);
+        w.int32(credit);
+      }
       return w.buf;
     }
     case 'heartbeat': {

@@ -4,8 +4,8 @@
  *
  * - `Hello` authenticates the agent, resumes the attempts it lists that are still its own and
  *   current (the rest get `Revoke`), and is answered with `Welcome`.
- * - Credit: `Hello.slots` is the first grant; `Credit{n}` grants n more; each assigned job uses
- *   one. The dispatcher never assigns beyond min(credit, slots − held − reserved).
+ * - Credit: `Hello.slots` is the first grant; `Credit{n}` (or `credit` on a report) grants n
+ *   more; each assigned job uses one. The dispatcher never assigns beyond min(credit, slots − held − reserved).
  * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
  *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
  *   is revoked). Renewed leases are confirmed with `Renewed` (and a start with one too), which
@@ -59,8 +59,8 @@ export type AgentInput =
   | { type: 'credit'; n: number }
   | { type: 'started'; attemptIds: string[]; seq: bigint }
   | { type: 'heartbeat'; progress: Array<{ attemptId: string; progress: unknown }>; seq: bigint }
-  | { type: 'completed'; results: Array<{ attemptId: string; result: unknown }> }
-  | { type: 'failed'; failures: Array<{ attemptId: string; error: { message: string; details?: unknown }; retryable: boolean }> }
+  | { type: 'completed'; results: Array<{ attemptId: string; result: unknown }>; credit?: number }
+  | { type: 'failed'; failures: Array<{ attemptId: string; error: { message: string; details?: unknown }; retryable: boolean }>; credit?: number }
   | { type: 'bye'; drain: boolean }
   | { type: 'hello' };
 
@@ -344,9 +344,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
         throw new ProtocolError('Hello was already received on this stream');
       case 'credit':
         if (!Number.isInteger(m.n) || m.n < 1) throw new ProtocolError(`Credit.n must be a positive number of jobs, got ${m.n}`);
-        // Over-granting is harmless: credit never exceeds the slots of Hello.
-        s.credit = Math.min(s.credit + m.n, s.slots);
-        this.emit('credit', s);
+        this.grant(s, m.n);
         return;
       case 'heartbeat':
         s.heartbeatPending = true;
@@ -359,6 +357,11 @@ export class AgentHub extends EventEmitter<HubEvents> {
         return;
       case 'completed':
       case 'failed':
+        if (m.credit) {
+          if (!Number.isInteger(m.credit) || m.credit < 0) throw new ProtocolError(`${m.type === 'completed' ? 'Completed' : 'Failed'}.credit must not be negative, got ${m.credit}`);
+          // As a Credit right after the report: the slot is free now, the report is written later.
+          this.grant(s, m.credit);
+        }
         this.background(s, this.report(s, m));
         return;
       case 'bye':
@@ -366,6 +369,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
         this.log.info({ agentId: s.agentId, sessionId: s.id, drain: m.drain, held: s.held.size }, 'agent said bye');
         return;
     }
+  }
+
+  /** More credit from the agent. Over-granting is harmless: credit never exceeds Hello's slots. */
+  private grant(s: Session, n: number): void {
+    s.credit = Math.min(s.credit + n, s.slots);
+    this.emit('credit', s);
   }
 
   /**

@@ -173,7 +173,7 @@ function toInput(m: AgentMessage): AgentInput {
     case 'heartbeat':
       return { type: 'heartbeat', progress: k.value.progress.map((p) => ({ attemptId: p.attemptId, progress: fromValue(p.progress) })), seq: k.value.seq };
     case 'completed':
-      return { type: 'completed', results: k.value.results.map((r) => ({ attemptId: r.attemptId, result: r.result ?? {} })) };
+      return { type: 'completed', results: k.value.results.map((r) => ({ attemptId: r.attemptId, result: r.result ?? {} })), credit: k.value.credit };
     case 'failed':
       return {
         type: 'failed',
@@ -182,6 +182,7 @@ function toInput(m: AgentMessage): AgentInput {
           error: { message: f.error?.message ?? '', ...(f.error?.details ? { details: f.error.details } : {}) },
           retryable: f.retryable,
         })),
+        credit: k.value.credit,
       };
     case 'bye':
       return { type: 'bye', drain: k.value.drain };
@@ -196,7 +197,12 @@ function toServerMessage(o: AgentOutput): ServerMessage {
       return create(ServerMessageSchema, {
         kind: {
           case: 'welcome',
-          value: { sessionId: o.sessionId, leaseTtl: durationFromMs(o.leaseTtlMs), heartbeatInterval: durationFromMs(o.heartbeatIntervalMs) },
+          value: {
+            sessionId: o.sessionId,
+            leaseTtl: durationFromMs(o.leaseTtlMs),
+            heartbeatInterval: durationFromMs(o.heartbeatIntervalMs),
+            creditWithReports: true,
+          },
         },
       });
     case 'assign':

@@ -182,4 +182,7 @@ export function unary<T = any>(client: grpc.Client & Record<string, any>, method
   });
 }
 
+/** The services as grpc-js loaded them from the .proto files (for a fake coordinator in a test). */
+export const services = pkg.leasehold.v1;
+
 export { grpc };
