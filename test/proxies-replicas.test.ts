@@ -17,6 +17,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
 import type { Coordinator } from '../server/coordinator.js';
 import { agentCreate } from '../server/store/index.js';
+import { watchAgent } from './helpers/agent-watch.js';
 import { ADMIN_KEY, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { freePort } from './helpers/ports.js';
@@ -69,13 +70,9 @@ describe.each([
       reconnect: { baseMs: 50, maxMs: 500 },
     });
     cleanups.push(() => agent.stop());
-    const runs = new Map<string, number>();
-    const aborted: unknown[] = [];
-    agent.on('aborted', (a) => aborted.push(a));
-    const connected: string[] = [];
-    agent.on('connected', (c) => connected.push(c.sessionId));
+    const { runs, aborted, connected, ran } = watchAgent(agent);
     agent.handle(queue, async (job) => {
-      runs.set(job.id, (runs.get(job.id) ?? 0) + 1);
+      ran(job.id);
       await new Promise((r) => setTimeout(r, 100 + (Number((job.payload as { n: number }).n) % 5) * 40));
       return { n: (job.payload as { n: number }).n };
     });

@@ -13,6 +13,7 @@ import { afterAll, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
 import type { Coordinator } from '../server/coordinator.js';
 import { agentCreate, jobEnqueue } from '../server/store/index.js';
+import { watchAgent } from './helpers/agent-watch.js';
 import { waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { freePort } from './helpers/ports.js';
@@ -46,15 +47,11 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
     log,
   });
   cleanups.push(() => agent.stop());
-  const runs = new Map<string, number>();
-  const aborted: unknown[] = [];
-  agent.on('aborted', (a) => aborted.push(a));
-  const connected: string[] = [];
-  agent.on('connected', (c) => connected.push(c.sessionId));
+  const { runs, aborted, connected, ran } = watchAgent(agent);
   const ends: Array<{ code?: number; details?: string }> = [];
   agent.on('disconnected', (d) => ends.push({ code: (d.error as { code?: number } | undefined)?.code, details: (d.error as { details?: string } | undefined)?.details }));
   agent.handle('rolling', async (job) => {
-    runs.set(job.id, (runs.get(job.id) ?? 0) + 1);
+    ran(job.id);
     await new Promise((r) => setTimeout(r, 150 + (Number((job.payload as { n: number }).n) % 5) * 50));
     return { n: (job.payload as { n: number }).n };
   });
