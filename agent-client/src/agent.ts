@@ -639,7 +639,8 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (!this.connected) return; // reports: sent again at the next Welcome; credit: Hello's slots
     const completed = entries.filter((e) => e.kind === 'completed');
     const failed = entries.filter((e) => e.kind === 'failed');
-    let carry = this.creditWithReports && credit > 0 && entries.length > 0 ? credit : 0;
+    const rides = this.creditWithReports && entries.length > 0;
+    let carry = rides ? credit : 0;
     if (completed.length) {
       this.send({ kind: { case: 'completed', value: { results: completed.map((e) => ({ attemptId: e.attemptId, result: e.result as JsonObject })), credit: carry } } });
       carry = 0;
@@ -659,7 +660,7 @@ export class Agent extends EventEmitter<AgentEvents> {
         },
       });
     }
-    if (credit > 0 && !(this.creditWithReports && entries.length > 0)) this.send({ kind: { case: 'credit', value: { n: credit } } });
+    if (credit > 0 && !rides) this.send({ kind: { case: 'credit', value: { n: credit } } });
   }
 
   private resendOutbox(): void {

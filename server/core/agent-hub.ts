@@ -5,7 +5,8 @@
  * - `Hello` authenticates the agent, resumes the attempts it lists that are still its own and
  *   current (the rest get `Revoke`), and is answered with `Welcome`.
  * - Credit: `Hello.slots` is the first grant; `Credit{n}` (or `credit` on a report) grants n
- *   more; each assigned job uses one. The dispatcher never assigns beyond min(credit, slots − held − reserved).
+ *   more; each assigned job uses one. The dispatcher never assigns beyond
+ *   min(credit, slots − held − reserved).
  * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
  *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
  *   is revoked). Renewed leases are confirmed with `Renewed` (and a start with one too), which
