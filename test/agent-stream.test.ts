@@ -69,6 +69,33 @@ describe('AgentService.Connect', () => {
     await checkInvariants(t.pool);
   });
 
+  it('writes a start before the report sent right behind it: the attempt is started by its Started, not implicitly', async () => {
+    const token = await lh.agent('eager');
+    const a = agent({ agentId: 'eager', token, queues: ['eager'], slots: 1 });
+    await a.next('welcome');
+    const starts: string[] = [];
+    const onStart = (x: { attemptId: string; outcome: { outcome: string } }) => starts.push(`${x.attemptId} ${x.outcome.outcome}`);
+    lh.c.hub.on('attempt:start', onStart);
+    try {
+      const ids: string[] = [];
+      // Both messages in one write, thirty times: they reach the coordinator together, and their
+      // statements would otherwise race (a start written after its report answers `duplicate`).
+      for (let i = 0; i < 30; i++) {
+        await enqueue('eager', { i });
+        const c = (await a.next('assign')).assign.jobs[0];
+        ids.push(c.attemptId);
+        a.send({ started: { attemptIds: [c.attemptId] } });
+        a.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ i }) }], credit: 1 } });
+        expect((await a.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
+      }
+      await waitFor('every start answered', async () => starts.length === 30);
+      expect(starts).toEqual(ids.map((id) => `${id} ok`));
+    } finally {
+      lh.c.hub.off('attempt:start', onStart);
+    }
+    await checkInvariants(t.pool);
+  });
+
   it('revokes an attempt whose agent stopped heartbeating, reassigns it as attempt 2, and refuses the late completion', async () => {
     const [ta, tb] = [await lh.agent('lazy'), await lh.agent('diligent')];
     const a = agent({ agentId: 'lazy', token: ta, queues: ['lease'], slots: 1 });

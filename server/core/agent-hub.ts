@@ -123,8 +123,8 @@ export class Session {
   readonly held = new Map<string, { jobId: string; status: 'claimed' | 'running' }>();
   /** Attempts whose report arrived and is being written: never held again by a late start answer. */
   readonly reporting = new Set<string>();
-  /** Attempts whose start is being written. */
-  readonly starting = new Set<string>();
+  /** Attempts whose start is being written, and that write (a report of the attempt waits for it). */
+  readonly starting = new Map<string, Promise<unknown>>();
   /**
    * Attempts reported while their start was being written. Starts and reports are written by
    * separate statements that may finish in either order: a start answered after its attempt's
@@ -484,8 +484,9 @@ export class AgentHub extends EventEmitter<HubEvents> {
     const running: string[] = [];
     await Promise.all(
       attemptIds.map(async (attemptId) => {
-        s.starting.add(attemptId);
-        const o = await this.batcher.start({ attemptId, agentId: s.agentId }).finally(() => s.starting.delete(attemptId));
+        const write = this.batcher.start({ attemptId, agentId: s.agentId });
+        s.starting.set(attemptId, write);
+        const o = await write.finally(() => s.starting.delete(attemptId));
         const reported = s.reportedWhileStarting.delete(attemptId);
         this.emit('attempt:start', { attemptId, agentId: s.agentId, outcome: o });
         if (o.outcome === 'ok' || o.outcome === 'duplicate') {
@@ -538,6 +539,11 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.emit('credit', s);
     const items = await Promise.all(
       calls.map(async ({ attemptId, run }): Promise<AckItem> => {
+        // An agent that reports an attempt before its start was answered (the SDK waits for
+        // Renewed; a hand-written agent may send both at once) has the start written first, so
+        // the attempt is started by its Started, not implicitly by the report: the same outcome
+        // and counts whichever statement PostgreSQL would have finished first.
+        await s.starting.get(attemptId)?.catch(() => undefined);
         const o: Outcome<JobSummary> = await run().finally(() => s.reporting.delete(attemptId));
         this.emit('attempt:report', { kind: m.type, attemptId, agentId: s.agentId, outcome: o });
         // A refused report (a result too large, say) leaves the attempt running: hold it again.

@@ -17,6 +17,7 @@ import {
 import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type RevokeReason as Reason, type Session } from '../core/agent-hub.js';
 import type { Failure } from '../core/outcomes.js';
 import type { Logger } from '../log.js';
+import type { AgentStreamHandler } from './agent-lane.js';
 import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';
 import { fromValue, toConnectError } from './codec.js';
 
@@ -29,21 +30,29 @@ export interface AgentRoutesDeps {
   helloPendingMax?: number | undefined;
 }
 
-export function agentRoutes(deps: AgentRoutesDeps) {
+/**
+ * The agent stream's handler, for Connect's router (`routes`) and for the gRPC listener's own
+ * lane (`handler`, agent-lane.ts): one count of the streams still waiting for their Hello.
+ */
+export function agentStreams(deps: AgentRoutesDeps): { routes: (router: ConnectRouter) => void; handler: AgentStreamHandler } {
   // Streams that have not said Hello yet hold memory and a connection without any credential:
   // they are few and short-lived, or refused.
   const waiting = { n: 0 };
-  return (router: ConnectRouter) =>
-    router.service(AgentService, {
-      connect: (requests: AsyncIterable<AgentMessage>, ctx: HandlerContext) => connect(deps, waiting, requests, ctx),
-    });
+  const handler: AgentStreamHandler = (requests, signal) => connect(deps, waiting, requests, signal);
+  return {
+    handler,
+    routes: (router: ConnectRouter) =>
+      router.service(AgentService, {
+        connect: (requests: AsyncIterable<AgentMessage>, ctx: HandlerContext) => connect(deps, waiting, requests, ctx.signal),
+      }),
+  };
 }
 
 async function* connect(
   deps: AgentRoutesDeps,
   waiting: { n: number },
   requests: AsyncIterable<AgentMessage>,
-  ctx: HandlerContext,
+  signal: AbortSignal,
 ): AsyncGenerator<ServerMessage> {
   const { hub, log } = deps;
   const raw = requests[Symbol.asyncIterator]();
@@ -106,7 +115,7 @@ async function* connect(
     for await (const out of session.out) yield toServerMessage(out);
     lost = !session.draining;
   } finally {
-    await hub.close(session, { lost, error: ctx.signal.aborted ? ctx.signal.reason : undefined });
+    await hub.close(session, { lost, error: signal.aborted ? signal.reason : undefined });
     // When the server ended the stream (a revoked agent, a shutdown) the agent may still be
     // sending: returning ends the call, which ends the reading; waiting for it would wait for
     // the agent.

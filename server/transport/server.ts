@@ -14,7 +14,8 @@ import type { CredentialCache } from '../core/credential-cache.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
 import { adminRoutes } from './admin-routes.js';
-import { agentRoutes } from './agent-routes.js';
+import { forAgentLane, serveAgentLane } from './agent-lane.js';
+import { agentStreams } from './agent-routes.js';
 import { attemptRoutes } from './attempt-routes.js';
 import { authInterceptor, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
@@ -65,12 +66,15 @@ export interface TlsFiles {
 /** Largest message accepted (a Completed with many results); single documents are bounded lower. */
 export const READ_MAX_BYTES = 8 * 1024 * 1024;
 
-/** Every service on one router: JobService, AttemptService, AgentService, AdminService, health, reflection. */
-export function routes(deps: ServerDeps, health: HealthController) {
+/**
+ * Every service on one router: JobService, AttemptService, AgentService, AdminService, health,
+ * reflection. `agents`: the agent stream's handler when the listener also serves it itself.
+ */
+export function routes(deps: ServerDeps, health: HealthController, agents = agentStreams(deps)) {
   return (router: ConnectRouter) => {
     jobRoutes(deps)(router);
     attemptRoutes(deps)(router);
-    agentRoutes(deps)(router);
+    agents.routes(router);
     adminRoutes(deps)(router);
     healthRoutes({ health })(router);
     reflectionRoutes({ sourceInfo: readDescriptorSet() })(router);
@@ -92,8 +96,8 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   });
   // The input message of each method, to name it when its bytes do not decode.
   const inputs = new Map<string, string>();
-  const handler = plainGrpcMessages(
-    connectNodeAdapter({
+  const agents = agentStreams(deps);
+  const connectHandler: NodeHandler = connectNodeAdapter({
       // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
       // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
       acceptCompression: [],
@@ -102,12 +106,15 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       connect: false,
       grpcWeb: false,
       routes: (router) => {
-        routes(deps, health)(router);
+        routes(deps, health, agents)(router);
         for (const h of router.handlers) inputs.set(h.requestPath, h.method.input.typeName);
       },
       interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
       readMaxBytes: READ_MAX_BYTES,
-    }),
+    });
+  // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through it.
+  const handler = plainGrpcMessages(
+    (req, res) => (forAgentLane(req) ? serveAgentLane(agents.handler, req, res, READ_MAX_BYTES) : connectHandler(req, res)),
     inputs,
   );
   const server = tls
