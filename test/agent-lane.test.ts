@@ -182,6 +182,24 @@ describe('the agent lane', () => {
     await expect.poll(() => seen.signal?.aborted).toBe(true);
     expect((seen.signal!.reason as ConnectError).code).toBe(Code.Canceled);
   });
+
+  it('ends the handler (its finally runs) when it yields after the agent is gone', async () => {
+    // The hub closes a session in its handler's finally; a write into the closed stream that
+    // waited for a drain never coming would leave the session open, and jobs assigned to it.
+    const seen: { finished?: boolean } = {};
+    const late: AgentStreamHandler = async function* (_requests, signal) {
+      try {
+        await new Promise((r) => signal.addEventListener('abort', r, { once: true }));
+        yield create(ServerMessageSchema, { kind: { case: 'goAway', value: { detail: 'after the reset' } } });
+        yield create(ServerMessageSchema, { kind: { case: 'goAway', value: { detail: 'never read' } } });
+      } finally {
+        seen.finished = true;
+      }
+    };
+    const port = await serve((req, res) => serveAgentLane(late, req, res, 1 << 20));
+    await call(port, (s) => s.write(frame(credit(1)), () => s.close(http2.constants.NGHTTP2_CANCEL)));
+    await expect.poll(() => seen.finished).toBe(true);
+  });
 });
 
 describe('which streams take the lane', () => {

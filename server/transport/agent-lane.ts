@@ -66,14 +66,14 @@ async function respond(output: AsyncIterable<ServerMessage>, res: http2.Http2Ser
   let error: ConnectError | undefined;
   try {
     for await (const m of output) {
-      if (res.destroyed) break;
+      if (gone(res)) break;
       if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/grpc+proto' });
       if (!res.write(frame(toBinary(ServerMessageSchema, m)))) await drained(res);
     }
   } catch (err) {
     error = err instanceof ConnectError ? err : new ConnectError('internal error', Code.Internal, undefined, undefined, err);
   }
-  if (res.destroyed) return;
+  if (gone(res)) return;
   if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/grpc+proto' });
   const trailers = setTrailerStatus(new Headers(), error);
   const t: Record<string, string> = {};
@@ -91,16 +91,25 @@ function frame(bytes: Uint8Array): Buffer {
   return f;
 }
 
-/** Resolves when `res` can take more, or is gone. */
+/**
+ * True once the stream is closed or destroyed: nothing more can be written. (The compatibility
+ * response has no `destroyed` of its own, and a write after the close fails without an event.)
+ */
+function gone(res: http2.Http2ServerResponse): boolean {
+  return res.stream.destroyed || res.stream.closed;
+}
+
+/** Resolves when `res` can take more, or is gone (at once if it already is). */
 function drained(res: http2.Http2ServerResponse): Promise<void> {
+  if (gone(res)) return Promise.resolve();
   return new Promise((resolve) => {
     const done = () => {
       res.off('drain', done);
-      res.off('close', done);
+      res.stream.off('close', done);
       resolve();
     };
     res.once('drain', done);
-    res.once('close', done);
+    res.stream.once('close', done);
   });
 }
 
