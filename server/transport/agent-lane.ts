@@ -21,10 +21,13 @@ import { constants } from 'node:http2';
 import { fromBinary, toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { setTrailerStatus } from '@connectrpc/connect/protocol-grpc';
-import { AgentMessageSchema, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
+import { AgentMessageSchema, AgentService, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
 
-/** The method this lane serves. */
-export const AGENT_CONNECT_PATH = '/leasehold.v1.AgentService/Connect';
+/** The method this lane serves, named from the generated service. */
+export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
+
+/** The response headers of every stream this lane answers. */
+const HEADERS = { 'content-type': 'application/grpc+proto' };
 
 /** The agent stream's handler: the agent's messages in, the coordinator's out (agent-routes.ts). */
 export type AgentStreamHandler = (requests: AsyncIterable<AgentMessage>, signal: AbortSignal) => AsyncIterable<ServerMessage>;
@@ -67,14 +70,14 @@ async function respond(output: AsyncIterable<ServerMessage>, res: http2.Http2Ser
   try {
     for await (const m of output) {
       if (gone(res)) break;
-      if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/grpc+proto' });
+      if (!res.headersSent) res.writeHead(200, HEADERS);
       if (!res.write(frame(toBinary(ServerMessageSchema, m)))) await drained(res);
     }
   } catch (err) {
     error = err instanceof ConnectError ? err : new ConnectError('internal error', Code.Internal, undefined, undefined, err);
   }
   if (gone(res)) return;
-  if (!res.headersSent) res.writeHead(200, { 'content-type': 'application/grpc+proto' });
+  if (!res.headersSent) res.writeHead(200, HEADERS);
   const trailers = setTrailerStatus(new Headers(), error);
   const t: Record<string, string> = {};
   trailers.forEach((v, k) => (t[k] = v));
