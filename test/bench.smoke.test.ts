@@ -16,6 +16,8 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
     rate: 100,
     seconds: 2,
     concurrency: 32,
+    // `--concurrency graphile-off=best`: a sweep, its contenders drained in the repetitions.
+    sweepOf: { 'graphile-off': [2, 4] },
     recoveryJobs: 10,
     leaseMs: 2000,
     recoveryCapMs: 6000,
@@ -29,6 +31,10 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   const throughput = rows.filter((r) => r.scenario.startsWith('throughput'));
   expect(throughput.map((r) => r.system)).toEqual(['Leasehold', 'graphile-worker (batching off)', 'graphile-worker (batching on)', 'pg-boss']);
   for (const r of throughput) expect(r.figures[0]!.median, r.system).toBeGreaterThan(0);
+  // The swept system reports the concurrency it ran at, the fastest of those tried, and each tried.
+  const swept = throughput.find((r) => r.system === 'graphile-worker (batching off)')!;
+  expect(swept.note).toMatch(/^concurrency (2|4) \(the fastest of one drain each: 2: [\d,]+, 4: [\d,]+ jobs\/s\)$/);
+  expect(lines.filter((l) => /^throughput graphile-worker \(batching off\) at [24] rep 1:/.test(l))).toHaveLength(2);
   if (process.platform === 'linux') {
     // Every job costs PostgreSQL and the workers some CPU: a zero across all systems means the
     // /proc reading broke. One system alone may read 0: /proc counts in ticks of 10 ms, and 300

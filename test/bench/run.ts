@@ -37,6 +37,12 @@ export interface BenchOptions {
   concurrency: number;
   /** Per system, where its best concurrency differs (graphile-worker without batching slows down as it grows). */
   concurrencyOf?: Partial<Record<SystemName, number>>;
+  /**
+   * Systems whose concurrency is the best of these, found in this run (`system=best`): each is a
+   * contender in the throughput repetitions (or, without that scenario, drained once after the
+   * warm-up); the fastest median is reported and used for every other scenario.
+   */
+  sweepOf?: Partial<Record<SystemName, number[]>>;
   recoveryJobs: number;
   leaseMs: number;
   streams: number;
@@ -208,10 +214,16 @@ const pct = (xs: number[], p: number) => {
 };
 const fig = (values: number[], digits = 0): Omit<Figure, 'unit'> => ({ median: median(values), min: Math.min(...values), max: Math.max(...values), digits, n: values.length });
 
+/** Jobs each throughput worker drains, discarded, before the measured drain. */
+const WARM_JOBS = 2000;
+
 /** Seconds of discarded latency load per system after the warm-up (at most `--warmup`). */
 const LATENCY_WARM_SECONDS = 20;
 
 const concurrencyOf = (s: System, o: BenchOptions) => o.concurrencyOf?.[s.name] ?? o.concurrency;
+
+/** The concurrencies `system=best` tries (graphile-worker without batching: 4 was its best here, 16 its slowest of these). */
+const SWEEP = [2, 4, 8, 16];
 
 /** CPU seconds so far of this process, a worker process and the PostgreSQL server. */
 function cpuNow(worker: Worker, pm: number | undefined) {
@@ -234,11 +246,19 @@ function cpuPerJob(c0: ReturnType<typeof cpuNow>, worker: Worker, pm: number | u
  * (`pg_stat_database`) and WAL bytes (the server's WAL position before the enqueue and when the
  * last job is done), per job.
  */
-async function throughputRep(s: System, o: BenchOptions, n: number) {
+async function throughputRep(s: System, o: BenchOptions, n: number, warm = Math.min(WARM_JOBS, n)) {
   await s.reset();
-  await settle(s.pool);
   const w = await forkWorker(await s.worker('drain', concurrencyOf(s, o)));
   try {
+    if (warm > 0) {
+      // Workers run long: a fresh process runs its first jobs on cold code (for Leasehold's
+      // agent the first ~300 ms of a drain went at half speed), so each worker drains a few
+      // jobs, discarded, before the measured drain (every system alike).
+      await s.bulkEnqueue(warm);
+      if (!(await until('warm drain', () => s.drained(), 60_000, 25))) throw new Error(`${s.label}: ${warm} warm-up jobs not drained within 60 s`);
+      await s.reset();
+    }
+    await settle(s.pool);
     const before = await dbCounters(s);
     const pm = await postmasterPid(s.pool);
     const wal0 = await walBytes(s.pool);
@@ -440,6 +460,28 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       for (const s of systems) await latencyRep(s, { ...o, seconds: Math.min(o.warmupSeconds, LATENCY_WARM_SECONDS) }, 0);
     }
     log(`warm-up done (${o.warmupSeconds} s${o.scenarios.includes('latency') ? `, then ${Math.min(o.warmupSeconds, LATENCY_WARM_SECONDS)} s of the latency load per system` : ''})`);
+    // `system=best`: its concurrency is the fastest in this run. With the throughput scenario,
+    // every candidate is a contender of its own in the repetitions below (the fastest median
+    // wins); without it, one drain each here.
+    o = { ...o, concurrencyOf: { ...o.concurrencyOf } };
+    const swept = new Map<System, string>();
+    const pick = (s: System, tried: Array<[number, number]>, what: string) => {
+      const [best] = [...tried].sort((x, y) => y[1] - x[1])[0]!;
+      o.concurrencyOf![s.name] = best;
+      swept.set(s, `the fastest ${what}: ${tried.map(([n, j]) => `${n}: ${Math.round(j).toLocaleString('en-US')}`).join(', ')} jobs/s`);
+    };
+    if (!o.scenarios.includes('throughput')) {
+      for (const s of systems) {
+        const tried: Array<[number, number]> = [];
+        for (const n of o.sweepOf?.[s.name] ?? []) {
+          const x = await throughputRep(s, { ...o, concurrencyOf: { ...o.concurrencyOf, [s.name]: n } }, o.jobs);
+          tried.push([n, x.jobsPerSec]);
+          log(`sweep ${s.label} concurrency ${n}: ${x.jobsPerSec.toFixed(0)} jobs/s`);
+        }
+        if (tried.length) pick(s, tried, 'of one drain each');
+      }
+    }
+    const concurrencyNote = (s: System) => `concurrency ${concurrencyOf(s, o)}${swept.has(s) ? ` (${swept.get(s)})` : ''}`;
     let stopProfile: (() => Promise<void>) | undefined;
     if (o.profileDir) {
       await mkdir(o.profileDir, { recursive: true });
@@ -456,17 +498,25 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
     // all of them alike rather than on whichever ran then.
     if (o.scenarios.includes('throughput')) {
       type Tp = Awaited<ReturnType<typeof throughputRep>>;
-      const reps = new Map<System, Tp[]>(systems.map((s) => [s, []]));
+      // One contender per system, or one per candidate concurrency of a swept system.
+      const contenders = systems.flatMap((s) => (o.sweepOf?.[s.name]?.length ? o.sweepOf[s.name]! : [concurrencyOf(s, o)]).map((n) => ({ s, n, xs: [] as Tp[] })));
       for (let r = 0; r < o.reps; r++) {
-        for (const s of systems) {
-          const x = await throughputRep(s, o, o.jobs);
-          reps.get(s)!.push(x);
-          const c = x.cpuMsPerJob;
+        for (const c of contenders) {
+          const { s } = c;
+          const x = await throughputRep(s, { ...o, concurrencyOf: { ...o.concurrencyOf, [s.name]: c.n } }, o.jobs);
+          c.xs.push(x);
+          const u = x.cpuMsPerJob;
           log(
-            `throughput ${s.label} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
-              `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
+            `throughput ${s.label}${o.sweepOf?.[s.name]?.length ? ` at ${c.n}` : ''} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
+              `CPU ms/job ${u.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${u.worker?.toFixed(2) ?? '?'} (workers) + ${u.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
           );
         }
+      }
+      const reps = new Map<System, Tp[]>();
+      for (const s of systems) {
+        const mine = contenders.filter((c) => c.s === s);
+        if (mine.length > 1) pick(s, mine.map((c) => [c.n, median(c.xs.map((x) => x.jobsPerSec))]), o.reps === 1 ? 'of one drain each' : `median of ${o.reps} drains each`);
+        reps.set(s, mine.find((c) => c.n === concurrencyOf(s, o))!.xs);
       }
       for (const s of systems) {
         const xs = reps.get(s)!;
@@ -486,7 +536,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
           systemKey: s.key,
           scenario: `throughput (${o.jobs} no-op jobs)`,
           system: s.label,
-          note: `concurrency ${concurrencyOf(s, o)}`,
+          note: concurrencyNote(s),
           figures: [
             { ...fig(jps), unit: 'jobs/s', metric: 'jobs_per_s' },
             { ...fig(cpj, 2), unit: 'commits/job' },
@@ -543,7 +593,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
           systemKey: s.key,
           scenario: `dispatch latency, enqueue → handler start (${o.rate} jobs/s for ${o.seconds} s)`,
           system: s.label,
-          note: `concurrency ${concurrencyOf(s, o)}`,
+          note: concurrencyNote(s),
           figures: [
             { ...fig(p50, 1), unit: 'ms p50', metric: 'p50_ms' },
             { ...fig(p95, 1), unit: 'ms p95', metric: 'p95_ms' },
@@ -662,11 +712,18 @@ async function commitOf(): Promise<string> {
   }
 }
 
-/** `256,graphile-off=16` → a default of 256, and 16 for graphile-off. */
-function concurrency(list: string): Pick<BenchOptions, 'concurrency' | 'concurrencyOf'> {
-  const o: Pick<BenchOptions, 'concurrency' | 'concurrencyOf'> = { concurrency: 256, concurrencyOf: {} };
+/**
+ * `256,graphile-off=16` → a default of 256, and 16 for graphile-off; `graphile-off=best` → the
+ * fastest of `SWEEP` for it, measured in the run.
+ */
+function concurrency(list: string): Pick<BenchOptions, 'concurrency' | 'concurrencyOf' | 'sweepOf'> {
+  const o: Pick<BenchOptions, 'concurrency' | 'concurrencyOf' | 'sweepOf'> = { concurrency: 256, concurrencyOf: {}, sweepOf: {} };
   for (const item of list.split(',')) {
     const [a, b] = item.split('=');
+    if (b === 'best' && ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'].includes(a!)) {
+      o.sweepOf![a as SystemName] = SWEEP;
+      continue;
+    }
     const n = Number(b ?? a);
     if (!Number.isInteger(n) || n < 1) throw new Error(`--concurrency: ${item} is not a positive whole number`);
     if (b === undefined) o.concurrency = n;
@@ -694,8 +751,8 @@ if (isMain) {
     .option('--pg-statements', 'load pg_stat_statements and print the costliest statements of the measured scenarios')
     .option(
       '--concurrency <list>',
-      'jobs a system runs at once (slots, worker concurrency): a default, then system=n exceptions',
-      '256,graphile-off=16',
+      'jobs a system runs at once (slots, worker concurrency): a default, then system=n exceptions (system=best: the fastest of 2, 4, 8, 16 in this run)',
+      '256,graphile-off=best',
     )
     .parse();
   const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();

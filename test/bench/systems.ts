@@ -115,10 +115,15 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
     async bulkEnqueue(count, payload = () => ({})) {
       const payloads = Array.from({ length: count }, (_, i) => JSON.stringify(payload(i)));
       for (let i = 0; i < payloads.length; i += 5000) {
-        // What jobEnqueue writes for each job (its row, nothing else), 5,000 jobs a statement.
-        await pool.query(`INSERT INTO jobs (queue, payload) SELECT $1, p::jsonb FROM unnest($2::text[]) p`, [QUEUE, payloads.slice(i, i + 5000)]);
+        // What jobEnqueue writes for each job (its row, nothing else), 5,000 jobs a statement,
+        // and its NOTIFY with them (as graphile-worker's addJobs and pg-boss's insert do): the
+        // coordinator claims the first 5,000 while the next are written.
+        await pool.query(
+          `WITH n AS (INSERT INTO jobs (queue, payload) SELECT $1, p::jsonb FROM unnest($2::text[]) p RETURNING 1)
+           SELECT pg_notify('leasehold_jobs', $1) FROM (SELECT count(*) FROM n) c`,
+          [QUEUE, payloads.slice(i, i + 5000)],
+        );
       }
-      await pool.query(`SELECT pg_notify('leasehold_jobs', $1)`, [QUEUE]);
     },
     async enqueueOne(payload) {
       await enqueue(JSON.stringify({ queue: QUEUE, payload }));
