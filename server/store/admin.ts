@@ -115,8 +115,9 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // One batch. Candidates come oldest first from jobs_finished_idx and are locked FOR UPDATE SKIP
 // LOCKED, so purgers on several replicas take different jobs, and an operator's requeue of the
 // same job either waits for the delete (and then finds nothing) or commits first (finished_at
-// is NULL then, and the recheck under the lock drops the row). The ON DELETE CASCADE takes the
-// job's attempts, events, steps, stale reports and notifications.
+// is NULL then, and the recheck under the lock drops the row). The job's attempts go in the same
+// statement (they have no foreign key: see schema.ts); ON DELETE CASCADE takes its events, steps,
+// stale reports and notifications.
 const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
@@ -126,6 +127,8 @@ const purgeSql = statement(
      FOR UPDATE OF j SKIP LOCKED
    ), d AS (
      DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING 1
+   ), a AS (
+     DELETE FROM attempts USING c WHERE attempts.job_id = c.id
    )
    SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff`,
 );

@@ -8,7 +8,8 @@
  *
  * 1. At most one current attempt per job: ended attempts are numbered 1..k, the live one (if
  *    any) is k+1 and has no row yet, and no attempt overlaps the next (each was current while
- *    it acted: the next was claimed only after it ended).
+ *    it acted: the next was claimed only after it ended). Every ended attempt's job exists
+ *    (`attempts.job_id` has no foreign key; the purge deletes them with their job).
  * 2. A job reaches a terminal state at most once per run (an operator requeue starts another
  *    run); nothing happens after success, and the stored result is the succeeding attempt's.
  * 3. Folding a job's history rebuilds its row (status, attempt_no, attempts_started, run_at,
