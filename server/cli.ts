@@ -1,6 +1,7 @@
 /**
  * `leasehold`: the coordinator's command line. `serve` (what `npm start` runs), `migrate`
- * (what `npm run migrate` runs); everything else through a running coordinator's API, with
+ * (what `npm run migrate` runs), `seed-history` (`npm run seed:history`, `seed-history.ts`);
+ * everything else through a running coordinator's API, with
  * `--url` and `--key`: `agents add|list|revoke|drain`, `keys add|list|revoke`,
  * `jobs ls|show|requeue|cancel|purge|stale` and `stats` (`cli-remote.ts`), and the
  * notifications: `subscriptions add|list|remove|rotate`, `webhooks secret`, `deliveries
@@ -13,6 +14,7 @@ import { watchLauncher } from './launcher.js';
 import { createLogger } from './log.js';
 import { registerRemoteCommands } from './cli-remote.js';
 import { registerWebhookCommands } from './cli-webhooks.js';
+import { registerSeedCommand } from './seed-history.js';
 
 // The configuration (zod) and the store (Drizzle, pg) are loaded by the commands that use them,
 // so the API commands start without them.
@@ -93,6 +95,7 @@ withDbFlags(program.command('migrate').description('apply database migrations an
   },
 );
 
+registerSeedCommand(program, { withDbFlags });
 registerRemoteCommands(program);
 registerWebhookCommands(program);
 
