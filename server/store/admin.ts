@@ -181,12 +181,15 @@ export interface QueueWait {
 // A scan of jobs, bounded by the purge retention. Grouped by the enum's order.
 const depthSql = statement('adminJobDepths', `SELECT queue, status::text AS status, count(*)::int8 AS count FROM jobs GROUP BY queue, status ORDER BY queue, status`);
 
-// Due queued jobs only (jobs_claim_idx holds exactly the queued ones).
-const waitSql = statement(
+// Due queued jobs only, from jobs_claim_idx, which holds exactly the queued ones: "queued" is
+// spelled as that index's predicate (a check constraint ties it to status = 'queued'), which the
+// planner can match; `status = 'queued'` it cannot, and read every job kept instead (49 ms for a
+// million finished jobs against 0.1, measured with `seed:history`).
+export const waitSql = statement(
   'adminQueueWaits',
   `SELECT DISTINCT ON (queue) queue, id, run_at, count(*) OVER (PARTITION BY queue)::int8 AS due,
      (extract(epoch FROM now() - run_at) * 1000)::float8 AS age_ms
-   FROM jobs WHERE status = 'queued' AND run_at <= now()
+   FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL AND run_at <= now()
    ORDER BY queue, run_at, id`,
 );
 

@@ -209,12 +209,16 @@ export const attempts = pgTable(
       .default(sql`nextval('job_events_id_seq')`),
   },
   (t) => [
-    // Serves a job's attempts in order (GetJob, the explanation of a repeat) and the ON DELETE
-    // CASCADE from jobs; unique, so an attempt number is used once.
+    // Serves a job's attempts in order (GetJob, the explanation of a repeat) and the purge's
+    // delete of a job's attempts; unique, so an attempt number is used once.
     uniqueIndex('attempts_job_attempt_no_uq').on(t.jobId, t.attemptNo),
     // Serves the per-minute counts of GetStats: rows are written when attempts end, so in
     // ended_at order, and a BRIN index finds the last minutes for next to nothing.
-    index('attempts_ended_brin').using('brin', t.endedAt),
+    // autosummarize: a page range is summarized as soon as it fills (an autovacuum work item);
+    // without it only VACUUM summarizes, which on a large table waits for ~20 % new rows, and
+    // until then every read of recent minutes scans all the pages written since (290 ms after a
+    // million seeded jobs, 2.4 ms summarized).
+    index('attempts_ended_brin').using('brin', t.endedAt).with({ autosummarize: 'on' }),
     check('attempts_ended', sql`${t.status} not in ('claimed', 'running')`),
   ],
 );
@@ -401,7 +405,7 @@ export const jobEvents = pgTable(
     // Serves jobGet's history, the rebuild of a job from its history and the purge's cascade.
     index('job_events_job_idx').on(t.jobId, t.id),
     // Serves the per-minute counts of GetStats (cancels of queued jobs by time).
-    index('job_events_at_brin').using('brin', t.at),
+    index('job_events_at_brin').using('brin', t.at).with({ autosummarize: 'on' }),
   ],
 );
 
