@@ -19,12 +19,13 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
     // `--concurrency graphile-off=best`: a sweep, its contenders drained in the repetitions.
     sweepOf: { 'graphile-off': [2, 4] },
     recoveryJobs: 10,
+    historyJobs: 3000,
     leaseMs: 2000,
     recoveryCapMs: 6000,
     streams: 50,
     warmupSeconds: 0,
     systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'],
-    scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'pgbench'],
+    scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'history', 'pgbench'],
     log: (l) => lines.push(l),
   });
   console.log(md);
@@ -54,6 +55,12 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
     expect(metric('writes', system, 'rows_per_job')?.median, system).toBeGreaterThanOrEqual(2);
     expect(metric('writes', system, 'wal_bytes_per_job')?.median, system).toBeGreaterThan(100);
   }
+  // history: the worst read's ratio and the hot path's, then one row per read, each timed.
+  expect(metric('history', 'leasehold', 'read_ms_ratio')?.median).toBeGreaterThan(0);
+  expect(metric('history', 'leasehold', 'jobs_per_s_ratio')?.median).toBeGreaterThan(0);
+  const reads = json.filter((r) => r.scenario === 'history' && r.read && r.metric === 'read_ms');
+  expect(reads.map((r) => r.read)).toEqual(expect.arrayContaining(['GetStats', '/metrics gauges', 'ListJobs by queue', 'ListJobs by agent', 'GetJob']));
+  for (const r of reads) expect(r.median, r.read).toBeGreaterThan(0);
   expect(metric('ceiling', 'postgresql', 'tps') ?? metric('heartbeats', 'leasehold', 'commits_per_s')).toBeDefined();
   const recovery = rows.find((r) => r.scenario.startsWith('recovery') && r.system === 'Leasehold')!;
   expect(recovery.figures.length, 'Leasehold recovered the SIGKILLed worker\'s jobs').toBeGreaterThan(0);

@@ -3,7 +3,7 @@
  * the dispatch latency distributions (percentile against latency, log scale).
  */
 /** The names `results.json` uses (scripts read these, not the markdown). */
-export type ScenarioKey = 'throughput' | 'latency' | 'writes' | 'recovery' | 'heartbeats' | 'ceiling';
+export type ScenarioKey = 'throughput' | 'latency' | 'writes' | 'recovery' | 'heartbeats' | 'history' | 'ceiling';
 export type SystemKey = 'leasehold' | 'graphile-on' | 'graphile-off' | 'pg-boss' | 'postgresql';
 export type MetricKey =
   | 'jobs_per_s'
@@ -15,7 +15,10 @@ export type MetricKey =
   | 'wal_bytes_per_job'
   | 'lease_multiple'
   | 'commits_per_s'
-  | 'tps';
+  | 'tps'
+  | 'read_ms'
+  | 'read_ms_ratio'
+  | 'jobs_per_s_ratio';
 
 export interface Figure {
   /** Set for the figures that go to `results.json`. */
@@ -31,6 +34,8 @@ export interface Figure {
 export interface Row {
   scenarioKey: ScenarioKey;
   systemKey: SystemKey;
+  /** The history scenario's rows of one read each: its name (in `results.json` as `read`). */
+  read?: string;
   scenario: string;
   system: string;
   figures: Figure[];
@@ -78,6 +83,8 @@ export function markdown(rows: Row[], info: RunInfo): string {
 export interface Result {
   scenario: ScenarioKey;
   system: SystemKey;
+  /** Set on the history scenario's rows of one read each. */
+  read?: string;
   metric: MetricKey;
   median: number;
   min: number;
@@ -89,7 +96,9 @@ export interface Result {
 export function results(rows: Row[], commit: string): Result[] {
   return rows.flatMap((r) =>
     r.figures.flatMap((x) =>
-      x.metric ? [{ scenario: r.scenarioKey, system: r.systemKey, metric: x.metric, median: x.median, min: x.min, max: x.max, commit }] : [],
+      x.metric
+        ? [{ scenario: r.scenarioKey, system: r.systemKey, ...(r.read ? { read: r.read } : {}), metric: x.metric, median: x.median, min: x.min, max: x.max, commit }]
+        : [],
     ),
   );
 }

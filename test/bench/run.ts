@@ -21,6 +21,7 @@ import { clockMs } from './clock.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { profileSelf, summarize } from './profile.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
+import { historyReads, HISTORY_EMPTY_JOBS, seedFinished } from './history.js';
 import { latencySvg, markdown, results, type Figure, type MetricKey, type Row } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
@@ -44,6 +45,8 @@ export interface BenchOptions {
    */
   sweepOf?: Partial<Record<SystemName, number[]>>;
   recoveryJobs: number;
+  /** The `history` scenario: finished jobs seeded (seed:history) before the reads are timed again. */
+  historyJobs: number;
   leaseMs: number;
   streams: number;
   warmupSeconds: number;
@@ -650,6 +653,63 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         figures: [{ ...fig(cpu, 1), unit: '% CPU (coordinator)' }, { ...fig(cps, 1), unit: 'commits/s', metric: 'commits_per_s' }, { ...fig(rps), unit: 'leases renewed/s' }],
       });
     }
+    if (o.scenarios.includes('history') && o.systems.includes('leasehold')) {
+      // Leasehold alone, on a database of its own: the operator reads and the hot path on a
+      // nearly empty history, then again after `historyJobs` finished jobs are seeded.
+      const h = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history', keepHistory: true });
+      try {
+        await throughputRep(h, o, Math.min(o.jobs, 2000)); // discarded: warm code and statements
+        const measure = async (label: string) => {
+          const reads = await historyReads(h.pool);
+          const tp: number[] = [];
+          const p50: number[] = [];
+          for (let r = 0; r < o.reps; r++) {
+            tp.push((await throughputRep(h, o, o.jobs)).jobsPerSec);
+            p50.push(pct((await latencyRep(h, o)).latencies, 50));
+          }
+          log(`history ${label}: ${[...reads].map(([k, v]) => `${k} ${median(v).toFixed(1)} ms`).join(', ')}; throughput ${tp.map((x) => x.toFixed(0)).join(', ')} jobs/s; p50 ${p50.map((x) => x.toFixed(1)).join(', ')} ms`);
+          return { reads, tp, p50 };
+        };
+        await seedFinished(h.pool, HISTORY_EMPTY_JOBS);
+        const empty = await measure(`${HISTORY_EMPTY_JOBS} finished jobs`);
+        const t0 = performance.now();
+        await seedFinished(h.pool, o.historyJobs);
+        log(`history: ${o.historyJobs} finished jobs seeded in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+        const full = await measure(`${o.historyJobs + HISTORY_EMPTY_JOBS} finished jobs`);
+        const scenario = `history: operator reads and the hot path, ${HISTORY_EMPTY_JOBS} finished jobs kept, then ${(o.historyJobs + HISTORY_EMPTY_JOBS).toLocaleString('en-US')}`;
+        const ratios = [...empty.reads].map(([k, e]) => [k, median(full.reads.get(k)!) / median(e)] as const);
+        const worst = ratios.reduce((a, b) => (b[1] > a[1] ? b : a));
+        rows.push({
+          scenarioKey: 'history',
+          systemKey: 'leasehold',
+          scenario,
+          system: 'Leasehold',
+          figures: [
+            { ...fig([worst[1]], 2), unit: 'worst read: full / empty', metric: 'read_ms_ratio' },
+            { ...fig([median(full.tp) / median(empty.tp)], 2), unit: 'jobs/s: full / empty', metric: 'jobs_per_s_ratio' },
+            { ...fig([median(full.p50) / median(empty.p50)], 2), unit: 'latency p50: full / empty' },
+          ],
+          note: `worst read: ${worst[0]}; throughput ${Math.round(median(empty.tp)).toLocaleString('en-US')} → ${Math.round(median(full.tp)).toLocaleString('en-US')} jobs/s, p50 ${median(empty.p50).toFixed(1)} → ${median(full.p50).toFixed(1)} ms`,
+        });
+        for (const [k, e] of empty.reads) {
+          const f = full.reads.get(k)!;
+          rows.push({
+            scenarioKey: 'history',
+            systemKey: 'leasehold',
+            read: k,
+            scenario,
+            system: `Leasehold: ${k}`,
+            figures: [
+              { ...fig(e, 1), unit: 'ms, empty' },
+              { ...fig(f, 1), unit: 'ms, full', metric: 'read_ms' },
+              { ...fig([median(f) / median(e)], 2), unit: 'full / empty', metric: 'read_ms_ratio' },
+            ],
+          });
+        }
+      } finally {
+        await h.close();
+      }
+    }
     if (o.scenarios.includes('pgbench')) {
       const tps: number[] = [];
       for (let r = 0; r < o.reps; r++) {
@@ -746,10 +806,11 @@ if (isMain) {
     .option('--systems <list>', 'leasehold,graphile-off,graphile-on,pgboss', 'leasehold,graphile-off,graphile-on,pgboss')
     .option(
       '--scenarios <list>',
-      'throughput,writes,latency,recovery,heartbeats,pgbench (pgbench is the ceiling)',
-      'throughput,writes,latency,recovery,heartbeats,pgbench',
+      'throughput,writes,latency,recovery,heartbeats,history,pgbench (pgbench is the ceiling)',
+      'throughput,writes,latency,recovery,heartbeats,history,pgbench',
     )
     .option('--warmup <seconds>', 'discarded load before measuring', '30')
+    .option('--history-jobs <n>', 'the history scenario: finished jobs seeded before its second round', '10000000')
     .option('--profile <dir>', 'write CPU profiles of the measured scenarios (bench process, workers) to DIR and summarize them')
     .option('--pg-statements', 'load pg_stat_statements and print the costliest statements of the measured scenarios')
     .option(
@@ -758,9 +819,9 @@ if (isMain) {
       '256,graphile-off=best',
     )
     .parse();
-  const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string }>();
+  const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string; historyJobs: string }>();
   const quick = Boolean(f.quick);
-  const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'pgbench', 'ceiling'] };
+  const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'history', 'pgbench', 'ceiling'] };
   for (const [flag, list] of [['systems', f.systems], ['scenarios', f.scenarios]] as const) {
     const bad = list.split(',').filter((x) => !known[flag].includes(x));
     if (bad.length) program.error(`--${flag}: unknown ${bad.join(', ')} (one of ${known[flag].join(', ')})`);
@@ -778,6 +839,7 @@ if (isMain) {
       }
     })(),
     recoveryJobs: quick ? 10 : 100,
+    historyJobs: quick ? 3000 : Number(f.historyJobs),
     leaseMs: quick ? 2000 : 5000,
     streams: quick ? 50 : 2000,
     warmupSeconds: quick ? 0 : Number(f.warmup),

@@ -58,8 +58,19 @@ async function createDb(adminUrl: string, name: string) {
 }
 
 /** Leasehold: coordinator in this process (gRPC on a free port), agents in the worker process. */
-export async function leasehold(adminUrl: string, opts: { leaseMs: number; agents: number }): Promise<System> {
-  const url = await createDb(adminUrl, 'bench_leasehold');
+export async function leasehold(
+  adminUrl: string,
+  opts: {
+    leaseMs: number;
+    agents: number;
+    /** Its own database (default bench_leasehold). */
+    database?: string;
+    /** Reset removes only the benchmark's queue, keeping every other job (a seeded history). */
+    keepHistory?: boolean;
+  },
+): Promise<System> {
+  const database = opts.database ?? 'bench_leasehold';
+  const url = await createDb(adminUrl, database);
   const config = loadConfig(
     { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0' },
     {
@@ -108,7 +119,7 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
     name: 'leasehold',
     key: 'leasehold',
     label: 'Leasehold',
-    database: 'bench_leasehold',
+    database,
     pool,
     pools: [pool, c.db.pool, c.db.hot],
     leaseMs: opts.leaseMs,
@@ -135,6 +146,12 @@ export async function leasehold(adminUrl: string, opts: { leaseMs: number; agent
       return (await pool.query(q)).rows[0].done as boolean;
     },
     async reset() {
+      if (opts.keepHistory) {
+        // The benchmark's jobs only (their attempts have no foreign key to go with them).
+        await pool.query(`DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)`, [QUEUE]);
+        await pool.query(`DELETE FROM jobs WHERE queue = $1`, [QUEUE]);
+        return;
+      }
       // The coordinator's background work (reaper, purger, webhook deliverer) may hold one of
       // these tables while it waits for another: PostgreSQL breaks such a deadlock by failing one
       // side, and a failed TRUNCATE is simply tried again (seen once in a latency run).

@@ -1,0 +1,57 @@
+/**
+ * The `history` scenario's parts: finished jobs seeded as `npm run seed:history` writes them, and
+ * the operator reads timed through the store functions their RPCs call (GetStats and the
+ * `/metrics` gauges, ListJobs by each filter, GetJob, ListAgents).
+ */
+import type pg from 'pg';
+import { DEFAULT_SEED, seedHistory } from '../../server/seed-history.js';
+import { agentOverview, jobDepths, jobGet, jobList, jobSearch, statsGet } from '../../server/store/index.js';
+
+/** The "empty" round's history: a few finished jobs, so that every read has something to find. */
+export const HISTORY_EMPTY_JOBS = 100;
+
+/** Calls per read; the first is discarded (its plan and pages are cold). */
+const CALLS = 8;
+
+/**
+ * Seeds `n` finished jobs over the last 6 days (the default mix; inside the coordinator's 7-day
+ * retention, so its purger takes none of them while the scenario runs).
+ */
+export async function seedFinished(pool: pg.Pool, n: number): Promise<void> {
+  await seedHistory(pool, { ...DEFAULT_SEED, jobs: n, days: 6 });
+}
+
+/** Each operator read, timed `CALLS - 1` times (ms). */
+export async function historyReads(pool: pg.Pool): Promise<Map<string, number[]>> {
+  const day = 86_400_000;
+  const now = Date.now();
+  // A job from the middle of the history, read by id.
+  const { rows } = await pool.query(`SELECT id FROM jobs WHERE queue <> 'noop' ORDER BY created_at LIMIT 1 OFFSET (SELECT count(*) / 2 FROM jobs WHERE queue <> 'noop')`);
+  const jobId = rows[0]?.id as string;
+  const must = async <T>(o: Promise<{ outcome: string } & T>) => {
+    const x = await o;
+    if (x.outcome !== 'ok') throw new Error(`history read refused: ${JSON.stringify(x)}`);
+  };
+  const reads: Array<[string, () => Promise<unknown>]> = [
+    ['GetStats', () => must(statsGet(pool))],
+    ['/metrics gauges', () => jobDepths(pool)],
+    ['ListJobs by queue', () => must(jobSearch(pool, { queue: 'reports' }))],
+    ['ListJobs by status', () => must(jobSearch(pool, { statuses: ['dead'] }))],
+    ['ListJobs by agent', () => must(jobSearch(pool, { agentId: 'seed-agent-03' }))],
+    ['ListJobs by time', () => must(jobSearch(pool, { createdAfter: new Date(now - 3 * day), createdBefore: new Date(now - 2 * day) }))],
+    ['JobService ListJobs by queue', () => must(jobList(pool, { queue: 'reports' }))],
+    ['GetJob', () => must(jobGet(pool, { jobId }))],
+    ['ListAgents', () => must(agentOverview(pool, { staleAfterMs: 60_000 }))],
+  ];
+  const out = new Map<string, number[]>();
+  for (const [name, read] of reads) {
+    const ms: number[] = [];
+    for (let i = 0; i < CALLS; i++) {
+      const t0 = performance.now();
+      await read();
+      if (i > 0) ms.push(performance.now() - t0);
+    }
+    out.set(name, ms);
+  }
+  return out;
+}
