@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import type { Command } from 'commander';
 import type { ConfigFlags } from './config.js';
 import { createLogger } from './log.js';
-import type { HistoryChunkCounts, HistoryOutcome } from './store/history.js';
+import type { HistoryChunkCounts, HistoryOutcome, HistoryShares } from './store/history.js';
 import type { Queryable } from './store/sql.js';
 
 /** Raised for bad command-line input: printed as one line, exit code 2, before any database work. */
@@ -18,7 +18,7 @@ export class SeedUsageError extends Error {
 }
 
 /** What to seed. Shares are fractions of all jobs (of canceled / retried-and-dead jobs for the two noted). */
-export interface SeedOptions {
+export interface SeedOptions extends HistoryShares {
   jobs: number;
   /** Jobs finish uniformly over the last `days` days, ending now. */
   days: number;
@@ -28,14 +28,6 @@ export interface SeedOptions {
   queues: Array<{ name: string; weight: number }>;
   /** Outcomes and their weights. */
   outcomes: Record<HistoryOutcome, number>;
-  keyShare: number;
-  labelShare: number;
-  notifyShare: number;
-  stepShare: number;
-  /** Of canceled jobs: canceled while queued (no attempt); the rest while running. */
-  canceledQueuedShare: number;
-  /** Of retried and dead jobs: attempts that lost their lease (the reaper ended them); the rest reported a failure. */
-  leaseLostShare: number;
   /** Size of the agent pool (`seed-agent-01`, …); the first quarter carry the labels. */
   agents: number;
   maxAttempts: number;

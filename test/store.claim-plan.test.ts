@@ -10,24 +10,16 @@ import { createPool } from '../server/store/database.js';
 import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';
+import { planNodes as nodes, type PlanNode } from './helpers/plan.js';
 
 const db = useTestDb();
 
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  Plans?: PlanNode[];
-}
 
 function value<T>(o: Outcome<T>): T {
   if (o.outcome !== 'ok') throw new Error(`expected a value, got ${JSON.stringify(o)}`);
   return o.value;
 }
 
-function nodes(p: PlanNode): PlanNode[] {
-  return [p, ...(p.Plans ?? []).flatMap(nodes)];
-}
 
 describe('claim plan', () => {
   it('reads jobs only through indexes: queued ones in jobs_claim_idx order, claimed ones by id', async () => {

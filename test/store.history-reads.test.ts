@@ -8,16 +8,10 @@ import { jobDepths } from '../server/store/index.js';
 import { waitSql } from '../server/store/admin.js';
 import { useTestDb } from './helpers/db.js';
 import { makeQueuedJobs } from './helpers/factories.js';
+import { planNodes as nodes, type PlanNode } from './helpers/plan.js';
 
 const db = useTestDb();
 
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  Plans?: PlanNode[];
-}
-const nodes = (p: PlanNode): PlanNode[] => [p, ...(p.Plans ?? []).flatMap(nodes)];
 
 describe('operator reads with history', () => {
   it('the waits read the queued jobs from jobs_claim_idx, whatever the finished jobs kept', async () => {

@@ -30,8 +30,21 @@ import { run, statement, withTransaction, type Queryable } from './sql.js';
 export const HISTORY_OUTCOMES = ['succeeded', 'retried', 'failed', 'dead', 'canceled'] as const;
 export type HistoryOutcome = (typeof HISTORY_OUTCOMES)[number];
 
+/** The shares of a seeded mix (fractions of all jobs, of canceled ones, of retried and dead ones). */
+export interface HistoryShares {
+  /** Shares of jobs with an idempotency key, required labels, a notify_url, recorded steps. */
+  keyShare: number;
+  labelShare: number;
+  notifyShare: number;
+  stepShare: number;
+  /** Of canceled jobs, the share canceled while queued (the rest while running). */
+  canceledQueuedShare: number;
+  /** Of retried and dead jobs, the share whose attempts lost their lease (the rest reported failures). */
+  leaseLostShare: number;
+}
+
 /** One chunk of seeded jobs: which, over what time, and in what mix. */
-export interface HistoryChunkParams {
+export interface HistoryChunkParams extends HistoryShares {
   /** Number (1-based) of the chunk's first job among all `total`, and how many it holds. */
   first: number;
   count: number;
@@ -43,15 +56,6 @@ export interface HistoryChunkParams {
   queues: Array<{ name: string; share: number }>;
   /** Outcomes and their shares (summing to 1). */
   outcomes: Array<{ outcome: HistoryOutcome; share: number }>;
-  /** Shares of jobs with an idempotency key, required labels, a notify_url, recorded steps. */
-  keyShare: number;
-  labelShare: number;
-  notifyShare: number;
-  stepShare: number;
-  /** Of canceled jobs, the share canceled while queued (the rest while running). */
-  canceledQueuedShare: number;
-  /** Of retried and dead jobs, the share whose attempts lost their lease (the rest reported failures). */
-  leaseLostShare: number;
   /** Agents that run the attempts; the first `labeledAgents` carry the labels a labeled job requires. */
   agents: string[];
   labeledAgents: number;
