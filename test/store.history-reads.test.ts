@@ -4,10 +4,11 @@
  * every job; the BRIN indexes of GetStats' per-minute counts summarize new pages as they fill.
  */
 import { describe, expect, it } from 'vitest';
-import { jobDepths } from '../server/store/index.js';
-import { waitSql } from '../server/store/admin.js';
+import { jobDepths, jobList, jobSearch } from '../server/store/index.js';
+import { listSql } from '../server/store/jobs.js';
+import { searchSql, waitSql } from '../server/store/admin.js';
 import { useTestDb } from './helpers/db.js';
-import { makeQueuedJobs } from './helpers/factories.js';
+import { makeJob, makeQueuedJobs } from './helpers/factories.js';
 import { planNodes as nodes, type PlanNode } from './helpers/plan.js';
 
 const db = useTestDb();
@@ -32,6 +33,70 @@ describe('operator reads with history', () => {
     const { waiting, depths } = await jobDepths(db.pool);
     expect(waiting.filter((w) => w.queue.startsWith('hist'))).toEqual([expect.objectContaining({ queue: 'hist-live', due: 30 })]);
     expect(depths.filter((d) => d.queue.startsWith('hist')).reduce((a, d) => a + Number(d.count), 0)).toBe(20040);
+  });
+
+  it('ListJobs of queued or of running jobs reads the partial index that holds them, not the finished jobs', async () => {
+    await db.pool.query(
+      `INSERT INTO jobs (queue, payload, status, result, finished_at)
+       SELECT 'live-' || (i % 3), '{}', 'succeeded', '{}', now() - i * interval '1 second' FROM generate_series(1, 20000) i`,
+    );
+    const queued = await makeQueuedJobs(db.pool, 5, 'live-q');
+    const running = await Promise.all([1, 2, 3].map(() => makeJob(db.pool, { queue: 'live-r', status: 'running' })));
+    const claimed = await makeJob(db.pool, { queue: 'live-r', status: 'claimed' });
+    await db.pool.query('ANALYZE jobs');
+    // The plan PostgreSQL makes for the call's values (a custom plan, as the main pool uses).
+    const plan = async (statuses: string[], live: string | null) => {
+      const c = await db.pool.connect();
+      try {
+        await c.query(`PREPARE s AS ${searchSql.text}`);
+        const literals = `ARRAY[${statuses.map((x) => `'${x}'`).join(', ')}]::job_status[], 'live-r', NULL, NULL, NULL, NULL, NULL, 51, ${live ? `'${live}'` : 'NULL'}`;
+        const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE s(${literals})`);
+        await c.query('DEALLOCATE s');
+        return nodes((rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
+      } finally {
+        c.release();
+      }
+    };
+    for (const [statuses, live, index] of [
+      [['running'], 'held', 'jobs_current_attempt_uq'],
+      [['claimed', 'running'], 'held', 'jobs_current_attempt_uq'],
+      [['queued'], 'queued', 'jobs_claim_idx'],
+    ] as const) {
+      const p = await plan([...statuses], live);
+      expect(p.map((n) => n['Node Type']), statuses.join()).not.toContain('Seq Scan');
+      expect(p.map((n) => n['Index Name']), statuses.join()).toContain(index);
+    }
+    // JobService's ListJobs (one status) likewise.
+    for (const [status, index] of [
+      ['running', 'jobs_current_attempt_uq'],
+      ['queued', 'jobs_claim_idx'],
+    ] as const) {
+      const c = await db.pool.connect();
+      try {
+        await c.query(`PREPARE l AS ${listSql.text}`);
+        const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE l(NULL, '${status}', NULL, NULL, 51)`);
+        await c.query('DEALLOCATE l');
+        const p = nodes((rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
+        expect(p.map((n) => n['Node Type']), status).not.toContain('Seq Scan');
+        expect(p.map((n) => n['Index Name']), status).toContain(index);
+      } finally {
+        c.release();
+      }
+    }
+    const listed = await jobList(db.pool, { status: 'running' });
+    if (listed.outcome !== 'ok') throw new Error(JSON.stringify(listed));
+    expect(listed.value.jobs.filter((j) => j.queue.startsWith('live-')).map((j) => j.id).sort()).toEqual(running.map((j) => j.id).sort());
+    // And the answers: exactly the live jobs asked for, newest first as always.
+    const ids = async (statuses: Array<'queued' | 'claimed' | 'running' | 'succeeded'>) => {
+      const o = await jobSearch(db.pool, { statuses });
+      if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+      return o.value.jobs.filter((j) => j.queue.startsWith('live-')).map((j) => j.id).sort();
+    };
+    expect(await ids(['running'])).toEqual(running.map((j) => j.id).sort());
+    expect(await ids(['claimed', 'running'])).toEqual([...running, claimed].map((j) => j.id).sort());
+    expect(await ids(['queued'])).toEqual([...queued].sort());
+    // A filter that mixes live and finished statuses is answered as before.
+    expect((await ids(['running', 'succeeded'])).length).toBe(50);
   });
 
   it('the BRIN indexes summarize page ranges as they fill (autosummarize)', async () => {
