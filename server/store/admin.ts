@@ -7,7 +7,7 @@
 import { z } from 'zod';
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, schemas } from '../core/validation.js';
-import { camelRow, jobColumns, toJob, type Job } from './rows.js';
+import { camelRow, jobColumns, liveStatusSql, toJob, type Job } from './rows.js';
 import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
@@ -40,11 +40,7 @@ export interface JobSearchParams {
 // into a timestamp exactly), so each page starts with an index seek. The agent filter looks at
 // the live attempt in the row and probes attempts_job_attempt_no_uq per job scanned for the
 // ended ones; no index by agent is kept for it, so the transitions pay nothing for this
-// admin-only filter. A status filter of live statuses only also spells them as the predicates
-// of the partial indexes that hold exactly those jobs ($9: 'queued' for jobs_claim_idx, 'held'
-// for jobs_current_attempt_uq; check constraints tie both to the status), so that listing the
-// queued or running jobs reads those few rows, not every finished job kept (`status` itself has
-// no index: the start changes it, and must stay a HOT update).
+// admin-only filter. A filter of live statuses reads their partial index (`liveStatusSql`).
 export const searchSql = statement(
   'adminJobSearch',
   `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
@@ -54,8 +50,7 @@ export const searchSql = statement(
      AND ($4::timestamptz IS NULL OR j.created_at >= $4)
      AND ($5::timestamptz IS NULL OR j.created_at < $5)
      AND ($6::bigint IS NULL OR (j.created_at, j.id) < ('epoch'::timestamptz + $6::bigint * interval '1 microsecond', $7::uuid))
-     AND ($9::text IS NULL OR ($9::text = 'held' AND j.current_attempt_id IS NOT NULL)
-          OR ($9::text = 'queued' AND j.current_attempt_id IS NULL AND j.finished_at IS NULL))
+     AND ${liveStatusSql('$1::job_status[]', 'j')}
    ORDER BY j.created_at DESC, j.id DESC
    LIMIT $8`,
 );
@@ -78,13 +73,6 @@ export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outc
     after = t;
   }
   const size = p.pageSize ?? 50;
-  const live = !p.statuses?.length
-    ? null
-    : p.statuses.every((x) => x === 'claimed' || x === 'running')
-      ? 'held'
-      : p.statuses.every((x) => x === 'queued')
-        ? 'queued'
-        : null;
   const rows = await run<Record<string, unknown>>(db, searchSql, [
     p.statuses?.length ? p.statuses : null,
     p.queue ?? null,
@@ -94,7 +82,6 @@ export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outc
     after[0],
     after[1],
     size + 1,
-    live,
   ]);
   const page = rows.slice(0, size);
   const last = page.at(-1);

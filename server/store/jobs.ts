@@ -11,7 +11,7 @@ import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { attemptEndSql, notifiedJob } from './attempts.js';
-import { currentOf, jobColumns, toJob, type Job } from './rows.js';
+import { currentOf, jobColumns, liveStatusSql, toJob, type Job } from './rows.js';
 import {
   attempts,
   jobEvents,
@@ -414,15 +414,12 @@ export interface ListParams {
 
 // Newest first, paged by (created_at, id) so pages hold still while jobs are added. Served by
 // jobs_created_idx; the filters are optional ($1/$2 NULL match all).
-// A live status is also spelled as the predicate of the partial index holding exactly those jobs
-// (as adminJobSearch does): listing the queued or running jobs reads those, not the history.
+// A live status reads its partial index (`liveStatusSql`).
 export const listSql = statement(
   'jobList',
   `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
    WHERE ($1::text IS NULL OR j.queue = $1) AND ($2::job_status IS NULL OR j.status = $2)
-     AND ($2::job_status IS NULL OR $2::job_status NOT IN ('queued', 'claimed', 'running')
-          OR ($2::job_status = 'queued' AND j.current_attempt_id IS NULL AND j.finished_at IS NULL)
-          OR ($2::job_status IN ('claimed', 'running') AND j.current_attempt_id IS NOT NULL))
+     AND ${liveStatusSql('ARRAY[$2::job_status]', 'j')}
      AND ($3::bigint IS NULL OR ((extract(epoch FROM j.created_at) * 1000000)::bigint, j.id) < ($3::bigint, $4::uuid))
    ORDER BY j.created_at DESC, j.id DESC
    LIMIT $5`,
