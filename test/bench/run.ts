@@ -658,7 +658,6 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       // nearly empty history, then again after `historyJobs` finished jobs are seeded.
       const h = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history', keepHistory: true });
       try {
-        await throughputRep(h, o, Math.min(o.jobs, 2000)); // discarded: warm code and statements
         const measure = async (label: string) => {
           const reads = await historyReads(h.pool);
           const tp: number[] = [];
