@@ -130,13 +130,23 @@ describe('ctx.signal', () => {
     await agent.start();
     const j = await enqueue('sdk-revoke');
     await waitFor('running', async () => (await job(j.id)).status === 'running');
-    const t0 = Date.now();
     // The reaper finds the lease expired (as if the agent had stopped renewing it) and revokes
-    // what it took back. Its schedule is paused so this run is ours.
+    // what it took back. Its schedule is paused so these runs are ours. A heartbeat landing
+    // between the expiry and the run renews the lease (an expired lease not yet taken back may
+    // be renewed, by design), so the pair is repeated until a run takes the job back.
     await lh.c.reaper.stop();
-    await t.pool.query(`UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [j.id]);
-    const run = await lh.c.reaper.runOnce().finally(() => lh.c.reaper.start());
-    expect(run.rescued.map((r) => r.jobId)).toContain(j.id);
+    let t0 = 0;
+    let rescued: string[] = [];
+    try {
+      for (let i = 0; i < 5 && !rescued.includes(j.id); i++) {
+        t0 = Date.now();
+        await t.pool.query(`UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [j.id]);
+        rescued = (await lh.c.reaper.runOnce()).rescued.map((r) => r.jobId);
+      }
+    } finally {
+      lh.c.reaper.start();
+    }
+    expect(rescued).toContain(j.id);
     await waitFor('aborted', () => abortedAt > 0, 5000);
     expect(abortedAt - t0).toBeLessThanOrEqual(HEARTBEAT_MS);
     // The coordinator's reason, for programs and in words.
