@@ -96,3 +96,32 @@ it(`${ROUNDS} rounds of a completion racing the reaper: exactly one of them take
   console.log(`completion vs reaper over ${ROUNDS} rounds: completion won ${tally.completed}, reaper won ${tally.rescued}`);
   await checkInvariants(t.pool);
 });
+
+it('a late report for a job deleted while it is answered is stale, not a foreign-key error', async () => {
+  const now = (ms: number) => new Date(Date.parse('2033-01-01T00:00:00Z') + ms);
+  const job = must(await jobEnqueue(t.pool, { queue: 'gone', payload: {}, now: now(0) }));
+  const [c] = must(await jobClaim(t.pool, { agentId: 'old', queues: ['gone'], limit: 1, claimTtlMs: TTL, now: now(0) }));
+  must(await jobRescueExpired(t.pool, { limit: 10, now: now(TTL + 1) }));
+  // Another session deletes the job (as a purge does) and has not committed yet.
+  const deleter = await t.newPool(1).connect();
+  const reporter = t.newPool(1);
+  try {
+    await deleter.query('BEGIN');
+    await deleter.query('DELETE FROM jobs WHERE id = $1', [job.id]);
+    const late = attemptComplete(reporter, { attemptId: c!.attemptId, agentId: 'old', result: {}, now: now(TTL + 2) });
+    // The late report reaches its stale_reports insert and waits on the job's row lock.
+    for (let i = 0; ; i++) {
+      const { rows } = await t.pool.query(
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO stale_reports%'`,
+      );
+      if (rows[0].n > 0) break;
+      if (i > 500) throw new Error('the late report never waited on the deleted row');
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    await deleter.query('COMMIT');
+    await expect(late).resolves.toMatchObject({ outcome: 'stale', current: { jobId: job.id } });
+  } finally {
+    deleter.release();
+  }
+  expect((await t.pool.query('SELECT count(*)::int AS n FROM stale_reports WHERE job_id = $1', [job.id])).rows[0].n).toBe(0);
+});

@@ -343,11 +343,16 @@ const lookupSql = statement(
    ${attemptWhere}`,
 );
 
+// FOR KEY SHARE: a job purged (or deleted) while its late report is answered is skipped, not a
+// foreign-key error: the lock waits for the delete and then finds no row, where the key's own
+// check would have failed the statement (and with it a heartbeat tick of every agent). It does
+// not conflict with the transitions' updates, which change no key.
 const staleReportSql = statement(
   'staleReportInsert',
   `INSERT INTO stale_reports (job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at)
    SELECT j.id, $2, $3, $4, j.current_attempt_id, j.attempt_no, j.status, coalesce($5::timestamptz, now())
    FROM jobs j WHERE j.id = $1
+   FOR KEY SHARE
    RETURNING current_attempt_id, current_attempt_no, current_status`,
 );
 

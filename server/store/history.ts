@@ -109,15 +109,19 @@ const stageCreateSql = statement(
 const stageFillSql = statement(
   'historyStageFill',
   `INSERT INTO history_stage
-   WITH j AS MATERIALIZED (
-     SELECT g AS n, gen_random_uuid() AS job_id,
-       round($5::float8 * (1 - (g - 1 + random()) / $3::float8))::int8 AS before_end_us,
+   WITH e AS MATERIALIZED (
+     SELECT g, round($5::float8 * (1 - (g - 1 + random()) / $3::float8))::int8 AS before_end_us
+     FROM generate_series($1::int8, $2::int8) g
+   ), j AS MATERIALIZED (
+     -- Job ids as the coordinator makes them (time-ordered), of the job's time: its end (its
+     -- creation, a few seconds before, is drawn below).
+     SELECT g AS n, job_id_v7($4::timestamptz - ${us('before_end_us')}) AS job_id, before_end_us,
        ($6::text[])[width_bucket(random(), $7::float8[])] AS queue,
        ($8::text[])[width_bucket(random(), $9::float8[])] AS outcome,
        random() < $10::float8 AS has_key, random() < $11::float8 AS has_labels, random() < $12::float8 AS has_notify,
        random() < $13::float8 AS has_steps, random() < $14::float8 AS canceled_queued, random() < $15::float8 AS lease_lost,
        random() < 0.5 AS twice
-     FROM generate_series($1::int8, $2::int8) g
+     FROM e
    ), f AS (
      SELECT j.*,
        CASE j.outcome WHEN 'retried' THEN least(2 + j.twice::int, $19::int) WHEN 'dead' THEN $19::int

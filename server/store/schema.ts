@@ -88,7 +88,12 @@ const tsz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date'
 export const jobs = pgTable(
   'jobs',
   {
-    id: uuid('id').primaryKey().defaultRandom(),
+    /**
+     * Time-ordered (UUIDv7: milliseconds since the epoch, then 74 random bits; `job_id_v7()`),
+     * so new ids land at the right edge of the primary key and of every index that carries the
+     * id, where the live jobs' pages stay in memory however much history the table keeps.
+     */
+    id: uuid('id').primaryKey().default(sql`job_id_v7()`),
     queue: text('queue').notNull(),
     payload: jsonb('payload').notNull(),
     priority: integer('priority').notNull().default(0),
