@@ -9,6 +9,7 @@ import { Activity } from './core/activity.js';
 import { AgentHub } from './core/agent-hub.js';
 import { CredentialCache } from './core/credential-cache.js';
 import { Dispatcher } from './core/dispatcher.js';
+import { CountKeeper } from './core/count-keeper.js';
 import { Purger } from './core/purger.js';
 import { QueueWaker } from './core/queue-waker.js';
 import { Reaper } from './core/reaper.js';
@@ -31,6 +32,7 @@ export interface Coordinator {
   deliverer: WebhookDeliverer;
   /** Purges finished jobs past the retention; undefined when `LEASEHOLD_RETENTION=off`. */
   purger: Purger | undefined;
+  counts: CountKeeper;
   /** Keeps `agent_sessions` in step with this process's streams; its `coordinatorId` names this process. */
   registry: SessionRegistry;
   /** What the unary routes did (metrics count it). */
@@ -132,6 +134,10 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     deliverer.start();
     cleanups.push(() => deliverer.stop());
 
+    const counts = new CountKeeper(db.pool, log.child({ component: 'counts' }));
+    counts.start();
+    cleanups.push(() => counts.stop());
+
     let purger: Purger | undefined;
     if (config.retentionMs !== undefined) {
       purger = new Purger(db.pool, log.child({ component: 'purger' }), { retentionMs: config.retentionMs, intervalMs: config.purgeIntervalMs });
@@ -177,7 +183,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, waker, deliverer, purger, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, waker, deliverer, purger, counts, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

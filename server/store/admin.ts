@@ -7,22 +7,20 @@
 import { z } from 'zod';
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, schemas } from '../core/validation.js';
-import { camelRow, jobColumns, liveStatusSql, toJob, type Job } from './rows.js';
+import { camelRow, type Job } from './rows.js';
+import { decodeCursor, jobListPage } from './job-list.js';
 import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
+import { FINISHED_STATUSES } from './constants.js';
+import { countChangeSql, jobCounts, type QueueDepth } from './counts.js';
 
 /** The terminal statuses: the only ones a purge takes. */
-export const FINISHED_STATUSES = ['succeeded', 'failed', 'dead', 'canceled'] as const satisfies readonly JobStatus[];
+export { FINISHED_STATUSES };
 
 const statuses = z.array(z.enum(jobStatus.enumValues)).max(jobStatus.enumValues.length);
 const pageSize = z.int().min(1).max(500);
 
 /** Decodes a `created_us.id` page token (the format of jobList's). */
-function decodeJobToken(token: string): [number, string] | undefined {
-  const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(token, 'base64url').toString('utf8'));
-  return m ? [Number(m[1]), m[2]!] : undefined;
-}
-
 export interface JobSearchParams {
   statuses?: JobStatus[];
   queue?: string;
@@ -35,27 +33,7 @@ export interface JobSearchParams {
   pageToken?: string;
 }
 
-// Newest first, paged by (created_at, id) like jobList, and served by jobs_created_idx: the
-// bound is a row comparison on the index's columns (the microseconds of the token turned back
-// into a timestamp exactly), so each page starts with an index seek. The agent filter looks at
-// the live attempt in the row and probes attempts_job_attempt_no_uq per job scanned for the
-// ended ones; no index by agent is kept for it, so the transitions pay nothing for this
-// admin-only filter. A filter of live statuses reads their partial index (`liveStatusSql`).
-export const searchSql = statement(
-  'adminJobSearch',
-  `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
-   WHERE ($1::job_status[] IS NULL OR j.status = ANY($1::job_status[]))
-     AND ($2::text IS NULL OR j.queue = $2)
-     AND ($3::text IS NULL OR j.agent_id = $3 OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = $3))
-     AND ($4::timestamptz IS NULL OR j.created_at >= $4)
-     AND ($5::timestamptz IS NULL OR j.created_at < $5)
-     AND ($6::bigint IS NULL OR (j.created_at, j.id) < ('epoch'::timestamptz + $6::bigint * interval '1 microsecond', $7::uuid))
-     AND ${liveStatusSql('$1::job_status[]', 'j')}
-   ORDER BY j.created_at DESC, j.id DESC
-   LIMIT $8`,
-);
-
-/** A page of jobs matching every filter given, newest first, and the next page's token. */
+/** A page of jobs matching every filter given, newest first, and the next page's token (job-list.ts). */
 export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
   const bad = checkAll(
     p.statuses === undefined ? undefined : check('statuses', statuses, p.statuses),
@@ -66,29 +44,10 @@ export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outc
     p.pageSize === undefined ? undefined : check('pageSize', pageSize, p.pageSize),
   );
   if (bad) return bad;
-  let after: [number, string] | [null, null] = [null, null];
-  if (p.pageToken) {
-    const t = decodeJobToken(p.pageToken);
-    if (!t) return invalid('pageToken', 'is not a token this server issued');
-    after = t;
-  }
-  const size = p.pageSize ?? 50;
-  const rows = await run<Record<string, unknown>>(db, searchSql, [
-    p.statuses?.length ? p.statuses : null,
-    p.queue ?? null,
-    p.agentId ?? null,
-    p.createdAfter ?? null,
-    p.createdBefore ?? null,
-    after[0],
-    after[1],
-    size + 1,
-  ]);
-  const page = rows.slice(0, size);
-  const last = page.at(-1);
-  return ok({
-    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
-    nextPageToken: rows.length > size && last ? Buffer.from(`${String(last.created_us)}.${String(last.id)}`).toString('base64url') : '',
-  });
+  const after = p.pageToken ? decodeCursor(p.pageToken) : undefined;
+  if (p.pageToken && !after) return invalid('pageToken', 'is not a token this server issued');
+  const { pageSize: size = 50, pageToken: _, ...filter } = p;
+  return ok(await jobListPage(db, filter, size, after));
 }
 
 export interface PurgeParams {
@@ -118,7 +77,7 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // same job either waits for the delete (and then finds nothing) or commits first (finished_at
 // is NULL then, and the recheck under the lock drops the row). The job's attempts go in the same
 // statement (they have no foreign key: see schema.ts); ON DELETE CASCADE takes its events, steps,
-// stale reports and notifications.
+// stale reports and notifications; the kept counts lose what was deleted (counts.ts).
 const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
@@ -127,9 +86,11 @@ const purgeSql = statement(
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
    ), d AS (
-     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING 1
+     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.queue, jobs.status
    ), a AS (
      DELETE FROM attempts USING c WHERE attempts.job_id = c.id
+   ), k AS (
+     ${countChangeSql('SELECT queue, status, -1 FROM d')}
    )
    SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff`,
 );
@@ -163,12 +124,7 @@ export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{
   return ok({ purged: row!.n, cutoff: row!.cutoff });
 }
 
-/** How many jobs of a queue are in one status. */
-export interface QueueDepth {
-  queue: string;
-  status: JobStatus;
-  count: number;
-}
+export type { QueueDepth };
 
 /** The due queued jobs of a queue and the one waiting longest. */
 export interface QueueWait {
@@ -178,9 +134,6 @@ export interface QueueWait {
   oldestDueAt: Date;
   oldestAgeMs: number;
 }
-
-// A scan of jobs, bounded by the purge retention. Grouped by the enum's order.
-const depthSql = statement('adminJobDepths', `SELECT queue, status::text AS status, count(*)::int8 AS count FROM jobs GROUP BY queue, status ORDER BY queue, status`);
 
 // Due queued jobs only, from jobs_claim_idx, which holds exactly the queued ones: "queued" is
 // spelled as that index's predicate (a check constraint ties it to status = 'queued'), which the
@@ -199,7 +152,7 @@ export async function jobDepths(db: Queryable): Promise<{ depths: QueueDepth[]; 
   return withTransaction(
     db,
     async (tx) => {
-      const depths = await run<{ queue: string; status: JobStatus; count: number }>(tx, depthSql, []);
+      const depths = await jobCounts(tx);
       const waits = await run<{ queue: string; id: string; run_at: Date; due: number; age_ms: number }>(tx, waitSql, []);
       return {
         depths,

@@ -8,3 +8,6 @@ export const API_KEY_SCOPES = ['enqueue', 'read', 'agent', 'admin'] as const;
 
 /** The notification events of DESIGN.md: one per terminal transition of a job. */
 export const WEBHOOK_EVENT_TYPES = ['job.succeeded', 'job.failed', 'job.dead', 'job.canceled'] as const;
+
+/** The statuses a job ends in: it leaves them only by an operator's requeue, or its purge. */
+export const FINISHED_STATUSES = ['succeeded', 'failed', 'dead', 'canceled'] as const;

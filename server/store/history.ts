@@ -24,6 +24,7 @@
  *
  * The statements take the mix as parameters; `server/seed-history.ts` chooses it and explains it.
  */
+import { countChangeSql } from './counts.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 /** Outcomes of a seeded job: `retried` succeeded after one or two retries. */
@@ -212,6 +213,9 @@ const jobsSql = statement(
    ORDER BY created_at`,
 );
 
+// Every seeded job is finished: the kept counts gain them (counts.ts).
+const countsSql = statement('historyCounts', countChangeSql('SELECT queue, job_status::job_status, 1 FROM history_stage WHERE last'));
+
 // As attemptEndSql writes them, in the order they ended (seq: its default, in that order).
 const attemptsSql = statement(
   'historyAttempts',
@@ -327,8 +331,10 @@ export async function historyChunkInsert(db: Queryable, p: HistoryChunkParams): 
       p.heartbeatIntervalMs,
       p.runId,
     ]);
+    const jobs = await rowCount(tx, jobsSql, [p.maxAttempts]);
+    await rowCount(tx, countsSql, []);
     return {
-      jobs: await rowCount(tx, jobsSql, [p.maxAttempts]),
+      jobs,
       attempts: await rowCount(tx, attemptsSql, [p.claimTtlMs]),
       jobEvents: await rowCount(tx, eventsSql, []),
       steps: await rowCount(tx, stepsSql, []),

@@ -11,7 +11,8 @@ import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { attemptEndSql, notifiedJob } from './attempts.js';
-import { currentOf, jobColumns, liveStatusSql, toJob, type Job } from './rows.js';
+import { currentOf, jobColumns, toJob, type Job } from './rows.js';
+import { decodeCursor, jobListPage } from './job-list.js';
 import {
   attempts,
   jobEvents,
@@ -26,6 +27,7 @@ import {
   type StepRow,
 } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
+import { countChangeSql } from './counts.js';
 import { outboxSql } from './outbox.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
@@ -212,6 +214,8 @@ const cancelSql = statement(
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NULL
+   ), k AS (
+     ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at,
        ${notifiedJob('job_error(u.id, u.status)')} AS job,
        coalesce((SELECT to_jsonb(a) FROM a),
@@ -264,6 +268,8 @@ const requeueSql = statement(
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+   ), k AS (
+     ${countChangeSql('SELECT o.queue, o.status, -1 FROM o JOIN u ON u.id = o.id')}
    )
    SELECT u.*, job_error(u.id, u.status) AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
 );
@@ -412,20 +418,7 @@ export interface ListParams {
   pageToken?: string;
 }
 
-// Newest first, paged by (created_at, id) so pages hold still while jobs are added. Served by
-// jobs_created_idx; the filters are optional ($1/$2 NULL match all).
-// A live status reads its partial index (`liveStatusSql`).
-export const listSql = statement(
-  'jobList',
-  `SELECT ${jobColumns('j')}, (extract(epoch FROM j.created_at) * 1000000)::bigint AS created_us FROM jobs j
-   WHERE ($1::text IS NULL OR j.queue = $1) AND ($2::job_status IS NULL OR j.status = $2)
-     AND ${liveStatusSql('ARRAY[$2::job_status]', 'j')}
-     AND ($3::bigint IS NULL OR ((extract(epoch FROM j.created_at) * 1000000)::bigint, j.id) < ($3::bigint, $4::uuid))
-   ORDER BY j.created_at DESC, j.id DESC
-   LIMIT $5`,
-);
-
-/** A page of jobs, newest first, and the token of the next page (empty at the end). */
+/** A page of jobs, newest first, and the token of the next page (empty at the end; job-list.ts). */
 export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
   const bad = checkAll(
     p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
@@ -433,19 +426,7 @@ export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ j
     p.pageSize === undefined ? undefined : check('pageSize', z.int().min(1).max(500), p.pageSize),
   );
   if (bad) return bad;
-  let after: [number, string] | [null, null] = [null, null];
-  if (p.pageToken) {
-    const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(p.pageToken, 'base64url').toString('utf8'));
-    if (!m) return invalid('pageToken', 'is not a token this server issued');
-    after = [Number(m[1]), m[2]!];
-  }
-  const size = p.pageSize ?? 50;
-  const rows = await run<Record<string, unknown>>(db, listSql, [p.queue ?? null, p.status ?? null, after[0], after[1], size + 1]);
-  const page = rows.slice(0, size);
-  const last = page.at(-1);
-  return ok({
-    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
-    nextPageToken:
-      rows.length > size && last ? Buffer.from(`${String(last.created_us)}.${String(last.id)}`).toString('base64url') : '',
-  });
+  const after = p.pageToken ? decodeCursor(p.pageToken) : undefined;
+  if (p.pageToken && !after) return invalid('pageToken', 'is not a token this server issued');
+  return ok(await jobListPage(db, { queue: p.queue, statuses: p.status ? [p.status] : undefined }, p.pageSize ?? 50, after));
 }

@@ -26,19 +26,6 @@ export type JobSummary = Pick<Job, 'id' | 'queue' | 'status' | 'attemptNo' | 'cu
  */
 export const jobColumns = (alias: string) => `${alias}.*, job_error(${alias}.id, ${alias}.status) AS error`;
 
-/**
- * For a status filter (`statuses`, a `job_status[]` expression; NULL for none) of live statuses
- * only, the same condition spelled as the predicate of the partial index that holds exactly those
- * jobs: `jobs_claim_idx` for queued, `jobs_current_attempt_uq` for claimed and running (check
- * constraints tie both to the status). `status` itself has no index (the start changes it and must
- * stay a HOT update), so without this a list of the running jobs read every finished job kept.
- * The planner folds the containment tests for the call's values and matches the index.
- */
-export const liveStatusSql = (statuses: string, alias: string) =>
-  `(${statuses} IS NULL OR NOT (${statuses} <@ '{claimed,running}'::job_status[]) OR ${alias}.current_attempt_id IS NOT NULL)
-     AND (${statuses} IS NULL OR NOT (${statuses} <@ '{queued}'::job_status[])
-          OR (${alias}.current_attempt_id IS NULL AND ${alias}.finished_at IS NULL))`;
-
 const camel = (k: string) => k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 const camelCache = new Map<string, string>();
 

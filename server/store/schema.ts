@@ -154,6 +154,17 @@ export const jobs = pgTable(
       .where(sql`${t.idempotencyKey} is not null`),
     // Serves jobList: newest first, paged by (created_at, id).
     index('jobs_created_idx').on(t.createdAt.desc(), t.id.desc()),
+    // Serve the lists of finished jobs (job-list.ts), newest first: of a queue, and the failed,
+    // dead and canceled ones (a succeeded job has a result, the others none). Partial, so a job
+    // takes an entry only when it finishes; neither holds a column that the start or a heartbeat
+    // changes, so those stay HOT. Built CONCURRENTLY by migrate.ts (not by a migration), so a
+    // database holding a week of history keeps taking writes while they build.
+    index('jobs_finished_queue_idx')
+      .on(t.queue, t.createdAt.desc(), t.id.desc())
+      .where(sql`${t.finishedAt} is not null`),
+    index('jobs_unsucceeded_idx')
+      .on(t.createdAt.desc(), t.id.desc())
+      .where(sql`${t.finishedAt} is not null and ${t.result} is null`),
     // Serves listing and purging finished jobs by age.
     index('jobs_finished_idx')
       .on(t.finishedAt)
@@ -167,6 +178,20 @@ export const jobs = pgTable(
     check('jobs_queued_shape', sql`(${t.status} = 'queued') = (${t.currentAttemptId} is null and ${t.finishedAt} is null)`),
   ],
 );
+
+/**
+ * Finished jobs per queue and status, kept rather than counted: every statement that moves jobs
+ * into a finished status or out of one (complete, fail, the reaper, cancel, requeue, purge,
+ * seed-history) appends its change here, one row per queue and status it touched (`n` may be
+ * negative). `jobCountsCompact` folds the rows into one per queue and status; the reads sum
+ * them. Live jobs are counted from the small partial indexes that hold them. No key: writers
+ * only append, so no two of them wait on one row (docs/decisions.md).
+ */
+export const jobCounts = pgTable('job_counts', {
+  queue: text('queue').notNull(),
+  status: jobStatus('status').notNull(),
+  n: bigint('n', { mode: 'number' }).notNull(),
+});
 
 /**
  * Attempts that ended, one row each, written once by the statement that ended it (complete,

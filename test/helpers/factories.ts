@@ -2,7 +2,7 @@
  * Factories that insert rows in exact states without walking the state machine, for tests that
  * start from "a running job whose lease ended a minute ago". Each writes the history the real
  * transitions would have left (a live attempt in the row; a finished job's ended attempt, or for
- * a canceled one its cancel event), so the invariants hold for what it makes.
+ * a canceled one its cancel event, and the kept count), so the invariants hold for what it makes.
  */
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
@@ -103,6 +103,10 @@ export async function makeJob(db: pg.Pool | pg.PoolClient, o: MakeJob = {}): Pro
        SELECT id, 'canceled', finished_at, jsonb_build_object('status', 'canceled', 'finished_at', finished_at) FROM jobs WHERE id = $1`,
       [id],
     );
+  }
+  if (ended || status === 'canceled') {
+    // The kept count a transition to it would have appended (server/store/counts.ts).
+    await db.query('INSERT INTO job_counts (queue, status, n) VALUES ($1, $2::job_status, 1)', [job.queue, status]);
   }
   return job;
 }

@@ -19,8 +19,12 @@
  * 5. Completion is idempotent per attempt: one row per attempt, one success per job, matching
  *    the job.
  * 6. Each (job_id, step) has at most one recorded outcome, recorded by an attempt of that job.
+ *
+ * And what the counts read (the kept finished counts plus the live jobs, server/store/counts.ts)
+ * is what counting every job says.
  */
 import type pg from 'pg';
+import { jobCounts } from '../../server/store/index.js';
 
 type Db = pg.Pool | pg.PoolClient | pg.Client;
 
@@ -37,6 +41,7 @@ export async function checkInvariants(db: Db, opts: InvariantOptions = {}): Prom
   await historyInvariants(db, v);
   await heldInvariant(db, v, opts);
   await stepInvariant(db, v);
+  await countInvariant(db, v);
   if (v.length) throw new Error(`invariants violated (${v.length}):\n- ${v.slice(0, 30).join('\n- ')}`);
 }
 
@@ -225,5 +230,19 @@ async function stepInvariant(db: Db, v: string[]) {
     if (r.a_job !== r.job_id) v.push(`step ${r.job_id}/${r.step} held by an attempt of another job`);
     if (r.status === 'started' && (r.output !== null || r.finished_at !== null)) v.push(`step ${r.job_id}/${r.step} started but has an outcome`);
     if (r.status === 'done' && r.finished_at === null) v.push(`step ${r.job_id}/${r.step} done without a finish time`);
+  }
+}
+
+/** The counts GetStats and `/metrics` read equal a count of every job, queue by queue and status by status. */
+async function countInvariant(db: Db, v: string[]): Promise<void> {
+  const read = await jobCounts(db);
+  const { rows } = await db.query<{ queue: string; status: string; count: number }>(
+    'SELECT queue, status::text AS status, count(*)::int AS count FROM jobs GROUP BY queue, status ORDER BY queue, status',
+  );
+  const key = (r: { queue: string; status: string }) => `${r.queue}/${r.status}`;
+  const counted = new Map(rows.map((r) => [key(r), r.count]));
+  const kept = new Map(read.map((r) => [key(r), r.count]));
+  for (const k of new Set([...counted.keys(), ...kept.keys()])) {
+    if ((counted.get(k) ?? 0) !== (kept.get(k) ?? 0)) v.push(`counts: ${k} read ${kept.get(k) ?? 0}, counted ${counted.get(k) ?? 0}`);
   }
 }

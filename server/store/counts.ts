@@ -1,0 +1,129 @@
+/**
+ * Job counts per queue and status, kept rather than counted (the `job_counts` table).
+ *
+ * Finished jobs are the history: counting them on every read scanned every job kept (885 ms at
+ * ten million, docs/performance.md). So each statement that moves jobs into a finished status
+ * or out of one appends its change, in the same statement (`countChangeSql`): one row per queue
+ * and status it touched, `n` the signed number of jobs. Appending, never updating a total, so
+ * concurrent transitions never wait on one another's row. `jobCountsCompact` folds the rows
+ * (the purger does it each run); a read sums what is there.
+ *
+ * Live jobs (queued, claimed, running) are not kept: they are counted from the partial indexes
+ * that hold exactly them (`jobs_claim_idx`, `jobs_current_attempt_uq`), small however much
+ * history the table holds.
+ *
+ * A change made outside these statements (an operator's hand-written SQL, a coordinator of an
+ * older version during a rolling upgrade) is not seen; `jobCountsReconcile` recounts the
+ * finished jobs and replaces what is kept, reporting the drift it corrected. The purger runs it
+ * once at its start and then every `reconcileEveryMs`.
+ */
+import { FINISHED_STATUSES } from './constants.js';
+import type { JobStatus } from './schema.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
+
+const finished = `'{${FINISHED_STATUSES.join(',')}}'::job_status[]`;
+
+/**
+ * A CTE body (for `name AS (...)`) recording the change of `source`, a SELECT yielding rows
+ * `(queue, status, n)`: per job, its queue, a status and +1 (it entered that status) or -1 (it
+ * left it). Rows of live statuses are ignored. Nothing is written when nothing finished.
+ */
+export function countChangeSql(source: string): string {
+  return `INSERT INTO job_counts (queue, status, n)
+     SELECT x.queue, x.status, sum(x.n)::int8 FROM (${source}) AS x(queue, status, n)
+     WHERE x.status = ANY (${finished})
+     GROUP BY x.queue, x.status HAVING sum(x.n) <> 0`;
+}
+
+// What is kept, plus the live jobs counted from their partial indexes: "queued" spelled as
+// jobs_claim_idx's predicate, held as jobs_current_attempt_uq's. Grouped by the enum's order.
+export const countsReadSql = statement(
+  'jobCountsRead',
+  `SELECT queue, status::text AS status, sum(n)::int8 AS count FROM (
+     SELECT queue, status, n FROM job_counts
+     UNION ALL
+     SELECT queue, 'queued'::job_status, count(*) FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL GROUP BY queue
+     UNION ALL
+     SELECT queue, status, count(*) FROM jobs WHERE current_attempt_id IS NOT NULL GROUP BY queue, status
+   ) c
+   GROUP BY queue, status HAVING sum(n) <> 0
+   ORDER BY queue, status`,
+);
+
+/** How many jobs of a queue are in one status. */
+export interface QueueDepth {
+  queue: string;
+  status: JobStatus;
+  count: number;
+}
+
+/** Jobs per queue and status (only those with at least one), from one snapshot of `db`. */
+export async function jobCounts(db: Queryable): Promise<QueueDepth[]> {
+  return run<{ queue: string; status: JobStatus; count: number }>(db, countsReadSql, []);
+}
+
+// One at a time across replicas (a transaction-scoped advisory lock; the key is arbitrary
+// and used for nothing else): two folds at once would each sum what they both deleted.
+const COUNTS_LOCK = 0x6c68_636e; // "lhcn"
+
+// Every row visible to the statement is deleted and its sum written back: rows appended
+// meanwhile are not visible to it, so they stay and are folded next time.
+const compactSql = statement(
+  'jobCountsCompact',
+  `WITH d AS (DELETE FROM job_counts RETURNING queue, status, n)
+   INSERT INTO job_counts (queue, status, n)
+   SELECT queue, status, sum(n)::int8 FROM d GROUP BY queue, status HAVING sum(n) <> 0`,
+);
+
+// The finished jobs counted and written in place of what was kept, in one statement (one
+// snapshot): a change committed after it began is neither counted nor deleted, so it stays,
+// as it should. Returns the kept and the counted figure of each queue and status that differ.
+const reconcileSql = statement(
+  'jobCountsReconcile',
+  `WITH d AS (
+     DELETE FROM job_counts RETURNING queue, status, n
+   ), kept AS (
+     SELECT queue, status, sum(n)::int8 AS n FROM d GROUP BY 1, 2
+   ), counted AS (
+     SELECT queue, status, count(*)::int8 AS n FROM jobs WHERE finished_at IS NOT NULL GROUP BY 1, 2
+   ), w AS (
+     INSERT INTO job_counts (queue, status, n) SELECT queue, status, n FROM counted
+   )
+   SELECT coalesce(k.queue, c.queue) AS queue, coalesce(k.status, c.status)::text AS status,
+     coalesce(k.n, 0)::int8 AS kept, coalesce(c.n, 0)::int8 AS counted
+   FROM kept k FULL JOIN counted c ON c.queue = k.queue AND c.status = k.status
+   WHERE coalesce(k.n, 0) <> coalesce(c.n, 0)
+   ORDER BY 1, 2`,
+);
+
+const lockSql = statement('jobCountsLock', `SELECT pg_try_advisory_xact_lock(${COUNTS_LOCK}) AS locked`);
+
+/** Folds the kept counts into one row per queue and status; false when another fold was running. */
+export async function jobCountsCompact(db: Queryable): Promise<boolean> {
+  return withTransaction(db, async (tx) => {
+    const [l] = await run<{ locked: boolean }>(tx, lockSql, []);
+    if (!l?.locked) return false;
+    await run(tx, compactSql, []);
+    return true;
+  });
+}
+
+/** A queue and status whose kept count differed from the jobs counted. */
+export interface CountDrift {
+  queue: string;
+  status: JobStatus;
+  kept: number;
+  counted: number;
+}
+
+/**
+ * Recounts the finished jobs (a scan of them) and keeps that; returns where the kept counts had
+ * drifted, or null when another fold or recount was running.
+ */
+export async function jobCountsReconcile(db: Queryable): Promise<CountDrift[] | null> {
+  return withTransaction(db, async (tx) => {
+    const [l] = await run<{ locked: boolean }>(tx, lockSql, []);
+    if (!l?.locked) return null;
+    return run<CountDrift>(tx, reconcileSql, []);
+  });
+}

@@ -1,0 +1,137 @@
+/**
+ * Lists of jobs, newest first, paged by (created_at, id): AdminService ListJobs (`jobSearch`)
+ * and JobService ListJobs (`jobList`) are both this, with their own filters.
+ *
+ * One statement per shape of the call (which filters it gives), holding only those filters, each
+ * written so an index can serve it; and the jobs split by where an index holds them:
+ *
+ * - queued: `jobs_claim_idx` (its predicate spelled out), by queue;
+ * - held (claimed, running): `jobs_current_attempt_uq`;
+ * - finished: `jobs_finished_queue_idx` by queue, and `jobs_unsucceeded_idx` for the failed, dead
+ *   and canceled ones (succeeded jobs have a result, the others none); newest first in both.
+ *
+ * Each part is read newest first up to a page and the parts merged. `status` itself is in no
+ * index: the start changes it and must stay a HOT update; none of these indexes holds a column
+ * that the start or a heartbeat changes, and the finished ones take an entry only when a job
+ * finishes. Without a queue, status or agent the list is `jobs_created_idx` read newest first
+ * (a time range bounds that scan on both ends).
+ *
+ * The agent filter (a live attempt in the row, or an ended one in `attempts`) has no index of
+ * its own: it reads jobs newest first and probes `attempts_job_attempt_no_uq` for each.
+ */
+import type { JobStatus } from './schema.js';
+import { FINISHED_STATUSES } from './constants.js';
+import type { Job } from './rows.js';
+import { toJob } from './rows.js';
+import { run, statement, type Queryable, type Statement } from './sql.js';
+
+export interface JobListFilter {
+  statuses?: readonly JobStatus[] | undefined;
+  queue?: string | undefined;
+  /** Jobs with an attempt by this agent (live or ended). */
+  agentId?: string | undefined;
+  createdAfter?: Date | undefined;
+  createdBefore?: Date | undefined;
+}
+
+/** A page's position: after the job created at these microseconds since the epoch, with this id. */
+export type JobCursor = [createdUs: number, id: string];
+
+/** Where an index holds them: each a condition the planner matches to that index's predicate. */
+const PARTS = {
+  all: 'true',
+  queued: 'j.current_attempt_id IS NULL AND j.finished_at IS NULL',
+  held: 'j.current_attempt_id IS NOT NULL',
+  finished: 'j.finished_at IS NOT NULL',
+  unsucceeded: 'j.finished_at IS NOT NULL AND j.result IS NULL',
+} as const;
+type Part = keyof typeof PARTS;
+
+const finishedSet = new Set<JobStatus>(FINISHED_STATUSES);
+
+/** The parts a filter reads. */
+function partsOf(f: JobListFilter): Part[] {
+  const s = f.statuses?.length ? new Set(f.statuses) : undefined;
+  if (!s && f.queue === undefined) return ['all'];
+  if (f.agentId !== undefined && f.queue === undefined && !s) return ['all'];
+  const parts: Part[] = [];
+  if (!s || s.has('queued')) parts.push('queued');
+  if (!s || s.has('claimed') || s.has('running')) parts.push('held');
+  const fin = s ? [...s].filter((x) => finishedSet.has(x)) : [...finishedSet];
+  if (fin.length) parts.push(fin.includes('succeeded') ? 'finished' : 'unsucceeded');
+  return parts;
+}
+
+const statements = new Map<string, Statement>();
+
+/** The statement and parameters of one page: `limit` rows after `after`, newest first. */
+export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor): { statement: Statement; values: unknown[] } {
+  const values: unknown[] = [];
+  const conds: string[] = [];
+  // The statement's name says which filters it holds (one letter each) and which parts it reads.
+  let shape = '';
+  const param = (v: unknown, cast: string) => `$${values.push(v)}::${cast}`;
+  const where = (letter: string, cond: string) => {
+    shape += letter;
+    conds.push(cond);
+  };
+  if (f.statuses?.length) where('s', `j.status = ANY (${param(f.statuses, 'job_status[]')})`);
+  if (f.queue !== undefined) where('q', `j.queue = ${param(f.queue, 'text')}`);
+  if (f.agentId !== undefined) {
+    const a = param(f.agentId, 'text');
+    where('a', `(j.agent_id = ${a} OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = ${a}))`);
+  }
+  if (f.createdAfter) where('f', `j.created_at >= ${param(f.createdAfter, 'timestamptz')}`);
+  if (f.createdBefore) where('b', `j.created_at < ${param(f.createdBefore, 'timestamptz')}`);
+  // A row comparison on the index's columns, the token's microseconds turned back into the
+  // timestamp exactly: each page starts with an index seek.
+  if (after) where('k', `(j.created_at, j.id) < ('epoch'::timestamptz + ${param(after[0], 'int8')} * interval '1 microsecond', ${param(after[1], 'uuid')})`);
+  const n = param(limit, 'int4');
+  const parts = partsOf(f);
+  const key = `jobList.${parts.join('+')}.${shape}`;
+  let stmt = statements.get(key);
+  if (!stmt) {
+    // NULLS LAST as the indexes are built (drizzle's desc()): the columns are NOT NULL, so the
+    // order is the same, but only an ORDER BY spelled like the index is read in index order.
+    const one = (p: Part) =>
+      `SELECT j.* FROM jobs j WHERE ${[PARTS[p], ...conds].join(' AND ')} ORDER BY j.created_at DESC NULLS LAST, j.id DESC NULLS LAST LIMIT ${n}`;
+    const inner =
+      parts.length === 1
+        ? one(parts[0]!)
+        : `SELECT * FROM (${parts.map((p) => `(${one(p)})`).join(' UNION ALL ')}) u ORDER BY u.created_at DESC NULLS LAST, u.id DESC NULLS LAST LIMIT ${n}`;
+    // A job's error is looked up for the page's rows only.
+    stmt = statement(
+      key,
+      `SELECT y.*, job_error(y.id, y.status) AS error, (extract(epoch FROM y.created_at) * 1000000)::int8 AS created_us
+       FROM (${inner}) y ORDER BY y.created_at DESC, y.id DESC`,
+    );
+    statements.set(key, stmt);
+  }
+  return { statement: stmt, values };
+}
+
+/** A page's token: the position after its last job. */
+const encodeCursor = (c: JobCursor) => Buffer.from(`${c[0]}.${c[1]}`).toString('base64url');
+
+/** The position a token names, or undefined for a token this server did not issue. */
+export function decodeCursor(token: string): JobCursor | undefined {
+  const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(token, 'base64url').toString('utf8'));
+  return m ? [Number(m[1]), m[2]!] : undefined;
+}
+
+/** One page of the jobs matching `f`, newest first, and the next page's token (empty at the end). */
+export async function jobListPage(
+  db: Queryable,
+  f: JobListFilter,
+  size: number,
+  after: JobCursor | undefined,
+): Promise<{ jobs: Job[]; nextPageToken: string }> {
+  const { statement: s, values } = jobListQuery(f, size + 1, after);
+  const rows = await run<Record<string, unknown> & { created_us: number; id: string }>(db, s, values);
+  const page = rows.slice(0, size);
+  const last = page.at(-1);
+  return {
+    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
+    nextPageToken: rows.length > size && last ? encodeCursor([last.created_us, last.id]) : '',
+  };
+}
