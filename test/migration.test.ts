@@ -26,7 +26,7 @@ import {
   migrateDatabase,
   type Job,
 } from '../server/store/index.js';
-import { migrationsFolder } from '../server/store/migrate.js';
+import { migrationsFolder, ONLINE_INDEXES } from '../server/store/migrate.js';
 import { withDatabase } from './helpers/global-setup.js';
 import { checkInvariants } from './helpers/invariants.js';
 
@@ -89,6 +89,17 @@ it('carries every job of a 0004 database over, with its history, and the store g
   const journal = JSON.parse(readFileSync(path.join(import.meta.dirname, '../server/store/migrations/meta/_journal.json'), 'utf8')) as { entries: Array<{ tag: string }> };
   expect(await migrateDatabase(pool)).toBe(journal.entries.filter((e) => e.tag > '0004_z').length);
 
+  // 0014: every ended attempt carries its job's creation time; the indexes built after the
+  // migrations (CONCURRENTLY) exist and are valid.
+  const misdated = await pool.query(`SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.job_created_at IS DISTINCT FROM j.created_at`);
+  expect(misdated.rows).toEqual([]);
+  expect(Number((await pool.query('SELECT count(*) FROM attempts')).rows[0].count)).toBeGreaterThan(5);
+  const built = await pool.query(
+    `SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = ANY ($1) ORDER BY c.relname`,
+    [ONLINE_INDEXES.map((x) => x.name)],
+  );
+  expect(built.rows).toEqual(ONLINE_INDEXES.map((x) => ({ relname: x.name, indisvalid: true })).sort((a, b) => a.relname.localeCompare(b.relname)));
+
   // Every job as it was: state, attempt numbers, result, due time, finish time, its live attempt.
   const after = (await pool.query(`SELECT payload->>'name' AS name, j.*, job_error(j.id, j.status) AS error FROM jobs j`)).rows;
   expect(after).toHaveLength(before.length);
@@ -149,4 +160,14 @@ it('carries every job of a 0004 database over, with its history, and the store g
   await checkInvariants(pool);
   expect(await kinds('running')).toEqual(['enqueued', 'claimed', 'started', 'completed']);
   expect(await kinds('requeued')).toEqual(['enqueued', 'claimed', 'started', 'dead', 'requeued', 'claimed', 'started', 'dead']);
+});
+
+it('an index whose concurrent build was cut short is dropped and built again at the next start', async () => {
+  // What a crash in the middle of CREATE INDEX CONCURRENTLY leaves: the index, marked invalid.
+  await pool.query(`UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'jobs_unsucceeded_idx'::regclass`);
+  const before = (await pool.query(`SELECT 'jobs_unsucceeded_idx'::regclass::oid AS oid`)).rows[0].oid;
+  expect(await migrateDatabase(pool)).toBe(0);
+  const { rows } = await pool.query(`SELECT indexrelid AS oid, indisvalid FROM pg_index WHERE indexrelid = 'jobs_unsucceeded_idx'::regclass`);
+  expect(rows).toEqual([{ oid: expect.any(Number), indisvalid: true }]);
+  expect(rows[0].oid).not.toBe(before);
 });

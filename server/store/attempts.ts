@@ -64,11 +64,12 @@ export const backoffSql = (started: string, base: string, max: string) =>
  * is a SELECT yielding the columns below, in order, per ended attempt: the attempt's id, job,
  * number, agent, claim time and start deadline, start time, end time, suspect mark (as the
  * `jobs` row held them before the transition), how it ended, its error and retry flag, the job's
- * status after it, and the job's new due time when it was queued again with one.
+ * status after it, the job's new due time when it was queued again with one, and when the job
+ * was created (the order of the lists of an agent's jobs, job-list.ts).
  */
 export const attemptEndSql = (source: string) =>
   `INSERT INTO attempts (id, job_id, attempt_no, agent_id, claimed_at, claim_deadline, started_at, ended_at, suspect_since,
-                         status, error, retryable, job_status, run_at)
+                         status, error, retryable, job_status, run_at, job_created_at)
    ${source}
    RETURNING *`;
 
@@ -715,14 +716,14 @@ const completeSql = (shape: Shape) =>
     shape === 'job' ? 'attemptComplete' : 'attemptCompleteMany',
     `WITH o AS MATERIALIZED (
        SELECT j.id, j.queue, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.run_at, j.claimed_at, j.claim_deadline,
-         j.started_at, j.suspect_since
+         j.started_at, j.suspect_since, j.created_at
        FROM jobs j
        WHERE ${batchFence} AND j.status IN ('claimed', 'running')
        FOR UPDATE
      ), a AS (
        ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline,
          coalesce(o.started_at, coalesce($5::timestamptz, now())), coalesce($5::timestamptz, now()), o.suspect_since,
-         'succeeded', NULL, NULL, 'succeeded', NULL
+         'succeeded', NULL, NULL, 'succeeded', NULL, o.created_at
        FROM o`)}
      ), u AS (
        UPDATE jobs j SET status = 'succeeded', result = $4::jsonb -> j.current_attempt_id::text,
@@ -839,7 +840,7 @@ const failSql = statement(
   'attemptFail',
   `WITH o AS (
      SELECT id, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, claimed_at, claim_deadline,
-       started_at, suspect_since
+       started_at, suspect_since, created_at
      FROM jobs
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
      FOR UPDATE
@@ -863,7 +864,7 @@ const failSql = statement(
    ), a AS (
      ${attemptEndSql(`SELECT d.current_attempt_id, u.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline,
        coalesce(d.started_at, u.updated_at), u.updated_at, d.suspect_since, 'failed', $4::jsonb, $5::boolean, u.status,
-       CASE WHEN u.status = 'queued' THEN u.run_at END
+       CASE WHEN u.status = 'queued' THEN u.run_at END, u.created_at
      FROM u JOIN d ON d.id = u.id`)}
    ), k AS (
      ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}

@@ -220,9 +220,9 @@ const countsSql = statement('historyCounts', countChangeSql('SELECT queue, job_s
 const attemptsSql = statement(
   'historyAttempts',
   `INSERT INTO attempts (id, job_id, attempt_no, agent_id, claimed_at, claim_deadline, started_at, ended_at, suspect_since,
-                         status, error, retryable, job_status, run_at)
+                         status, error, retryable, job_status, run_at, job_created_at)
    SELECT attempt_id, job_id, k, agent_id, claimed_at, claimed_at + make_interval(secs => $1::float8 / 1000.0), started_at, ended_at,
-     suspect_since, how::attempt_status, error, retryable, after::job_status, retry_at
+     suspect_since, how::attempt_status, error, retryable, after::job_status, retry_at, created_at
    FROM history_stage WHERE attempts > 0
    ORDER BY ended_at`,
 );

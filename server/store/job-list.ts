@@ -16,8 +16,9 @@
  * finishes. Without a queue, status or agent the list is `jobs_created_idx` read newest first
  * (a time range bounds that scan on both ends).
  *
- * The agent filter (a live attempt in the row, or an ended one in `attempts`) has no index of
- * its own: it reads jobs newest first and probes `attempts_job_attempt_no_uq` for each.
+ * By agent: the jobs it holds now (`jobs_current_attempt_uq`) and those of its ended attempts,
+ * read newest job first from `attempts_agent_idx` (each attempt carries its job's `created_at`),
+ * each job once.
  */
 import type { JobStatus } from './schema.js';
 import { FINISHED_STATUSES } from './constants.js';
@@ -44,6 +45,9 @@ const PARTS = {
   held: 'j.current_attempt_id IS NOT NULL',
   finished: 'j.finished_at IS NOT NULL',
   unsucceeded: 'j.finished_at IS NOT NULL AND j.result IS NULL',
+  // The agent's: its live attempts (the held jobs' rows), and the jobs of its ended attempts.
+  agentHeld: 'j.current_attempt_id IS NOT NULL AND j.agent_id = $A',
+  agentEnded: '',
 } as const;
 type Part = keyof typeof PARTS;
 
@@ -52,8 +56,11 @@ const finishedSet = new Set<JobStatus>(FINISHED_STATUSES);
 /** The parts a filter reads. */
 function partsOf(f: JobListFilter): Part[] {
   const s = f.statuses?.length ? new Set(f.statuses) : undefined;
+  if (f.agentId !== undefined) {
+    // A queued job can have ended attempts by the agent (it was retried); a held one can too.
+    return !s || s.has('claimed') || s.has('running') ? ['agentHeld', 'agentEnded'] : ['agentEnded'];
+  }
   if (!s && f.queue === undefined) return ['all'];
-  if (f.agentId !== undefined && f.queue === undefined && !s) return ['all'];
   const parts: Part[] = [];
   if (!s || s.has('queued')) parts.push('queued');
   if (!s || s.has('claimed') || s.has('running')) parts.push('held');
@@ -67,25 +74,42 @@ const statements = new Map<string, Statement>();
 /** The statement and parameters of one page: `limit` rows after `after`, newest first. */
 export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor): { statement: Statement; values: unknown[] } {
   const values: unknown[] = [];
-  const conds: string[] = [];
+  // Conditions on the job, and (for the agent's ended attempts) the same on the attempt's copy
+  // of the job's creation time and id, which its index is ordered by.
+  const onJob: string[] = [];
+  const onAttempt: string[] = [];
   // The statement's name says which filters it holds (one letter each) and which parts it reads.
   let shape = '';
   const param = (v: unknown, cast: string) => `$${values.push(v)}::${cast}`;
-  const where = (letter: string, cond: string) => {
+  const where = (letter: string, cond: (created: string, id: string) => string, attemptToo = false) => {
     shape += letter;
-    conds.push(cond);
+    onJob.push(cond('j.created_at', 'j.id'));
+    if (attemptToo) onAttempt.push(cond('a.job_created_at', 'a.job_id'));
   };
-  if (f.statuses?.length) where('s', `j.status = ANY (${param(f.statuses, 'job_status[]')})`);
-  if (f.queue !== undefined) where('q', `j.queue = ${param(f.queue, 'text')}`);
-  if (f.agentId !== undefined) {
-    const a = param(f.agentId, 'text');
-    where('a', `(j.agent_id = ${a} OR EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.agent_id = ${a}))`);
+  if (f.statuses?.length) {
+    const v = param(f.statuses, 'job_status[]');
+    where('s', () => `j.status = ANY (${v})`);
   }
-  if (f.createdAfter) where('f', `j.created_at >= ${param(f.createdAfter, 'timestamptz')}`);
-  if (f.createdBefore) where('b', `j.created_at < ${param(f.createdBefore, 'timestamptz')}`);
+  if (f.queue !== undefined) {
+    const v = param(f.queue, 'text');
+    where('q', () => `j.queue = ${v}`);
+  }
+  const agent = f.agentId === undefined ? undefined : param(f.agentId, 'text');
+  if (agent) shape += 'a';
+  if (f.createdAfter) {
+    const v = param(f.createdAfter, 'timestamptz');
+    where('f', (c) => `${c} >= ${v}`, true);
+  }
+  if (f.createdBefore) {
+    const v = param(f.createdBefore, 'timestamptz');
+    where('b', (c) => `${c} < ${v}`, true);
+  }
   // A row comparison on the index's columns, the token's microseconds turned back into the
   // timestamp exactly: each page starts with an index seek.
-  if (after) where('k', `(j.created_at, j.id) < ('epoch'::timestamptz + ${param(after[0], 'int8')} * interval '1 microsecond', ${param(after[1], 'uuid')})`);
+  if (after) {
+    const [us, id] = [param(after[0], 'int8'), param(after[1], 'uuid')];
+    where('k', (c, i) => `(${c}, ${i}) < ('epoch'::timestamptz + ${us} * interval '1 microsecond', ${id})`, true);
+  }
   const n = param(limit, 'int4');
   const parts = partsOf(f);
   const key = `jobList.${parts.join('+')}.${shape}`;
@@ -93,12 +117,26 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
   if (!stmt) {
     // NULLS LAST as the indexes are built (drizzle's desc()): the columns are NOT NULL, so the
     // order is the same, but only an ORDER BY spelled like the index is read in index order.
+    const order = (c: string, i: string) => `ORDER BY ${c} DESC NULLS LAST, ${i} DESC NULLS LAST LIMIT ${n}`;
     const one = (p: Part) =>
-      `SELECT j.* FROM jobs j WHERE ${[PARTS[p], ...conds].join(' AND ')} ORDER BY j.created_at DESC NULLS LAST, j.id DESC NULLS LAST LIMIT ${n}`;
+      p === 'agentEnded'
+        ? // Its attempts from attempts_agent_idx, newest job first, each job once (its latest
+          // attempt by the agent), and not one it holds now (the other part has that one).
+          `SELECT j.* FROM attempts a JOIN jobs j ON j.id = a.job_id
+           WHERE ${[
+             `a.agent_id = ${agent}`,
+             'a.job_created_at IS NOT NULL',
+             'NOT EXISTS (SELECT 1 FROM attempts l WHERE l.job_id = a.job_id AND l.attempt_no > a.attempt_no AND l.agent_id = a.agent_id)',
+             `NOT (j.current_attempt_id IS NOT NULL AND j.agent_id = ${agent})`,
+             ...onAttempt,
+             ...onJob,
+           ].join(' AND ')}
+           ${order('a.job_created_at', 'a.job_id')}`
+        : `SELECT j.* FROM jobs j WHERE ${[PARTS[p].replace('$A', agent ?? ''), ...onJob].join(' AND ')} ${order('j.created_at', 'j.id')}`;
     const inner =
       parts.length === 1
         ? one(parts[0]!)
-        : `SELECT * FROM (${parts.map((p) => `(${one(p)})`).join(' UNION ALL ')}) u ORDER BY u.created_at DESC NULLS LAST, u.id DESC NULLS LAST LIMIT ${n}`;
+        : `SELECT * FROM (${parts.map((p) => `(${one(p)})`).join(' UNION ALL ')}) u ${order('u.created_at', 'u.id')}`;
     // A job's error is looked up for the page's rows only.
     stmt = statement(
       key,

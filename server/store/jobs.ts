@@ -208,7 +208,7 @@ const cancelSql = statement(
      RETURNING j.*
    ), a AS (
      ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline, o.started_at,
-       u.finished_at, o.suspect_since, 'canceled', NULL, NULL, 'canceled', NULL
+       u.finished_at, o.suspect_since, 'canceled', NULL, NULL, 'canceled', NULL, o.created_at
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NOT NULL`)}
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
@@ -292,7 +292,7 @@ export async function jobRequeue(db: Queryable, p: RequeueParams): Promise<Outco
 }
 
 /** An attempt as operators see it: ended (its `attempts` row) or live (from its job's row). */
-export type AttemptView = Omit<AttemptRow, 'endedAt' | 'jobStatus' | 'seq'> & { endedAt: Date | null; jobStatus: JobStatus | null; seq: number | null };
+export type AttemptView = Omit<AttemptRow, 'endedAt' | 'jobStatus' | 'seq' | 'jobCreatedAt'> & { endedAt: Date | null; jobStatus: JobStatus | null; seq: number | null };
 
 /** A job with everything that happened to it. */
 export interface JobDetail {

@@ -56,6 +56,10 @@ export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
     name: 'jobs_unsucceeded_idx',
     sql: `CREATE INDEX CONCURRENTLY "jobs_unsucceeded_idx" ON "jobs" USING btree ("created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL AND "result" IS NULL`,
   },
+  {
+    name: 'attempts_agent_idx',
+    sql: `CREATE INDEX CONCURRENTLY "attempts_agent_idx" ON "attempts" USING btree ("agent_id", "job_created_at" DESC NULLS LAST, "job_id" DESC NULLS LAST)`,
+  },
 ];
 
 async function buildOnline(client: pg.PoolClient): Promise<void> {

@@ -55,7 +55,7 @@ const rescueSql = statement(
             THEN coalesce($4::timestamptz, now()) + ${backoffSql('o.attempts_started', '$2', '$3')} END AS retry_at
      FROM (
        SELECT id, queue, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, lease_expires_at,
-         execution_deadline, claimed_at, claim_deadline, started_at, suspect_since
+         execution_deadline, claimed_at, claim_deadline, started_at, suspect_since, created_at
        FROM jobs
        WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
        ORDER BY lease_expires_at
@@ -64,7 +64,7 @@ const rescueSql = statement(
      ) o
    ), a AS (
      ${attemptEndSql(`SELECT d.current_attempt_id, d.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline, d.started_at,
-       coalesce($4::timestamptz, now()), d.suspect_since, d.reason, ${errorSql('d')}, NULL, d.next, d.retry_at
+       coalesce($4::timestamptz, now()), d.suspect_since, d.reason, ${errorSql('d')}, NULL, d.next, d.retry_at, d.created_at
      FROM d`)}
    ), m AS (
      -- Per job, by id: a retry's due time (random jitter: computed once, above), and for a job

@@ -150,6 +150,8 @@ export async function leasehold(
         // The benchmark's jobs only (their attempts have no foreign key to go with them).
         await pool.query(`DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)`, [QUEUE]);
         await pool.query(`DELETE FROM jobs WHERE queue = $1`, [QUEUE]);
+        // Every job of the queue is gone: so is its kept count (server/store/counts.ts).
+        await pool.query(`DELETE FROM job_counts WHERE queue = $1`, [QUEUE]);
         return;
       }
       // The coordinator's background work (reaper, purger, webhook deliverer) may hold one of
@@ -157,7 +159,7 @@ export async function leasehold(
       // side, and a failed TRUNCATE is simply tried again (seen once in a latency run).
       for (let attempt = 1; ; attempt++) {
         try {
-          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports CASCADE');
+          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports, job_counts CASCADE');
           return;
         } catch (err) {
           if ((err as { code?: string }).code !== '40P01' || attempt >= 5) throw err;
