@@ -58,6 +58,9 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   // history: the worst read's ratio and the hot path's, then one row per read, each timed.
   expect(metric('history', 'leasehold', 'read_ms_ratio')?.median).toBeGreaterThan(0);
   expect(metric('history', 'leasehold', 'jobs_per_s_ratio')?.median).toBeGreaterThan(0);
+  // The oldest day's purge, timed, and the throughput while it ran.
+  expect(metric('history', 'leasehold', 'purge_ms')?.median).toBeGreaterThan(0);
+  expect(metric('history', 'leasehold', 'purge_jobs_per_s_ratio')?.median).toBeGreaterThan(0);
   const reads = json.filter((r) => r.scenario === 'history' && r.read && r.metric === 'read_ms');
   expect(reads.map((r) => r.read)).toEqual(expect.arrayContaining(['GetStats', '/metrics gauges', 'ListJobs by queue', 'ListJobs by agent', 'GetJob']));
   for (const r of reads) expect(r.median, r.read).toBeGreaterThan(0);

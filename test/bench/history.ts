@@ -4,6 +4,8 @@
  * `/metrics` gauges, ListJobs by each filter, GetJob, ListAgents).
  */
 import type pg from 'pg';
+import pino from 'pino';
+import { Purger } from '../../server/core/purger.js';
 import { DEFAULT_SEED, seedHistory } from '../../server/seed-history.js';
 import { agentOverview, jobDepths, jobGet, jobList, jobSearch, statsGet } from '../../server/store/index.js';
 
@@ -18,7 +20,21 @@ const CALLS = 8;
  * retention, so its purger takes none of them while the scenario runs).
  */
 export async function seedFinished(pool: pg.Pool, n: number): Promise<void> {
-  await seedHistory(pool, { ...DEFAULT_SEED, jobs: n, days: 6 });
+  await seedHistory(pool, { ...DEFAULT_SEED, jobs: n, days: HISTORY_DAYS });
+}
+
+/** How long the seeded history reaches back (`seedFinished`), in days. */
+export const HISTORY_DAYS = 6;
+
+/**
+ * Purges the oldest day of the seeded history as the coordinator's purger does (batches of
+ * 1,000, FOR UPDATE SKIP LOCKED) and says how long it took and how many jobs it deleted.
+ */
+export async function purgeOldestDay(pool: pg.Pool): Promise<{ ms: number; purged: number; batches: number }> {
+  const purger = new Purger(pool, pino({ level: 'silent' }), { retentionMs: (HISTORY_DAYS - 1) * 86_400_000 });
+  const t0 = performance.now();
+  const run = await purger.runOnce();
+  return { ms: performance.now() - t0, purged: run.purged, batches: run.batches };
 }
 
 /** Each operator read, timed `CALLS - 1` times (ms). */

@@ -18,7 +18,9 @@ export type MetricKey =
   | 'tps'
   | 'read_ms'
   | 'read_ms_ratio'
-  | 'jobs_per_s_ratio';
+  | 'jobs_per_s_ratio'
+  | 'purge_ms'
+  | 'purge_jobs_per_s_ratio';
 
 export interface Figure {
   /** Set for the figures that go to `results.json`. */
