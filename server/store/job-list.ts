@@ -20,6 +20,7 @@
  * read newest job first from `attempts_agent_idx` (each attempt carries its job's `created_at`),
  * each job once.
  */
+import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import type { JobStatus } from './schema.js';
 import { FINISHED_STATUSES } from './constants.js';
 import type { Job } from './rows.js';
@@ -152,24 +153,29 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
 const encodeCursor = (c: JobCursor) => Buffer.from(`${c[0]}.${c[1]}`).toString('base64url');
 
 /** The position a token names, or undefined for a token this server did not issue. */
-export function decodeCursor(token: string): JobCursor | undefined {
+function decodeCursor(token: string): JobCursor | undefined {
   const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(token, 'base64url').toString('utf8'));
   return m ? [Number(m[1]), m[2]!] : undefined;
 }
 
-/** One page of the jobs matching `f`, newest first, and the next page's token (empty at the end). */
+/**
+ * One page of the jobs matching `f`, newest first, after the page `pageToken` ended (a token
+ * this server issued), and the next page's token (empty at the end).
+ */
 export async function jobListPage(
   db: Queryable,
   f: JobListFilter,
   size: number,
-  after: JobCursor | undefined,
-): Promise<{ jobs: Job[]; nextPageToken: string }> {
+  pageToken: string | undefined,
+): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
+  const after = pageToken ? decodeCursor(pageToken) : undefined;
+  if (pageToken && !after) return invalid('pageToken', 'is not a token this server issued');
   const { statement: s, values } = jobListQuery(f, size + 1, after);
   const rows = await run<Record<string, unknown> & { created_us: number; id: string }>(db, s, values);
   const page = rows.slice(0, size);
   const last = page.at(-1);
-  return {
+  return ok({
     jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
     nextPageToken: rows.length > size && last ? encodeCursor([last.created_us, last.id]) : '',
-  };
+  });
 }

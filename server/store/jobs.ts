@@ -12,7 +12,7 @@ import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../cor
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { attemptEndSql, notifiedJob } from './attempts.js';
 import { currentOf, jobColumns, toJob, type Job } from './rows.js';
-import { decodeCursor, jobListPage } from './job-list.js';
+import { jobListPage } from './job-list.js';
 import {
   attempts,
   jobEvents,
@@ -426,7 +426,5 @@ export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ j
     p.pageSize === undefined ? undefined : check('pageSize', z.int().min(1).max(500), p.pageSize),
   );
   if (bad) return bad;
-  const after = p.pageToken ? decodeCursor(p.pageToken) : undefined;
-  if (p.pageToken && !after) return invalid('pageToken', 'is not a token this server issued');
-  return ok(await jobListPage(db, { queue: p.queue, statuses: p.status ? [p.status] : undefined }, p.pageSize ?? 50, after));
+  return jobListPage(db, { queue: p.queue, statuses: p.status ? [p.status] : undefined }, p.pageSize ?? 50, p.pageToken);
 }
