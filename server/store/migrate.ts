@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import type pg from 'pg';
+import { jobCountsReconcile } from './counts.js';
 
 /** The folder drizzle-kit writes to (`server/store/migrations`). */
 export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
@@ -32,6 +33,7 @@ export async function migrateDatabase(pool: pg.Pool): Promise<number> {
     const before = await count();
     await migrate(drizzle(client), { migrationsFolder });
     await buildOnline(client);
+    await fillInOnline(client);
     return (await count()) - before;
   } finally {
     await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
@@ -57,6 +59,10 @@ export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
     sql: `CREATE INDEX CONCURRENTLY "jobs_unsucceeded_idx" ON "jobs" USING btree ("created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL AND "result" IS NULL`,
   },
   {
+    name: 'attempts_created_missing_idx',
+    sql: `CREATE INDEX CONCURRENTLY "attempts_created_missing_idx" ON "attempts" USING btree ("id") WHERE "job_created_at" IS NULL`,
+  },
+  {
     name: 'attempts_agent_idx',
     sql: `CREATE INDEX CONCURRENTLY "attempts_agent_idx" ON "attempts" USING btree ("agent_id", "job_created_at" DESC NULLS LAST, "job_id" DESC NULLS LAST)`,
   },
@@ -71,5 +77,38 @@ async function buildOnline(client: pg.PoolClient): Promise<void> {
     if (rows[0]?.valid) continue;
     if (rows[0]) await client.query(`DROP INDEX CONCURRENTLY "${ix.name}"`);
     await client.query(ix.sql);
+  }
+}
+
+/** Attempts given their job's creation time per statement (each its own transaction). */
+const FILL_BATCH = 10_000;
+
+/**
+ * What migrations 0012 and 0014 leave to be filled in, done here after them and outside their
+ * transaction (which would hold the altered tables' locks throughout), so the coordinators
+ * already running keep working: the kept job counts, when there are none yet (one scan of the
+ * finished jobs, in one statement), and the creation time of the attempts ended before 0014 (or
+ * since, by an older coordinator), in batches of 10,000 in id order through the partial index
+ * that holds exactly those. An attempt whose job is gone keeps NULL (the purge takes both).
+ */
+async function fillInOnline(client: pg.PoolClient): Promise<void> {
+  const { rows } = await client.query<{ need: boolean }>(
+    'SELECT NOT EXISTS (SELECT 1 FROM job_counts) AND EXISTS (SELECT 1 FROM jobs WHERE finished_at IS NOT NULL) AS need',
+  );
+  if (rows[0]?.need) await jobCountsReconcile(client);
+  let after = '00000000-0000-0000-0000-000000000000';
+  for (;;) {
+    const batch = await client.query<{ last: string | null }>(
+      `WITH b AS (
+         SELECT id FROM attempts WHERE job_created_at IS NULL AND id > $1 ORDER BY id LIMIT $2
+       ), u AS (
+         UPDATE attempts a SET job_created_at = j.created_at FROM b, jobs j WHERE a.id = b.id AND j.id = a.job_id
+       )
+       SELECT max(id::text) AS last FROM b`,
+      [after, FILL_BATCH],
+    );
+    const last = batch.rows[0]?.last;
+    if (!last) return;
+    after = last;
   }
 }

@@ -258,6 +258,11 @@ export const attempts = pgTable(
     // Serves ListJobs by agent: an agent's ended attempts, newest job first (job-list.ts). Built
     // CONCURRENTLY by migrate.ts, like the lists' indexes on jobs.
     index('attempts_agent_idx').on(t.agentId, t.jobCreatedAt.desc(), t.jobId.desc()),
+    // The attempts still without their job's creation time (ended before migration 0014, or by an
+    // older coordinator since), for migrate.ts to fill in by batches; empty once it has.
+    index('attempts_created_missing_idx')
+      .on(t.id)
+      .where(sql`${t.jobCreatedAt} is null`),
     check('attempts_ended', sql`${t.status} not in ('claimed', 'running')`),
   ],
 );
