@@ -1,8 +1,9 @@
 /**
  * What operators read (AdminService, the CLI, the dashboard, the metrics gauges) and the one
- * maintenance write they have: purging finished jobs. Every read here is read-only; none is on a
- * hot path, and none added an index that the transition statements pay for, except BRIN on
- * `attempts.ended_at` and `job_events.at` (nearly free: both are appended in time order).
+ * maintenance write they have: purging finished jobs. Every read here is read-only and none is
+ * on a hot path. What the transitions pay for them: BRIN on `attempts.ended_at` and
+ * `job_events.at` (nearly free: both are appended in time order), the kept counts (counts.ts)
+ * and the lists' indexes, which a job enters only when it finishes (job-list.ts).
  */
 import { z } from 'zod';
 import { invalid, ok, type Outcome } from '../core/outcomes.js';

@@ -152,7 +152,8 @@ export const jobs = pgTable(
     uniqueIndex('jobs_idempotency_key_uq')
       .on(t.idempotencyKey)
       .where(sql`${t.idempotencyKey} is not null`),
-    // Serves jobList: newest first, paged by (created_at, id).
+    // Serves the lists without a queue, status or agent filter (job-list.ts): newest first,
+    // paged by (created_at, id), a time range bounding the scan.
     index('jobs_created_idx').on(t.createdAt.desc(), t.id.desc()),
     // Serve the lists of finished jobs (job-list.ts), newest first: of a queue, and the failed,
     // dead and canceled ones (a succeeded job has a result, the others none). Partial, so a job
