@@ -12,6 +12,7 @@ import {
   attemptComplete,
   attemptFail,
   attemptStart,
+  endedCountsReconcile,
   jobCancel,
   jobClaim,
   jobCounts,
@@ -21,8 +22,11 @@ import {
   jobPurge,
   jobRequeue,
   jobRescueExpired,
+  statsGet,
 } from '../server/store/index.js';
+import { statsMinutesSql } from '../server/store/admin.js';
 import { countsReadSql } from '../server/store/counts.js';
+import { migrateDatabase } from '../server/store/migrate.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { planNodes, type PlanNode } from './helpers/plan.js';
@@ -119,6 +123,7 @@ it('a fold keeps what a transition appends while it runs; a recount keeps what c
   expect(await depth('fold')).toEqual({ succeeded: 4 });
   expect(await jobCountsReconcile(t.pool)).toEqual([{ queue: 'fold', status: 'succeeded', kept: 4, counted: 3 }]);
   expect(await depth('fold')).toEqual({ succeeded: 3 });
+  expect(await endedCountsReconcile(t.pool)).toBe(1); // the minute 2030-01-01T00:00 counted 4 completions, 3 are kept
   await checkInvariants(t.pool);
 });
 
@@ -130,9 +135,9 @@ it('the keeper recounts at its first run, then folds, and logs a drift it correc
   const warnings: string[] = [];
   const log = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(line) });
   const keeper = new CountKeeper(t.pool, log, { intervalMs: 60_000 });
-  expect(await keeper.runOnce()).toEqual({ kind: 'recount', drift: [{ queue: 'keeper', status: 'dead', kept: 5, counted: 0 }] });
+  expect(await keeper.runOnce()).toEqual({ kind: 'recount', drift: [{ queue: 'keeper', status: 'dead', kept: 5, counted: 0 }], minutesDrifted: 0 });
   expect(warnings).toHaveLength(1);
-  expect(await keeper.runOnce()).toEqual({ kind: 'fold', drift: [] });
+  expect(await keeper.runOnce()).toEqual({ kind: 'fold', drift: [], minutesDrifted: 0 });
   expect(await depth('keeper')).toEqual({ succeeded: 1 });
 });
 
@@ -158,4 +163,67 @@ it('the counts read no finished job: the kept rows and the partial indexes of th
     }
   }
   expect((await depth('scan-1')).succeeded).toBe(6667);
+});
+
+it('what ended is kept per minute and kind: GetStats reads it, the keeper folds it and drops what is older than a day', async () => {
+  await t.truncate();
+  // At the database's own time: the minutes kept are the last day's.
+  for (let i = 0; i < 3; i++) {
+    must(await jobEnqueue(t.pool, { queue: 'minutes', payload: {} }));
+    const [c] = must(await jobClaim(t.pool, { agentId: 'a', queues: ['minutes'], limit: 1, claimTtlMs: 60_000 }));
+    if (i < 2) must(await attemptComplete(t.pool, { attemptId: c!.attemptId, agentId: 'a', result: {} }));
+    else must(await attemptFail(t.pool, { attemptId: c!.attemptId, agentId: 'a', error: { message: 'later' }, retryable: true }));
+  }
+  const queued = must(await jobEnqueue(t.pool, { queue: 'minutes', payload: {}, runAt: new Date(Date.now() + 3_600_000) }));
+  must(await jobCancel(t.pool, { jobId: queued.id }));
+  const stats = must(await statsGet(t.pool, { windowMinutes: 5 }));
+  expect(stats.window).toMatchObject({ succeeded: 2, retried: 1, canceled: 1, failed: 0, dead: 0 });
+  expect(stats.minutes).toHaveLength(5);
+  await checkInvariants(t.pool);
+
+  // A minute at the day's edge stays, one a minute older goes; the rest fold to a row per minute and kind.
+  const edge = `date_trunc('minute', now()) - interval '1439 minutes'`;
+  await t.pool.query(`INSERT INTO ended_counts (minute, kind, n) VALUES (${edge}, 'completed', 7), (${edge} - interval '1 minute', 'completed', 9)`);
+  const before = (await t.pool.query('SELECT count(*)::int AS n FROM ended_counts')).rows[0].n as number;
+  expect(await jobCountsCompact(t.pool)).toBe(true);
+  const { rows } = await t.pool.query(
+    `SELECT minute = ${edge} AS edge, kind, n::int FROM ended_counts ORDER BY edge DESC, kind`,
+  );
+  expect(rows.filter((r) => r.edge)).toEqual([{ edge: true, kind: 'completed', n: 7 }]);
+  const byKind: Record<string, number> = {};
+  for (const r of rows.filter((x) => !x.edge)) byKind[r.kind] = (byKind[r.kind] ?? 0) + r.n;
+  expect(byKind).toEqual({ completed: 2, retry_scheduled: 1, canceled: 1 });
+  expect(rows.length).toBeLessThan(before);
+  const groups = await t.pool.query('SELECT count(*)::int AS n FROM (SELECT DISTINCT minute, kind FROM ended_counts) g');
+  expect(rows.length).toBe(groups.rows[0].n); // one row per minute and kind
+  expect(must(await statsGet(t.pool, { windowMinutes: 1440 })).window.succeeded).toBe(9);
+
+  // The edge minute counted 7 completions no attempt shows: a recount puts the attempts' figure back.
+  expect(await endedCountsReconcile(t.pool)).toBe(1);
+  expect(must(await statsGet(t.pool, { windowMinutes: 1440 })).window.succeeded).toBe(2);
+  await checkInvariants(t.pool);
+
+  // A database upgraded to 0016 keeps none yet: the start after the migrations counts the last day.
+  await t.pool.query('DELETE FROM ended_counts');
+  expect(await migrateDatabase(t.pool)).toBe(0);
+  expect(must(await statsGet(t.pool, { windowMinutes: 5 })).window).toMatchObject({ succeeded: 2, retried: 1, canceled: 1 });
+  await checkInvariants(t.pool);
+});
+
+it('GetStats reads its minutes without an attempt or an event', async () => {
+  for (const mode of ['force_custom_plan', 'force_generic_plan']) {
+    const c = await t.pool.connect();
+    try {
+      await c.query(`SET plan_cache_mode = ${mode}`);
+      await c.query(`PREPARE m(int) AS ${statsMinutesSql.text}`);
+      const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE m(15)`);
+      const plan = planNodes((rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
+      const relations = new Set(plan.map((n) => n['Relation Name']).filter(Boolean));
+      expect([...relations], mode).toEqual(['ended_counts']);
+    } finally {
+      await c.query('DEALLOCATE ALL');
+      await c.query('RESET plan_cache_mode');
+      c.release();
+    }
+  }
 });

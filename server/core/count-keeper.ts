@@ -1,16 +1,17 @@
 /**
- * The count keeper: keeps the job counts that GetStats and `/metrics` read small to sum. The
- * transitions append their change to `job_counts` (server/store/counts.ts); every run folds
- * those rows into one per queue and status, so a read sums a few rows whatever the history and
- * the rate. At its first run and then every `reconcileEveryMs` it recounts the finished jobs
- * instead (one scan of them) and logs any drift it corrected: a change made outside the
- * transitions (hand-written SQL, an older coordinator during a rolling upgrade). Replicas take
- * turns: a run that finds another one's fold in progress does nothing.
+ * The count keeper: keeps the counts that GetStats and `/metrics` read small to sum. The
+ * transitions append their change to `job_counts` and what they ended to `ended_counts`
+ * (server/store/counts.ts); every run folds those rows into one per queue and status, and one
+ * per minute and kind (dropping minutes older than a day), so a read sums a few rows whatever
+ * the history and the rate. At its first run and then every `reconcileEveryMs` it recounts
+ * instead (the finished jobs, and the last day's attempts) and logs any drift it corrected: a
+ * change made outside the transitions (hand-written SQL, an older coordinator during a rolling
+ * upgrade). Replicas take turns: a run that finds another one's fold in progress does nothing.
  */
 import { EventEmitter } from 'node:events';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
-import { jobCountsCompact, jobCountsReconcile, type CountDrift, type Queryable } from '../store/index.js';
+import { endedCountsReconcile, jobCountsCompact, jobCountsReconcile, type CountDrift, type Queryable } from '../store/index.js';
 import { Schedule } from './schedule.js';
 
 export interface CountKeeperConfig {
@@ -27,6 +28,8 @@ export interface CountKeeperRun {
   kind: 'fold' | 'recount' | 'skipped';
   /** For a recount: where the kept counts had drifted from the jobs. */
   drift: CountDrift[];
+  /** For a recount: how many minutes and kinds of the per-minute counts had drifted. */
+  minutesDrifted: number;
 }
 
 export interface CountKeeperEvents {
@@ -77,11 +80,15 @@ export class CountKeeper extends EventEmitter<CountKeeperEvents> {
     let run: CountKeeperRun;
     if (recount || Date.now() - this.recountedAt >= this.config.reconcileEveryMs) {
       const drift = await jobCountsReconcile(this.db);
+      const minutesDrifted = drift ? await endedCountsReconcile(this.db) : null;
       if (drift) this.recountedAt = Date.now();
       if (drift?.length) this.log.warn({ drift }, 'job counts had drifted from the jobs (changed outside the transitions); recounted');
-      run = { kind: drift ? 'recount' : 'skipped', drift: drift ?? [] };
+      if (minutesDrifted) {
+        this.log.warn({ minutesDrifted }, 'per-minute counts had drifted from the attempts kept (changed outside the transitions, or purged); recounted');
+      }
+      run = { kind: drift ? 'recount' : 'skipped', drift: drift ?? [], minutesDrifted: minutesDrifted ?? 0 };
     } else {
-      run = { kind: (await jobCountsCompact(this.db)) ? 'fold' : 'skipped', drift: [] };
+      run = { kind: (await jobCountsCompact(this.db)) ? 'fold' : 'skipped', drift: [], minutesDrifted: 0 };
     }
     this.emit('counts:run', run);
     return run;

@@ -13,7 +13,7 @@ import { jobListPage } from './job-list.js';
 import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 import { FINISHED_STATUSES } from './constants.js';
-import { countChangeSql, jobCounts, type QueueDepth } from './counts.js';
+import { countChangeSql, endedCountSql, endedCutoff, endedKindSql, jobCounts, type QueueDepth } from './counts.js';
 
 /** The terminal statuses: the only ones a purge takes. */
 export { FINISHED_STATUSES };
@@ -75,20 +75,29 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // same job either waits for the delete (and then finds nothing) or commits first (finished_at
 // is NULL then, and the recheck under the lock drops the row). The job's attempts go in the same
 // statement (they have no foreign key: see schema.ts); ON DELETE CASCADE takes its events, steps,
-// stale reports and notifications; the kept counts lose what was deleted (counts.ts).
+// stale reports and notifications; the kept counts lose what was deleted, and the per-minute
+// counts what ended in the last day (counts.ts: they count what is kept, as a recount would).
 const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
-     SELECT j.id FROM jobs j, w WHERE ${purgeWhere}
+     SELECT j.id, j.status, j.finished_at FROM jobs j, w WHERE ${purgeWhere}
      ORDER BY j.finished_at
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
    ), d AS (
      DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.queue, jobs.status
    ), a AS (
-     DELETE FROM attempts USING c WHERE attempts.job_id = c.id
+     DELETE FROM attempts USING c WHERE attempts.job_id = c.id RETURNING attempts.ended_at, attempts.status, attempts.job_status
+   ), e AS (
+     -- A canceled queued job's cancel, in the per-minute counts' day (else CASCADE takes it).
+     DELETE FROM job_events USING c
+     WHERE c.status = 'canceled' AND c.finished_at >= ${endedCutoff} AND job_events.job_id = c.id AND job_events.kind = 'canceled'
+     RETURNING job_events.at
    ), k AS (
      ${countChangeSql('SELECT queue, status, -1 FROM d')}
+   ), ec AS (
+     ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}
+       UNION ALL SELECT at, 'canceled' FROM e`, '-1')}
    )
    SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff`,
 );
@@ -184,29 +193,14 @@ const countColumns = `
      coalesce(sum(n) FILTER (WHERE kind = 'lease_expired'), 0)::int AS lease_expired,
      coalesce(sum(n) FILTER (WHERE kind = 'timed_out'), 0)::int AS timed_out`;
 
-/**
- * What ended in the window starting at `start` (SQL), as (at, kind) rows with the kinds the
- * counts use: attempts that ended (attempts_ended_brin serves the time range) and cancels of
- * queued jobs (job_events_at_brin). A transition that made a job dead counts as `dead` only.
- */
-const endedSince = (start: string) => `
-     SELECT a.ended_at AS at,
-       CASE WHEN a.job_status = 'dead' THEN 'dead'
-            WHEN a.status = 'succeeded' THEN 'completed'
-            WHEN a.status = 'failed' AND a.job_status = 'queued' THEN 'retry_scheduled'
-            ELSE a.status::text END AS kind
-     FROM attempts a WHERE a.ended_at >= ${start}
-     UNION ALL
-     SELECT e.at, e.kind::text FROM job_events e WHERE e.at >= ${start} AND e.kind = 'canceled'`;
-
-// Whole minutes: the window's $1 minutes end with the current (partial) one.
-const minutesSql = statement(
+// The window's minutes from what the transitions keep (counts.ts, `ended_counts`): the current
+// (partial) minute and the $1 - 1 before it, each as its rows sum. Reading what ended instead
+// read every attempt of the window: 14 ms at ten million jobs, growing with the rate.
+export const statsMinutesSql = statement(
   'adminMinuteCounts',
   `WITH w AS (SELECT date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute' AS start),
    c AS (
-     SELECT date_trunc('minute', x.at) AS minute, x.kind, count(*) AS n
-     FROM (${endedSince('(SELECT start FROM w)')}) x
-     GROUP BY 1, 2
+     SELECT k.minute, k.kind, sum(k.n) AS n FROM ended_counts k, w WHERE k.minute >= w.start GROUP BY 1, 2
    )
    SELECT m.minute, ${countColumns}
    FROM w, generate_series(w.start, date_trunc('minute', now()), interval '1 minute') AS m(minute)
@@ -214,16 +208,15 @@ const minutesSql = statement(
    GROUP BY m.minute ORDER BY m.minute`,
 );
 
-// The exact window [now - $1 minutes, now], for the rates.
+// The window as a whole: from the start of its first minute to now, how long that is (the
+// rates' divisor), and the stale reports in it.
 const windowSql = statement(
   'adminWindowCounts',
-  `WITH c AS (
-     SELECT x.kind, count(*) AS n FROM (${endedSince("now() - $1::int * interval '1 minute'")}) x GROUP BY 1
-   )
-   SELECT ${countColumns},
-     (SELECT count(*) FROM stale_reports WHERE at >= now() - $1::int * interval '1 minute')::int8 AS stale_reports,
+  `WITH w AS (SELECT date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute' AS start)
+   SELECT (extract(epoch FROM now() - w.start) / 60)::float8 AS span_minutes,
+     (SELECT count(*) FROM stale_reports WHERE at >= w.start)::int8 AS stale_reports,
      now() AS now
-   FROM c`,
+   FROM w`,
 );
 
 /** What GetStats answers. */
@@ -231,9 +224,11 @@ export interface Stats {
   depths: QueueDepth[];
   waiting: QueueWait[];
   minutes: MinuteCounts[];
-  /** Counts over the exact window. */
+  /** Counts over the window (the sum of its minutes). */
   window: Omit<MinuteCounts, 'minute'>;
   windowMinutes: number;
+  /** How long the window is so far, in minutes: from the start of its first minute to now. */
+  spanMinutes: number;
   staleReports: number;
   now: Date;
 }
@@ -247,10 +242,11 @@ export async function statsGet(db: Queryable, p: { windowMinutes?: number } = {}
     db,
     async (tx) => {
       const { depths, waiting } = await jobDepths(tx);
-      const minutes = (await run<Record<string, unknown>>(tx, minutesSql, [windowMinutes])).map((r) => camelRow<MinuteCounts>(r));
-      const [w] = await run<Record<string, unknown>>(tx, windowSql, [windowMinutes]);
-      const { staleReports, now, ...window } = camelRow<Omit<MinuteCounts, 'minute'> & { staleReports: number; now: Date }>(w!);
-      return ok({ depths, waiting, minutes, window, windowMinutes, staleReports, now });
+      const minutes = (await run<Record<string, unknown>>(tx, statsMinutesSql, [windowMinutes])).map((r) => camelRow<MinuteCounts>(r));
+      const [w] = await run<{ span_minutes: number; stale_reports: number; now: Date }>(tx, windowSql, [windowMinutes]);
+      const window = { succeeded: 0, failed: 0, retried: 0, dead: 0, canceled: 0, claimExpired: 0, leaseExpired: 0, timedOut: 0 };
+      for (const m of minutes) for (const k of Object.keys(window) as (keyof typeof window)[]) window[k] += m[k];
+      return ok({ depths, waiting, minutes, window, windowMinutes, spanMinutes: w!.span_minutes, staleReports: w!.stale_reports, now: w!.now });
     },
     { mode: 'REPEATABLE READ, READ ONLY' },
   );

@@ -41,7 +41,7 @@ import {
 } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { z } from 'zod';
-import { countChangeSql } from './counts.js';
+import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
 import type { JobStatus } from './schema.js';
@@ -735,6 +735,8 @@ const completeSql = (shape: Shape) =>
        RETURNING j.*
      ), k AS (
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
+     ), ec AS (
+       ${endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM a`)}
      ), n AS (
        -- The ended attempts by job, for the notifications (looked up, not joined).
        SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
@@ -868,6 +870,8 @@ const failSql = statement(
      FROM u JOIN d ON d.id = u.id`)}
    ), k AS (
      ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
+   ), ec AS (
+     ${endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM a`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url,
        CASE u.status WHEN 'failed' THEN 'job.failed' WHEN 'dead' THEN 'job.dead' END AS type, u.updated_at AS at,
        ${notifiedJob('$4::jsonb')} AS job, to_jsonb(a) AS attempt FROM u JOIN a ON a.job_id = u.id`)}

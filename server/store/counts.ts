@@ -35,6 +35,44 @@ export function countChangeSql(source: string): string {
      GROUP BY x.queue, x.status HAVING sum(x.n) <> 0`;
 }
 
+/**
+ * What GetStats counts an ended attempt as, from its `attempts` row's status and its job's
+ * status after it (SQL expressions): a transition that made the job dead is `dead` only, a
+ * failure that queued the job again `retry_scheduled`, a success `completed`, else the status.
+ */
+export const endedKindSql = (status: string, jobStatus: string) =>
+  `CASE WHEN ${jobStatus} = 'dead' THEN 'dead'
+        WHEN ${status} = 'succeeded' THEN 'completed'
+        WHEN ${status} = 'failed' AND ${jobStatus} = 'queued' THEN 'retry_scheduled'
+        ELSE ${status}::text END`;
+
+/**
+ * A CTE body recording what `source` ended, a SELECT yielding rows `(at, kind)`: per ended
+ * attempt (or canceled queued job) its end time and kind (`endedKindSql`). One row per minute
+ * and kind, appended as `countChangeSql`'s are; with `sign` -1, taken away (the purge).
+ */
+export function endedCountSql(source: string, sign: '1' | '-1' = '1'): string {
+  return `INSERT INTO ended_counts (minute, kind, n)
+     SELECT date_trunc('minute', x.at), x.kind, ${sign} * count(*) FROM (${source}) AS x(at, kind) GROUP BY 1, 2`;
+}
+
+/** The minutes kept: GetStats' longest window, 1440 minutes, ends with the current one. */
+export const ENDED_MINUTES_KEPT = 1440;
+export const endedCutoff = `date_trunc('minute', now()) - ${ENDED_MINUTES_KEPT - 1} * interval '1 minute'`;
+
+/**
+ * What ended in the kept minutes, counted from the rows the transitions write (attempts_ended_brin
+ * and job_events_at_brin serve the time range), as `(minute, kind, n)`: what `ended_counts` holds
+ * when nothing was missed or purged.
+ */
+export const endedScanSql = `
+     SELECT date_trunc('minute', x.at) AS minute, x.kind, count(*)::int8 AS n FROM (
+       SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempts a WHERE a.ended_at >= ${endedCutoff}
+       UNION ALL
+       SELECT e.at, 'canceled' FROM job_events e WHERE e.at >= ${endedCutoff} AND e.kind = 'canceled'
+     ) AS x(at, kind)
+     GROUP BY 1, 2`;
+
 // What is kept, plus the live jobs counted from their partial indexes: "queued" spelled as
 // jobs_claim_idx's predicate, held as jobs_current_attempt_uq's. Grouped by the enum's order.
 export const countsReadSql = statement(
@@ -75,6 +113,37 @@ const compactSql = statement(
    SELECT queue, status, sum(n)::int8 FROM d GROUP BY queue, status HAVING sum(n) <> 0`,
 );
 
+// The minutes and kinds with more than one row (appended since the last fold) folded into one;
+// the others are left as they are, so a fold rewrites what changed, not the day kept.
+const endedCompactSql = statement(
+  'endedCountsCompact',
+  `WITH g AS (
+     SELECT minute, kind FROM ended_counts GROUP BY minute, kind HAVING count(*) > 1
+   ), d AS (
+     DELETE FROM ended_counts c USING g WHERE c.minute = g.minute AND c.kind = g.kind RETURNING c.minute, c.kind, c.n
+   )
+   INSERT INTO ended_counts (minute, kind, n) SELECT minute, kind, sum(n)::int8 FROM d GROUP BY minute, kind HAVING sum(n) <> 0`,
+);
+
+const endedTrimSql = statement('endedCountsTrim', `DELETE FROM ended_counts WHERE minute < ${endedCutoff}`);
+
+// As reconcileSql, for the kept minutes: the scan written in place of what was kept, in one
+// statement; returns how many minutes and kinds differed.
+const endedReconcileSql = statement(
+  'endedCountsReconcile',
+  `WITH d AS (
+     DELETE FROM ended_counts RETURNING minute, kind, n
+   ), kept AS (
+     SELECT minute, kind, sum(n)::int8 AS n FROM d WHERE minute >= ${endedCutoff} GROUP BY 1, 2
+   ), counted AS (${endedScanSql}
+   ), w AS (
+     INSERT INTO ended_counts (minute, kind, n) SELECT minute, kind, n FROM counted
+   )
+   SELECT count(*)::int AS differ
+   FROM kept k FULL JOIN counted c ON c.minute = k.minute AND c.kind = k.kind
+   WHERE coalesce(k.n, 0) <> coalesce(c.n, 0)`,
+);
+
 // The finished jobs counted and written in place of what was kept, in one statement (one
 // snapshot): a change committed after it began is neither counted nor deleted, so it stays,
 // as it should. Returns the kept and the counted figure of each queue and status that differ.
@@ -104,6 +173,8 @@ export async function jobCountsCompact(db: Queryable): Promise<boolean> {
     const [l] = await run<{ locked: boolean }>(tx, lockSql, []);
     if (!l?.locked) return false;
     await run(tx, compactSql, []);
+    await run(tx, endedCompactSql, []);
+    await run(tx, endedTrimSql, []);
     return true;
   });
 }
@@ -125,5 +196,20 @@ export async function jobCountsReconcile(db: Queryable): Promise<CountDrift[] | 
     const [l] = await run<{ locked: boolean }>(tx, lockSql, []);
     if (!l?.locked) return null;
     return run<CountDrift>(tx, reconcileSql, []);
+  });
+}
+
+/**
+ * Recounts what ended in the kept minutes (a scan of the last day's attempts and cancels) and
+ * keeps that; returns how many minutes and kinds had drifted, or null when another fold or
+ * recount was running. A purge makes the kept minutes count more than the rows left: they count
+ * what happened; a recount counts what is kept.
+ */
+export async function endedCountsReconcile(db: Queryable): Promise<number | null> {
+  return withTransaction(db, async (tx) => {
+    const [l] = await run<{ locked: boolean }>(tx, lockSql, []);
+    if (!l?.locked) return null;
+    const [r] = await run<{ differ: number }>(tx, endedReconcileSql, []);
+    return r?.differ ?? 0;
   });
 }

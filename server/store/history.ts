@@ -24,7 +24,7 @@
  *
  * The statements take the mix as parameters; `server/seed-history.ts` chooses it and explains it.
  */
-import { countChangeSql } from './counts.js';
+import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 /** Outcomes of a seeded job: `retried` succeeded after one or two retries. */
@@ -216,6 +216,14 @@ const jobsSql = statement(
 // Every seeded job is finished: the kept counts gain them (counts.ts).
 const countsSql = statement('historyCounts', countChangeSql('SELECT queue, job_status::job_status, 1 FROM history_stage WHERE last'));
 
+// What GetStats counts of them (the attempts and cancels of the kept minutes), as the transitions append it.
+const endedSql = statement(
+  'historyEnded',
+  endedCountSql(`SELECT ended_at, ${endedKindSql('how', 'after')} FROM history_stage WHERE attempts > 0 AND ended_at >= ${endedCutoff}
+    UNION ALL
+    SELECT finished_at, 'canceled' FROM history_stage WHERE attempts = 0 AND finished_at >= ${endedCutoff}`),
+);
+
 // As attemptEndSql writes them, in the order they ended (seq: its default, in that order).
 const attemptsSql = statement(
   'historyAttempts',
@@ -333,6 +341,7 @@ export async function historyChunkInsert(db: Queryable, p: HistoryChunkParams): 
     ]);
     const jobs = await rowCount(tx, jobsSql, [p.maxAttempts]);
     await rowCount(tx, countsSql, []);
+    await rowCount(tx, endedSql, []);
     return {
       jobs,
       attempts: await rowCount(tx, attemptsSql, [p.claimTtlMs]),

@@ -14,5 +14,5 @@ export * from './keys.js';
 export * from './deliveries.js';
 export * from './ping.js';
 export * from './admin.js';
-export { jobCounts, jobCountsCompact, jobCountsReconcile, type CountDrift } from './counts.js';
+export { endedCountsReconcile, jobCounts, jobCountsCompact, jobCountsReconcile, type CountDrift } from './counts.js';
 export * from './agent-sessions.js';

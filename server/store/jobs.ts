@@ -27,7 +27,7 @@ import {
   type StepRow,
 } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
-import { countChangeSql } from './counts.js';
+import { countChangeSql, endedCountSql } from './counts.js';
 import { outboxSql } from './outbox.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
@@ -214,8 +214,11 @@ const cancelSql = statement(
      INSERT INTO job_events (job_id, kind, at, data)
      SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NULL
+     RETURNING at
    ), k AS (
      ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
+   ), ec AS (
+     ${endedCountSql(`SELECT a.ended_at, 'canceled' FROM a UNION ALL SELECT e.at, 'canceled' FROM e`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at,
        ${notifiedJob('job_error(u.id, u.status)')} AS job,
        coalesce((SELECT to_jsonb(a) FROM a),

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import type pg from 'pg';
-import { jobCountsReconcile } from './counts.js';
+import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
 
 /** The folder drizzle-kit writes to (`server/store/migrations`). */
 export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
@@ -84,10 +84,11 @@ async function buildOnline(client: pg.PoolClient): Promise<void> {
 const FILL_BATCH = 10_000;
 
 /**
- * What migrations 0012 and 0014 leave to be filled in, done here after them and outside their
+ * What migrations 0012, 0014 and 0016 leave to be filled in, done here after them and outside their
  * transaction (which would hold the altered tables' locks throughout), so the coordinators
  * already running keep working: the kept job counts, when there are none yet (one scan of the
- * finished jobs, in one statement), and the creation time of the attempts ended before 0014 (or
+ * finished jobs, in one statement), the per-minute counts of the last day likewise (a scan of the
+ * day's attempts; the count keeper's first run would do it too, 5 s later), and the creation time of the attempts ended before 0014 (or
  * since, by an older coordinator), in batches of 10,000 in id order through the partial index
  * that holds exactly those. An attempt whose job is gone keeps NULL (the purge takes both).
  */
@@ -96,6 +97,11 @@ async function fillInOnline(client: pg.PoolClient): Promise<void> {
     'SELECT NOT EXISTS (SELECT 1 FROM job_counts) AND EXISTS (SELECT 1 FROM jobs WHERE finished_at IS NOT NULL) AS need',
   );
   if (rows[0]?.need) await jobCountsReconcile(client);
+  // The per-minute counts of the last day (migration 0016), when none are kept yet.
+  const minutes = await client.query<{ need: boolean }>(
+    `SELECT NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempts WHERE ended_at >= ${endedCutoff}) AS need`,
+  );
+  if (minutes.rows[0]?.need) await endedCountsReconcile(client);
   let after = '00000000-0000-0000-0000-000000000000';
   for (;;) {
     const batch = await client.query<{ last: string | null }>(

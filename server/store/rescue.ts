@@ -9,7 +9,7 @@ import { check, checkAll } from '../core/validation.js';
 import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, notifiedJob, type Backoff } from './attempts.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
-import { countChangeSql } from './counts.js';
+import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { outboxSql } from './outbox.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -87,6 +87,8 @@ const rescueSql = statement(
      RETURNING j.*
    ), k AS (
      ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
+   ), ec AS (
+     ${endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM a`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.dead' AS type, u.updated_at AS at,
        ${notifiedJob(`(SELECT dead FROM m) -> u.id::text -> 'error'`)} AS job, (SELECT dead FROM m) -> u.id::text -> 'attempt' AS attempt
      FROM u WHERE u.status = 'dead'`)}

@@ -195,6 +195,20 @@ export const jobCounts = pgTable('job_counts', {
 });
 
 /**
+ * What ended per minute (GetStats' per-minute counts and rates), kept rather than counted:
+ * every statement that ends attempts or cancels queued jobs (complete, fail, the reaper, cancel,
+ * seed-history) appends, per minute and kind it touched, how many (`endedCountSql`, counts.ts).
+ * `kind` is what the counts show: completed, failed, retry_scheduled, dead, canceled,
+ * claim_expired, lease_expired, timed_out. The count keeper folds the rows into one per minute
+ * and kind and drops the minutes older than a day (the longest window). No key, as job_counts.
+ */
+export const endedCounts = pgTable('ended_counts', {
+  minute: tsz('minute').notNull(),
+  kind: text('kind').notNull(),
+  n: bigint('n', { mode: 'number' }).notNull(),
+});
+
+/**
  * Attempts that ended, one row each, written once by the statement that ended it (complete,
  * fail, the reaper, cancel): who held it, when it was claimed, started and ended, how it ended,
  * the error it reported (or the reaper recorded), and what became of the job. A live attempt is

@@ -233,7 +233,8 @@ export function adminRoutes(deps: AdminRoutesDeps) {
 
       async getStats(req) {
         const { value: s } = unwrap(await statsGet(db, req.windowMinutes ? { windowMinutes: req.windowMinutes } : {}));
-        const w = s.windowMinutes;
+        // Averages over the window so far: from the start of its first minute to now.
+        const w = Math.max(s.spanMinutes, 1 / 60);
         return {
           depths: s.depths.map((d) => create(QueueDepthSchema, { queue: d.queue, status: toPbStatus(d.status), count: BigInt(d.count) })),
           waiting: s.waiting.map((q) =>
@@ -246,7 +247,7 @@ export function adminRoutes(deps: AdminRoutesDeps) {
             }),
           ),
           minutes: s.minutes.map((m) => create(MinuteCountsSchema, { ...m, minute: ts(m.minute) })),
-          windowMinutes: w,
+          windowMinutes: s.windowMinutes,
           completionsPerMinute: s.window.succeeded / w,
           failuresPerMinute: (s.window.failed + s.window.retried) / w,
           expiriesPerMinute: (s.window.claimExpired + s.window.leaseExpired + s.window.timedOut) / w,

@@ -6,6 +6,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
+import { endedCountSql, endedKindSql } from '../../server/store/counts.js';
 import { toJob, type Job } from '../../server/store/rows.js';
 import type { JobStatus } from '../../server/store/schema.js';
 
@@ -108,6 +109,12 @@ export async function makeJob(db: pg.Pool | pg.PoolClient, o: MakeJob = {}): Pro
     // The kept count a transition to it would have appended (server/store/counts.ts).
     await db.query('INSERT INTO job_counts (queue, status, n) VALUES ($1, $2::job_status, 1)', [job.queue, status]);
   }
+  // And what its ended attempts and cancel appended to the per-minute counts.
+  await db.query(
+    endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempts a WHERE a.job_id = $1
+      UNION ALL SELECT e.at, 'canceled' FROM job_events e WHERE e.job_id = $1 AND e.kind = 'canceled'`),
+    [id],
+  );
   return job;
 }
 

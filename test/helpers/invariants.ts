@@ -24,6 +24,7 @@
  * is what counting every job says.
  */
 import type pg from 'pg';
+import { endedCutoff, endedScanSql } from '../../server/store/counts.js';
 import { jobCounts } from '../../server/store/index.js';
 
 type Db = pg.Pool | pg.PoolClient | pg.Client;
@@ -233,7 +234,10 @@ async function stepInvariant(db: Db, v: string[]) {
   }
 }
 
-/** The counts GetStats and `/metrics` read equal a count of every job, queue by queue and status by status. */
+/**
+ * The counts GetStats and `/metrics` read equal a count of every job, queue by queue and status
+ * by status; the per-minute counts equal a count of what ended in each minute.
+ */
 async function countInvariant(db: Db, v: string[]): Promise<void> {
   const read = await jobCounts(db);
   const { rows } = await db.query<{ queue: string; status: string; count: number }>(
@@ -245,4 +249,14 @@ async function countInvariant(db: Db, v: string[]): Promise<void> {
   for (const k of new Set([...counted.keys(), ...kept.keys()])) {
     if ((counted.get(k) ?? 0) !== (kept.get(k) ?? 0)) v.push(`counts: ${k} read ${kept.get(k) ?? 0}, counted ${counted.get(k) ?? 0}`);
   }
+  // The per-minute counts kept equal what the attempts and cancels of the last day say.
+  const minutes = await db.query<{ minute: Date; kind: string; kept: number; counted: number }>(
+    `WITH kept AS (
+       SELECT minute, kind, sum(n)::int AS n FROM ended_counts WHERE minute >= ${endedCutoff} GROUP BY 1, 2
+     ), counted AS (${endedScanSql})
+     SELECT coalesce(k.minute, c.minute) AS minute, coalesce(k.kind, c.kind) AS kind, coalesce(k.n, 0)::int AS kept, coalesce(c.n, 0)::int AS counted
+     FROM kept k FULL JOIN counted c ON c.minute = k.minute AND c.kind = k.kind
+     WHERE coalesce(k.n, 0) <> coalesce(c.n, 0)`,
+  );
+  for (const r of minutes.rows) v.push(`per-minute counts: ${r.minute.toISOString()} ${r.kind} kept ${r.kept}, counted ${r.counted}`);
 }

@@ -992,7 +992,8 @@ export const RevokeKeyResponseSchema: GenMessage<RevokeKeyResponse> = /*@__PURE_
  */
 export type GetStatsRequest = Message<"leasehold.v1.GetStatsRequest"> & {
   /**
-   * Per-minute counts cover this many minutes up to now; 0 means 15, at most 1440.
+   * Per-minute counts cover this many minutes: the current one and those before it; 0 means 15,
+   * at most 1440.
    *
    * @generated from field: int32 window_minutes = 1;
    */
@@ -1196,7 +1197,8 @@ export type GetStatsResponse = Message<"leasehold.v1.GetStatsResponse"> & {
   minutes: MinuteCounts[];
 
   /**
-   * The window of minutes, in minutes.
+   * The window of minutes, in minutes. The rates below average over the window so far: from the
+   * start of its first minute to now (the current minute counts as far as it has run).
    *
    * @generated from field: int32 window_minutes = 4;
    */
@@ -1224,7 +1226,7 @@ export type GetStatsResponse = Message<"leasehold.v1.GetStatsResponse"> & {
   expiriesPerMinute: number;
 
   /**
-   * Stale reports (late calls refused) within the window.
+   * Stale reports (late calls refused) within the window (from the start of its first minute).
    *
    * @generated from field: int64 stale_reports = 8;
    */
