@@ -64,6 +64,9 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   const reads = json.filter((r) => r.scenario === 'history' && r.read && r.metric === 'read_ms');
   expect(reads.map((r) => r.read)).toEqual(expect.arrayContaining(['GetStats', '/metrics gauges', 'ListJobs by queue', 'ListJobs by agent', 'GetJob']));
   for (const r of reads) expect(r.median, r.read).toBeGreaterThan(0);
+  // Every list compared a full page with a full page.
+  const pages = rows.filter((r) => r.scenarioKey === 'history' && (r.read?.startsWith('ListJobs') || r.read?.startsWith('JobService')));
+  expect(pages.map((r) => r.note)).toEqual(Array(5).fill('jobs on the page: 50 empty, 50 full'));
   expect(metric('ceiling', 'postgresql', 'tps') ?? metric('heartbeats', 'leasehold', 'commits_per_s')).toBeDefined();
   const recovery = rows.find((r) => r.scenario.startsWith('recovery') && r.system === 'Leasehold')!;
   expect(recovery.figures.length, 'Leasehold recovered the SIGKILLed worker\'s jobs').toBeGreaterThan(0);
