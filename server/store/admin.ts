@@ -63,10 +63,13 @@ export interface PurgeParams {
 
 // Finished before the cutoff, of the statuses and queue asked for, and with nothing left for the
 // deliverer: a job whose notification is still to be delivered, or whose dead-letter alert was
-// not raised yet, is kept until the deliverer is done with it.
+// not raised yet, is kept until the deliverer is done with it. The deliveries' status spelled as
+// two arms, each the predicate of a partial index (webhook_deliveries_due_idx, _sending_idx),
+// so the open deliveries are read from those: as `status IN (...)` it matched neither, and every
+// batch read the whole table (a delivery per notified job of the history kept).
 const purgeWhere = `j.finished_at < w.cutoff AND j.status = ANY($2::job_status[]) AND ($3::text IS NULL OR j.queue = $3)
        AND NOT EXISTS (SELECT 1 FROM webhook_events e JOIN webhook_deliveries d ON d.event_id = e.id
-                       WHERE e.job_id = j.id AND d.status IN ('pending', 'sending'))
+                       WHERE e.job_id = j.id AND (d.status = 'pending' OR d.status = 'sending'))
        AND NOT EXISTS (SELECT 1 FROM webhook_events e WHERE e.job_id = j.id AND e.type = 'job.dead' AND e.alerted_at IS NULL)`;
 const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval(secs => $1::float8 / 1000.0) AS cutoff)`;
 
@@ -77,7 +80,7 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // statement (they have no foreign key: see schema.ts); ON DELETE CASCADE takes its events, steps,
 // stale reports and notifications; the kept counts lose what was deleted, and the per-minute
 // counts what ended in the last day (counts.ts: they count what is kept, as a recount would).
-const purgeSql = statement(
+export const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
      SELECT j.id, j.status, j.finished_at FROM jobs j, w WHERE ${purgeWhere}

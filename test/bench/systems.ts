@@ -10,6 +10,7 @@ import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
 import { agentCreate, createPool, migrateDatabase } from '../../server/store/index.js';
+import { endedCountSql, endedCutoff, endedKindSql } from '../../server/store/counts.js';
 import type { SystemKey } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
@@ -147,8 +148,13 @@ export async function leasehold(
     },
     async reset() {
       if (opts.keepHistory) {
-        // The benchmark's jobs only (their attempts have no foreign key to go with them).
-        await pool.query(`DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1)`, [QUEUE]);
+        // The benchmark's jobs only (their attempts have no foreign key to go with them), and what
+        // their attempts added to the per-minute counts, as the purge takes it back.
+        await pool.query(
+          `WITH a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1) RETURNING ended_at, status, job_status)
+           ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}`, '-1')}`,
+          [QUEUE],
+        );
         await pool.query(`DELETE FROM jobs WHERE queue = $1`, [QUEUE]);
         // Every job of the queue is gone: so is its kept count (server/store/counts.ts).
         await pool.query(`DELETE FROM job_counts WHERE queue = $1`, [QUEUE]);
@@ -159,7 +165,7 @@ export async function leasehold(
       // side, and a failed TRUNCATE is simply tried again (seen once in a latency run).
       for (let attempt = 1; ; attempt++) {
         try {
-          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports, job_counts CASCADE');
+          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports, job_counts, ended_counts CASCADE');
           return;
         } catch (err) {
           if ((err as { code?: string }).code !== '40P01' || attempt >= 5) throw err;
