@@ -132,11 +132,16 @@ it('the keeper recounts at its first run, then folds, and logs a drift it correc
   const c = await running('keeper', 0);
   must(await attemptComplete(t.pool, { attemptId: c.attemptId, agentId: 'a', result: {}, now: at(1) }));
   await t.pool.query(`INSERT INTO job_counts (queue, status, n) VALUES ('keeper', 'dead', 5)`);
+  await t.pool.query(`INSERT INTO ended_counts (minute, kind, n) VALUES (date_trunc('minute', now()), 'timed_out', 3)`);
   const warnings: string[] = [];
   const log = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(line) });
   const keeper = new CountKeeper(t.pool, log, { intervalMs: 60_000 });
-  expect(await keeper.runOnce()).toEqual({ kind: 'recount', drift: [{ queue: 'keeper', status: 'dead', kept: 5, counted: 0 }], minutesDrifted: 0 });
-  expect(warnings).toHaveLength(1);
+  expect(await keeper.runOnce()).toEqual({ kind: 'recount', drift: [{ queue: 'keeper', status: 'dead', kept: 5, counted: 0 }], minutesDrifted: 1 });
+  expect(warnings.map((w) => JSON.parse(w).msg)).toEqual([
+    'job counts had drifted from the jobs (changed outside the transitions); recounted',
+    'per-minute counts had drifted from the attempts (changed outside the transitions); recounted',
+  ]);
+  expect(must(await statsGet(t.pool, { windowMinutes: 1 })).window.timedOut).toBe(0);
   expect(await keeper.runOnce()).toEqual({ kind: 'fold', drift: [], minutesDrifted: 0 });
   expect(await depth('keeper')).toEqual({ succeeded: 1 });
 });

@@ -84,7 +84,7 @@ export class CountKeeper extends EventEmitter<CountKeeperEvents> {
       if (drift) this.recountedAt = Date.now();
       if (drift?.length) this.log.warn({ drift }, 'job counts had drifted from the jobs (changed outside the transitions); recounted');
       if (minutesDrifted) {
-        this.log.warn({ minutesDrifted }, 'per-minute counts had drifted from the attempts kept (changed outside the transitions, or purged); recounted');
+        this.log.warn({ minutesDrifted }, 'per-minute counts had drifted from the attempts (changed outside the transitions); recounted');
       }
       run = { kind: drift ? 'recount' : 'skipped', drift: drift ?? [], minutesDrifted: minutesDrifted ?? 0 };
     } else {

@@ -13,7 +13,7 @@ import { jobListPage } from './job-list.js';
 import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 import { FINISHED_STATUSES } from './constants.js';
-import { countChangeSql, endedCountSql, endedCutoff, endedKindSql, jobCounts, type QueueDepth } from './counts.js';
+import { countChangeSql, ENDED_MINUTES_KEPT, endedCountSql, endedCutoff, endedKindSql, jobCounts, type QueueDepth } from './counts.js';
 
 /** The terminal statuses: the only ones a purge takes. */
 export { FINISHED_STATUSES };
@@ -238,7 +238,7 @@ export interface Stats {
 
 /** Depths, waits and per-minute counts over the last `windowMinutes` (default 15), from one snapshot. */
 export async function statsGet(db: Queryable, p: { windowMinutes?: number } = {}): Promise<Outcome<Stats>> {
-  const bad = p.windowMinutes === undefined ? undefined : check('windowMinutes', z.int().min(1).max(1440), p.windowMinutes);
+  const bad = p.windowMinutes === undefined ? undefined : check('windowMinutes', z.int().min(1).max(ENDED_MINUTES_KEPT), p.windowMinutes);
   if (bad) return bad;
   const windowMinutes = p.windowMinutes ?? 15;
   return withTransaction(

@@ -202,8 +202,8 @@ export async function jobCountsReconcile(db: Queryable): Promise<CountDrift[] | 
 /**
  * Recounts what ended in the kept minutes (a scan of the last day's attempts and cancels) and
  * keeps that; returns how many minutes and kinds had drifted, or null when another fold or
- * recount was running. A purge makes the kept minutes count more than the rows left: they count
- * what happened; a recount counts what is kept.
+ * recount was running. (The purge takes back what it deletes, so only a change behind the
+ * transitions' back makes the two differ.)
  */
 export async function endedCountsReconcile(db: Queryable): Promise<number | null> {
   return withTransaction(db, async (tx) => {

@@ -84,13 +84,14 @@ async function buildOnline(client: pg.PoolClient): Promise<void> {
 const FILL_BATCH = 10_000;
 
 /**
- * What migrations 0012, 0014 and 0016 leave to be filled in, done here after them and outside their
- * transaction (which would hold the altered tables' locks throughout), so the coordinators
+ * What migrations 0012, 0014 and 0016 leave to be filled in, done here after them and outside
+ * their transaction (which would hold the altered tables' locks throughout), so the coordinators
  * already running keep working: the kept job counts, when there are none yet (one scan of the
- * finished jobs, in one statement), the per-minute counts of the last day likewise (a scan of the
- * day's attempts; the count keeper's first run would do it too, 5 s later), and the creation time of the attempts ended before 0014 (or
- * since, by an older coordinator), in batches of 10,000 in id order through the partial index
- * that holds exactly those. An attempt whose job is gone keeps NULL (the purge takes both).
+ * finished jobs, in one statement); the per-minute counts of the last day likewise (a scan of
+ * the day's attempts; the count keeper's first run would do it too, 5 s later); and the creation
+ * time of the attempts ended before 0014 (or since, by an older coordinator), in batches of
+ * 10,000 in id order through the partial index that holds exactly those. An attempt whose job is
+ * gone keeps NULL (the purge takes both).
  */
 async function fillInOnline(client: pg.PoolClient): Promise<void> {
   const { rows } = await client.query<{ need: boolean }>(

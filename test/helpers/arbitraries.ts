@@ -8,7 +8,7 @@ import type { Claimed, Job } from '../../server/store/index.js';
 // Keys named __proto__ aside: protobuf-es drops them from a Struct it builds (assigning one sets
 // the object's prototype), where the hand encoder keeps them.
 const key = fc.string({ maxLength: 8 }).filter((k) => k !== '__proto__');
-const json = fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v), (k, x) => (k === '__proto__' ? undefined : x)) as unknown);
+export const json = fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.parse(JSON.stringify(v), (k, x) => (k === '__proto__' ? undefined : x)) as unknown);
 export const object = fc.dictionary(key, json, { maxKeys: 5 });
 // Mostly after 1970; now and then before (negative seconds take another path).
 const time = fc.oneof({ weight: 9, arbitrary: fc.integer({ min: 0, max: 4_102_444_800_000 }) }, { weight: 1, arbitrary: fc.integer({ min: -2_208_988_800_000, max: 0 }) }).map((ms) => new Date(ms));
