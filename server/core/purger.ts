@@ -87,12 +87,15 @@ export class Purger extends EventEmitter<PurgerEvents> {
 
   private async drain(now: Date | undefined): Promise<PurgerRun> {
     const run: PurgerRun = { purged: 0, cutoff: undefined, batches: 0 };
+    // Each batch starts at the finish time the last one reached (jobPurge's `after`).
+    let after: Date | undefined;
     for (;;) {
-      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, ...(now ? { now } : {}) });
+      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, ...(now ? { now } : {}), ...(after ? { after } : {}) });
       if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
       run.batches++;
       run.purged += o.value.purged;
       run.cutoff = o.value.cutoff;
+      after = o.value.last;
       if (o.value.purged < this.config.batchSize) break;
     }
     if (run.purged) this.log.info({ purged: run.purged, cutoff: run.cutoff, retentionMs: this.config.retentionMs }, 'finished jobs purged');

@@ -59,6 +59,12 @@ export interface PurgeParams {
   /** Count, delete nothing. */
   dryRun?: boolean;
   now?: Date;
+  /**
+   * Only jobs that finished at or after this time: the `last` of the previous batch of the same
+   * run, so each batch starts where the last one ended instead of walking the index entries of
+   * the jobs already deleted (dead until VACUUM). A job skipped meanwhile is left to the next run.
+   */
+  after?: Date;
 }
 
 // Finished before the cutoff, of the statuses and queue asked for, and with nothing left for the
@@ -83,7 +89,7 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 export const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
-     SELECT j.id, j.status, j.finished_at FROM jobs j, w WHERE ${purgeWhere}
+     SELECT j.id, j.status, j.finished_at FROM jobs j, w WHERE ${purgeWhere} AND j.finished_at >= coalesce($6::timestamptz, '-infinity')
      ORDER BY j.finished_at
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
@@ -102,7 +108,7 @@ export const purgeSql = statement(
      ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}
        UNION ALL SELECT at, 'canceled' FROM e`, '-1')}
    )
-   SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff`,
+   SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff, (SELECT max(finished_at) FROM c) AS last`,
 );
 
 // A dry run: counts every job the purge would take, locking nothing.
@@ -113,11 +119,12 @@ const purgeCountSql = statement(
 );
 
 /**
- * Deletes up to `limit` finished jobs older than the cutoff; returns how many and the cutoff.
+ * Deletes up to `limit` finished jobs older than the cutoff; returns how many, the cutoff, and the
+ * finish time of the last one it took (for `after`).
  * Callers repeat it until fewer than `limit` come back. A dry run counts them all and deletes
  * nothing.
  */
-export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{ purged: number; cutoff: Date }>> {
+export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{ purged: number; cutoff: Date; last?: Date }>> {
   const bad = checkAll(
     check('olderThanMs', z.int().min(1000, 'must be at least 1 second'), p.olderThanMs),
     p.statuses === undefined
@@ -128,10 +135,12 @@ export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{
   );
   if (bad) return bad;
   const params = [p.olderThanMs, p.statuses?.length ? p.statuses : FINISHED_STATUSES, p.queue ?? null, p.now ?? null];
-  const [row] = p.dryRun
-    ? await run<{ n: number; cutoff: Date }>(db, purgeCountSql, params)
-    : await run<{ n: number; cutoff: Date }>(db, purgeSql, [...params, p.limit ?? 1000]);
-  return ok({ purged: row!.n, cutoff: row!.cutoff });
+  if (p.dryRun) {
+    const [row] = await run<{ n: number; cutoff: Date }>(db, purgeCountSql, params);
+    return ok({ purged: row!.n, cutoff: row!.cutoff });
+  }
+  const [row] = await run<{ n: number; cutoff: Date; last: Date | null }>(db, purgeSql, [...params, p.limit ?? 1000, p.after ?? null]);
+  return ok({ purged: row!.n, cutoff: row!.cutoff, ...(row!.last ? { last: row!.last } : {}) });
 }
 
 export type { QueueDepth };

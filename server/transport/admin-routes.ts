@@ -126,10 +126,12 @@ export function adminRoutes(deps: AdminRoutesDeps) {
         };
         let purged = 0;
         let cutoff: Date;
+        let after: Date | undefined;
         for (;;) {
-          const { value } = unwrap(await jobPurge(db, { ...params, limit: 1000 }));
+          const { value } = unwrap(await jobPurge(db, { ...params, limit: 1000, ...(after ? { after } : {}) }));
           purged += value.purged;
           cutoff = value.cutoff;
+          after = value.last;
           if (req.dryRun || value.purged < 1000) break;
         }
         if (!req.dryRun) {
