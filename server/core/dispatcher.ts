@@ -64,6 +64,12 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
   private stopped = true;
   /** Groups (by key, with their queues) whose last claim found fewer jobs than slots. */
   private readonly drained = new Map<string, readonly string[]>();
+  /**
+   * Wakes so far, for any queue and per queue served by a waiting session: a claim that a wake
+   * for one of its queues overtook may not have seen the jobs the wake announced.
+   */
+  private wakesAll = 0;
+  private readonly wakesByQueue = new Map<string, number>();
 
   constructor(
     private readonly db: Queryable,
@@ -101,8 +107,17 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     if (this.stopped) return;
     if (queue === undefined) this.drained.clear();
     else for (const [key, queues] of this.drained) if (queues.includes(queue)) this.drained.delete(key);
+    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.queues.includes(queue))) return;
+    if (queue === undefined) this.wakesAll++;
+    else this.wakesByQueue.set(queue, (this.wakesByQueue.get(queue) ?? 0) + 1);
     if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
     this.schedule();
+  }
+
+  private wakesFor(queues: readonly string[]): number {
+    let n = this.wakesAll;
+    for (const q of queues) n += this.wakesByQueue.get(q) ?? 0;
+    return n;
   }
 
   /** Asks for a round because a session has free slots (groups known to be empty are skipped). */
@@ -166,6 +181,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       // The slots are taken from the sessions' credit while the claim runs (an enqueue hand-off
       // meanwhile finds them gone); those the claim did not fill are given back.
       for (const s of slots) s.reserve();
+      const wakes = this.wakesFor(first.queues);
       let o: Awaited<ReturnType<typeof jobClaimSlots>>;
       try {
         o = await jobClaimSlots(this.db, {
@@ -197,7 +213,9 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
         if (this.log.isLevelEnabled('info')) for (const c of jobs) this.log.info({ jobId: c.job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, agentId: s.agentId }, 'job assigned');
       }
       claimed += o.value.length;
-      if (o.value.length === slots.length) full = true;
+      // Short: the group's queues are empty, unless a wake came while the claim ran (its jobs may
+      // have committed after the claim's snapshot): then claim again rather than wait for the poll.
+      if (o.value.length === slots.length || this.wakesFor(first.queues) !== wakes) full = true;
       else this.drained.set(key, first.queues);
     }
     if (groups.size) this.emit('dispatch:round', { claimed, groups: groups.size, ms: performance.now() - t0 });
