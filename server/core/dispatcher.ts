@@ -107,13 +107,10 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     if (this.stopped) return;
     if (queue === undefined) this.drained.clear();
     else for (const [key, queues] of this.drained) if (queues.includes(queue)) this.drained.delete(key);
+    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.queues.includes(queue))) return;
     if (queue === undefined) this.wakesAll++;
-    else {
-      const serving = [...this.hub.sessions].filter((s) => s.queues.includes(queue));
-      if (!serving.length) return;
-      this.wakesByQueue.set(queue, (this.wakesByQueue.get(queue) ?? 0) + 1);
-      if (!serving.some((s) => s.available > 0)) return;
-    }
+    else this.wakesByQueue.set(queue, (this.wakesByQueue.get(queue) ?? 0) + 1);
+    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
     this.schedule();
   }
 
