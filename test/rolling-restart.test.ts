@@ -13,7 +13,7 @@ import { afterAll, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
 import type { Coordinator } from '../server/coordinator.js';
 import { agentCreate, jobEnqueue } from '../server/store/index.js';
-import { watchAgent } from './helpers/agent-watch.js';
+import { handlerGate, watchAgent } from './helpers/agent-watch.js';
 import { waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { freePort } from './helpers/ports.js';
@@ -50,8 +50,12 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
   const { runs, aborted, connected, ran } = watchAgent(agent);
   const ends: Array<{ code?: number; details?: string }> = [];
   agent.on('disconnected', (d) => ends.push({ code: (d.error as { code?: number } | undefined)?.code, details: (d.error as { details?: string } | undefined)?.details }));
+  // While a coordinator is being stopped its handlers wait, so that the stream it moves holds
+  // running jobs whatever the machine's speed.
+  const gate = handlerGate();
   agent.handle('rolling', async (job) => {
     ran(job.id);
+    await gate.passed();
     await new Promise((r) => setTimeout(r, 150 + (Number((job.payload as { n: number }).n) % 5) * 50));
     return { n: (job.payload as { n: number }).n };
   });
@@ -69,6 +73,7 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
 
   // Restart each coordinator in turn while jobs run: the agent is on the first to begin with.
   for (const i of [0, 1]) {
+    gate.close();
     const before = await done();
     await waitFor('jobs running', () => agent.runningAttempts.length > 0, 10_000);
     const sessions = connected.length;
@@ -77,6 +82,7 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
     // The agent moved to the other coordinator (a new session), with work in hand.
     await waitFor('reconnected elsewhere', () => connected.length > sessions, 10_000);
     live[i] = await replica(t.url, ports[i]!);
+    gate.open();
     await waitFor('progress after the restart', async () => (await done()) > before + 5, 20_000);
   }
   await waitFor('every job done', async () => (await done()) === TOTAL, 60_000);

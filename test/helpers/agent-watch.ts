@@ -25,3 +25,18 @@ export function watchAgent(agent: Agent): AgentWatch {
   agent.on('connected', (c) => w.connected.push(c.sessionId));
   return w;
 }
+
+/**
+ * Holds handlers while a test restarts what the agent talks to, so that the stream that moves
+ * has running jobs whatever the machine's speed: `close()` before, `open()` after; handlers
+ * `await gate.passed()`. Open until first closed.
+ */
+export function handlerGate(): { close(): void; open(): void; passed(): Promise<void> } {
+  let held: Promise<void> = Promise.resolve();
+  let release = () => {};
+  return {
+    close: () => void (held = new Promise<void>((r) => (release = r))),
+    open: () => release(),
+    passed: () => held,
+  };
+}
