@@ -13,7 +13,7 @@
  * otherwise cost a claim that finds nothing). What can put jobs there wakes it: a NOTIFY for one
  * of its queues (enqueue, requeue, the reaper), the poll, the listener reconnecting.
  */
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
 import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
@@ -41,16 +41,15 @@ export interface HandOff {
   session: Session;
   agentId: string;
   agentLabels: Record<string, string>;
-  /** The attempt id the enqueue gives the job if it claims it: 128 bits from the CSPRNG. */
+  /**
+   * The attempt id the enqueue gives the job if it claims it: a v4 UUID, 122 bits from the
+   * CSPRNG (`randomUUID` draws them from a pooled buffer: a tenth of the cost of `randomBytes(16)`
+   * per call).
+   */
   attemptId: string;
   claimTtlMs: number;
 }
 
-/** 128 random bits written as a UUID (not a v4 UUID: every bit is random). */
-function randomAttemptId(): string {
-  const h = randomBytes(16).toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
-}
 
 /** Claims for waiting sessions and assigns; `runOnce()` does one round now. */
 export class Dispatcher extends EventEmitter<DispatcherEvents> {
@@ -237,7 +236,7 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
       if (labels && Object.entries(labels).some(([k, v]) => s.labels[k] !== v)) continue;
       this.turn = (i + this.turn + 1) % sessions.length;
       s.reserve();
-      return { session: s, agentId: s.agentId, agentLabels: s.labels, attemptId: randomAttemptId(), claimTtlMs: this.config.claimTtlMs };
+      return { session: s, agentId: s.agentId, agentLabels: s.labels, attemptId: randomUUID(), claimTtlMs: this.config.claimTtlMs };
     }
     return undefined;
   }

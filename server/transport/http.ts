@@ -33,6 +33,8 @@ import type { Failure } from '../core/outcomes.js';
 import { databasePing } from '../store/index.js';
 import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';
+import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
+import { enqueueJobCall } from './job-routes.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
 import { listenOn, malformedMessage, routes, type ServerDeps, type TlsFiles } from './server.js';
@@ -73,24 +75,28 @@ const captureFailure: Interceptor = (next) => async (req) => {
 /** Listens on `addr` (`host:port`) with every service, over HTTP/1.1 (HTTPS when `tls` is given). */
 export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
   const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AdminService'] });
+  const interceptors = [captureFailure, authInterceptor({ db: deps.db, credentials: deps.credentials })];
+  // n8n reads fields by name: emit zero values too (attemptNo: 0, priority: 0, ...). A field
+  // the API does not have is a typo to report (400 naming it), not something to ignore.
+  const jsonOptions = { alwaysEmitImplicit: true, ignoreUnknownFields: false };
   const router = createConnectRouter({
     // The Connect protocol only (JSON, or application/proto): gRPC is the gRPC listener's.
     grpc: false,
     grpcWeb: false,
-    interceptors: [captureFailure, authInterceptor({ db: deps.db, credentials: deps.credentials })],
+    interceptors,
     // Over the limit the request never reaches the router; this is a second guard.
     readMaxBytes: HTTP_READ_MAX_BYTES,
     // Error bodies are rewritten here, so they must not be compressed; n8n does not need it.
     acceptCompression: [],
-    // n8n reads fields by name: emit zero values too (attemptNo: 0, priority: 0, ...). A field
-    // the API does not have is a typo to report (400 naming it), not something to ignore.
-    jsonOptions: { alwaysEmitImplicit: true, ignoreUnknownFields: false },
+    jsonOptions,
   });
   routes(deps, health)(router);
   const handlers = new Map<string, UniversalHandler>(router.handlers.map((h) => [h.requestPath, h]));
+  const direct =
+    deps.directEnqueue === false ? undefined : directEnqueue({ interceptors, jsonOptions, readMaxBytes: HTTP_READ_MAX_BYTES, impl: enqueueJobCall(deps) });
 
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
-    handle(deps, health, handlers, req, res).catch((err: unknown) => {
+    handle(deps, health, handlers, direct, req, res).catch((err: unknown) => {
       deps.log.error({ err, path: req.url }, 'HTTP request failed');
       if (!res.headersSent) sendJson(res, 500, { code: 'internal', message: 'internal error', status: 500, outcome: 'error' });
       else res.destroy();
@@ -127,6 +133,7 @@ async function handle(
   deps: ServerDeps,
   health: HealthController,
   handlers: Map<string, UniversalHandler>,
+  direct: DirectEnqueue | undefined,
   req: http.IncomingMessage,
   res: http.ServerResponse,
 ): Promise<void> {
@@ -177,17 +184,21 @@ async function handle(
   const payload = body.length === 0 && isJson ? Buffer.from('{}') : body;
   const holder: { failure?: Failure } = {};
   const contextValues = createContextValues().set(failureKey, holder);
-  const uRes = await handler(universalRequest(req, res, payload, contextValues));
-  const raw = await readAll(uRes);
-  if (uRes.status === 200) {
+  const header = requestHeaders(req, payload.length);
+  const answer =
+    direct && path === ENQUEUE_PATH && takesDirectPath(req.method, header)
+      ? await direct(requestUrl(req), header, payload, contextValues)
+      : await viaConnect(handler, universalRequest(req, res, header, payload, contextValues));
+  const raw = answer.body;
+  if (answer.status === 200) {
     const headers: http.OutgoingHttpHeaders = {};
-    uRes.header?.forEach((v, k) => (headers[k] = v));
+    answer.header.forEach((v, k) => (headers[k] = v));
     res.writeHead(200, headers);
     return void res.end(raw);
   }
   let connect: Record<string, unknown> | undefined;
   try {
-    const parsed: unknown = JSON.parse(raw.toString('utf8'));
+    const parsed: unknown = JSON.parse(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString('utf8'));
     if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) connect = parsed as Record<string, unknown>;
   } catch {
     connect = undefined;
@@ -195,10 +206,10 @@ async function handle(
   // Bytes that do not decode as the method's input are the caller's mistake, not INTERNAL.
   if (connect?.code === 'internal' && typeof connect.message === 'string' && connect.message.startsWith('parse binary: ')) {
     connect = { code: 'invalid_argument', message: malformedMessage(handler.method.input.typeName, connect.message) };
-    uRes.status = 400;
+    answer.status = 400;
   }
-  const { status, json } = errorBody(uRes.status, connect, holder.failure);
-  uRes.header?.forEach((v, k) => {
+  const { status, json } = errorBody(answer.status, connect, holder.failure);
+  answer.header.forEach((v, k) => {
     if (k !== 'content-type' && k !== 'content-length' && k !== 'content-encoding') res.setHeader(k, v);
   });
   sendJson(res, status, json);
@@ -215,29 +226,45 @@ async function handle(
 function universalRequest(
   req: http.IncomingMessage,
   res: http.ServerResponse,
+  header: Headers,
   body: Buffer,
   contextValues: ContextValues,
 ): UniversalServerRequest {
-  const header = new Headers();
-  for (const [name, value] of Object.entries(req.headers)) {
-    if (typeof value === 'string') header.set(name, value);
-    else if (value) for (const v of value) header.append(name, v);
-  }
-  header.set('content-length', String(body.length));
   const abort = new AbortController();
   res.once('close', () => {
     if (!res.writableFinished) abort.abort(new ConnectError('the client closed the connection', Code.Canceled));
   });
-  const secure = 'encrypted' in req.socket && req.socket.encrypted;
   return {
     httpVersion: req.httpVersion,
     method: req.method ?? '',
-    url: `${secure ? 'https' : 'http'}://${req.headers.host ?? 'localhost'}${req.url ?? '/'}`,
+    url: requestUrl(req),
     header,
     body: body as unknown as JsonValue,
     signal: abort.signal,
     contextValues,
   };
+}
+
+/** A request's headers as Fetch's `Headers`, with the length of the body as read. */
+function requestHeaders(req: http.IncomingMessage, bodyLength: number): Headers {
+  const header = new Headers();
+  for (const [name, value] of Object.entries(req.headers)) {
+    if (typeof value === 'string') header.set(name, value);
+    else if (value) for (const v of value) header.append(name, v);
+  }
+  header.set('content-length', String(bodyLength));
+  return header;
+}
+
+function requestUrl(req: http.IncomingMessage): string {
+  const secure = 'encrypted' in req.socket && req.socket.encrypted;
+  return `${secure ? 'https' : 'http'}://${req.headers.host ?? 'localhost'}${req.url ?? '/'}`;
+}
+
+/** Connect's answer, its body read. */
+async function viaConnect(handler: UniversalHandler, req: UniversalServerRequest): Promise<DirectAnswer> {
+  const uRes = await handler(req);
+  return { status: uRes.status, header: uRes.header ?? new Headers(), body: await readAll(uRes) };
 }
 
 /** The path of a request target and its query string (without the `?`), if any. */

@@ -4,8 +4,9 @@
  * coordinator holds the agent's stream through NOTIFY.
  */
 import { durationMs, timestampDate } from '@bufbuild/protobuf/wkt';
+import type { MessageInitShape } from '@bufbuild/protobuf';
 import type { ConnectRouter } from '@connectrpc/connect';
-import { JobService } from '../../gen/leasehold/v1/job_service_pb.js';
+import { JobService, type EnqueueJobRequest, type EnqueueJobResponseSchema } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import type { Dispatcher } from '../core/dispatcher.js';
@@ -21,41 +22,51 @@ export interface JobRoutesDeps {
   waker?: QueueWaker | undefined;
 }
 
+/**
+ * JobService's EnqueueJob, for the router and for the HTTP gateway's direct path
+ * (gateway-enqueue.ts).
+ */
+export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) => Promise<MessageInitShape<typeof EnqueueJobResponseSchema>> {
+  const { db, log } = deps;
+  return async (req) => {
+    const labels = Object.keys(req.labels).length ? req.labels : undefined;
+    // A waiting agent here can have the job at once, claimed by the enqueue itself.
+    const h = deps.dispatcher?.reserve(req.queue, labels);
+    const o = await jobEnqueue(db, {
+      queue: req.queue,
+      payload: req.payload ?? {},
+      priority: req.priority,
+      ...(req.maxAttempts ? { maxAttempts: req.maxAttempts } : {}),
+      ...(req.runAt ? { runAt: timestampDate(req.runAt) } : {}),
+      ...(req.executionTimeout ? { executionTimeoutMs: durationMs(req.executionTimeout) } : {}),
+      ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
+      ...(labels ? { labels } : {}),
+      ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
+      ...(req.notifyHeader ? { notifyHeader: { name: req.notifyHeader.name, value: req.notifyHeader.value } } : {}),
+      ...(h ? { handOff: h } : {}),
+      // With a waker, the dispatchers are woken after the commit (see QueueWaker).
+      notify: !deps.waker,
+    }).catch((err: unknown) => {
+      if (h) deps.dispatcher!.settle(h, undefined);
+      throw err;
+    });
+    if (h) deps.dispatcher!.settle(h, o.outcome === 'ok' && o.value.currentAttemptId === h.attemptId ? claimedOf(o.value, h.attemptId) : undefined);
+    const { value, outcome } = unwrap(o);
+    if (o.outcome === 'ok') {
+      if (value.status === 'queued' && value.runAt.getTime() <= Date.now()) deps.waker?.wake(value.queue);
+      log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
+      deps.activity?.emit('job:enqueued', value);
+    }
+    return { job: toPbJob(value), outcome };
+  };
+}
+
 export function jobRoutes(deps: JobRoutesDeps) {
   const { db, log } = deps;
+  const enqueueJob = enqueueJobCall(deps);
   return (router: ConnectRouter) =>
     router.service(JobService, {
-      async enqueueJob(req) {
-        const labels = Object.keys(req.labels).length ? req.labels : undefined;
-        // A waiting agent here can have the job at once, claimed by the enqueue itself.
-        const h = deps.dispatcher?.reserve(req.queue, labels);
-        const o = await jobEnqueue(db, {
-          queue: req.queue,
-          payload: req.payload ?? {},
-          priority: req.priority,
-          ...(req.maxAttempts ? { maxAttempts: req.maxAttempts } : {}),
-          ...(req.runAt ? { runAt: timestampDate(req.runAt) } : {}),
-          ...(req.executionTimeout ? { executionTimeoutMs: durationMs(req.executionTimeout) } : {}),
-          ...(req.idempotencyKey ? { idempotencyKey: req.idempotencyKey } : {}),
-          ...(labels ? { labels } : {}),
-          ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
-          ...(req.notifyHeader ? { notifyHeader: { name: req.notifyHeader.name, value: req.notifyHeader.value } } : {}),
-          ...(h ? { handOff: h } : {}),
-          // With a waker, the dispatchers are woken after the commit (see QueueWaker).
-          notify: !deps.waker,
-        }).catch((err: unknown) => {
-          if (h) deps.dispatcher!.settle(h, undefined);
-          throw err;
-        });
-        if (h) deps.dispatcher!.settle(h, o.outcome === 'ok' && o.value.currentAttemptId === h.attemptId ? claimedOf(o.value, h.attemptId) : undefined);
-        const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') {
-          if (value.status === 'queued' && value.runAt.getTime() <= Date.now()) deps.waker?.wake(value.queue);
-          log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
-          deps.activity?.emit('job:enqueued', value);
-        }
-        return { job: toPbJob(value), outcome };
-      },
+      enqueueJob: (req) => enqueueJob(req),
       async getJob(req) {
         return toPbDetail(unwrap(await jobGet(db, { jobId: req.jobId })).value);
       },

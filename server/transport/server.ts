@@ -56,6 +56,11 @@ export interface ServerDeps {
    * a NOTIFY inside the enqueue's transaction.
    */
   waker?: QueueWaker | undefined;
+  /**
+   * Whether the HTTP gateway takes JSON EnqueueJob calls past Connect's handler
+   * (gateway-enqueue.ts). Default true; test/gateway-enqueue.test.ts compares with false.
+   */
+  directEnqueue?: boolean | undefined;
 }
 
 export interface TlsFiles {

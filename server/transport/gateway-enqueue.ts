@@ -1,0 +1,98 @@
+/**
+ * `POST /leasehold.v1.JobService/EnqueueJob` with a JSON body, as n8n sends it, without Connect's
+ * per-call machinery: the same interceptors (the failure capture, the auth check), the same
+ * implementation (`enqueueJobCall`), the same JSON serialization and options, the same error
+ * bytes and HTTP status; but no handler context, whose abort signal Connect aborts after every
+ * call (a `DOMException`, with its stack, per request), no protocol negotiation, URL parse or
+ * async-iterable body. With jobs arriving one by one that machinery was about a tenth of the
+ * coordinator's CPU (docs/performance.md, "The speed work, measured").
+ *
+ * Only requests Connect would take down its plain path come here: JSON as Connect spells it, no
+ * `content-encoding`, no `connect-timeout-ms`. Anything else goes to Connect's handler, which
+ * answers it as it always has. test/gateway-enqueue.test.ts sends the same requests both ways and
+ * compares the answers byte for byte.
+ */
+import { create, type JsonReadOptions, type JsonWriteOptions, type MessageInitShape } from '@bufbuild/protobuf';
+import { Code, ConnectError, type ContextValues, type Interceptor, type UnaryRequest, type UnaryResponse } from '@connectrpc/connect';
+import { createMethodSerializationLookup, validateUniversalHandlerOptions } from '@connectrpc/connect/protocol';
+import { codeToHttpStatus, errorToJsonBytes } from '@connectrpc/connect/protocol-connect';
+import { EnqueueJobResponseSchema, JobService, type EnqueueJobRequest, type EnqueueJobResponse } from '../../gen/leasehold/v1/job_service_pb.js';
+
+export const ENQUEUE_PATH = '/leasehold.v1.JobService/EnqueueJob';
+
+/** What Connect's unary handler reads as JSON (its `contentTypeUnaryRegExp`, JSON arm). */
+const JSON_UNARY = /^application\/json(?:; ?charset=utf-?8)?$/i;
+
+/** An answer as the listener writes it. */
+export interface DirectAnswer {
+  status: number;
+  header: Headers;
+  body: Uint8Array;
+}
+
+/** The direct path's entry (see `directEnqueue`). */
+export type DirectEnqueue = (url: string, header: Headers, body: Uint8Array, contextValues: ContextValues) => Promise<DirectAnswer>;
+
+/** Whether a request to `ENQUEUE_PATH` takes the direct path (else Connect's handler). */
+export function takesDirectPath(method: string | undefined, header: Headers): boolean {
+  return (
+    method === 'POST' &&
+    JSON_UNARY.test(header.get('content-type') ?? '') &&
+    !header.has('content-encoding') &&
+    !header.has('connect-timeout-ms')
+  );
+}
+
+type AnyFn = Parameters<Interceptor>[0];
+
+/** No call on this path is canceled: the enqueue runs to its end once begun, as under Connect. */
+const NEVER = new AbortController().signal;
+
+/**
+ * The direct path, given what the router is given (`interceptors`, `jsonOptions`,
+ * `readMaxBytes`) and JobService's `enqueueJob` implementation.
+ */
+export function directEnqueue(opts: {
+  interceptors: Interceptor[];
+  jsonOptions: Partial<JsonReadOptions & JsonWriteOptions>;
+  readMaxBytes: number;
+  impl: (req: EnqueueJobRequest) => Promise<MessageInitShape<typeof EnqueueJobResponseSchema>>;
+}): DirectEnqueue {
+  const method = JobService.method.enqueueJob;
+  // The serializers Connect's handler makes for the method, from the same options.
+  const handlerOptions = validateUniversalHandlerOptions({ jsonOptions: opts.jsonOptions, readMaxBytes: opts.readMaxBytes, acceptCompression: [] });
+  const serialization = createMethodSerializationLookup(method, handlerOptions.binaryOptions, handlerOptions.jsonOptions, handlerOptions);
+  const input = serialization.getI(false);
+  const output = serialization.getO(false);
+  // Interceptors wrap the implementation in the order given, the first outermost (as Connect's
+  // applyInterceptors does).
+  let call: AnyFn = async (req): Promise<UnaryResponse> => ({
+      stream: false,
+      service: JobService,
+      method,
+      message: create(EnqueueJobResponseSchema, await opts.impl((req as UnaryRequest).message as EnqueueJobRequest)),
+      header: new Headers(),
+      trailer: new Headers(),
+    });
+  for (const i of [...opts.interceptors].reverse()) call = i(call);
+  return async (url, requestHeader, body, contextValues) => {
+    const header = new Headers({ 'content-type': 'application/json' });
+    let status = 200;
+    let bytes: Uint8Array;
+    try {
+      const message = input.parse(body);
+      const res = (await call({ stream: false, service: JobService, method, requestMethod: 'POST', url, signal: NEVER, header: requestHeader, contextValues, message })) as UnaryResponse;
+      res.header.forEach((v, k) => header.set(k, v));
+      res.trailer.forEach((v, k) => header.append(`trailer-${k}`, v));
+      bytes = output.serialize(res.message as EnqueueJobResponse);
+    } catch (e) {
+      const error = e instanceof ConnectError ? e : new ConnectError('internal error', Code.Internal, undefined, undefined, e);
+      status = codeToHttpStatus(error.code);
+      header.set('content-type', 'application/json');
+      error.metadata.forEach((v, k) => header.set(k, v));
+      bytes = errorToJsonBytes(error, opts.jsonOptions);
+    }
+    header.set('content-length', String(bytes.byteLength));
+    return { status, header, body: bytes };
+  };
+}
