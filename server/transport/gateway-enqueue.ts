@@ -12,11 +12,14 @@
  * answers it as it always has. test/gateway-enqueue.test.ts sends the same requests both ways and
  * compares the answers byte for byte.
  */
-import { create, type JsonReadOptions, type JsonWriteOptions, type MessageInitShape } from '@bufbuild/protobuf';
+import { create, type JsonReadOptions, type JsonWriteOptions } from '@bufbuild/protobuf';
 import { Code, ConnectError, type ContextValues, type Interceptor, type UnaryRequest, type UnaryResponse } from '@connectrpc/connect';
 import { createMethodSerializationLookup, validateUniversalHandlerOptions } from '@connectrpc/connect/protocol';
 import { codeToHttpStatus, errorToJsonBytes } from '@connectrpc/connect/protocol-connect';
-import { EnqueueJobResponseSchema, JobService, type EnqueueJobRequest, type EnqueueJobResponse } from '../../gen/leasehold/v1/job_service_pb.js';
+import { EnqueueJobResponseSchema, JobService, type EnqueueJobRequest } from '../../gen/leasehold/v1/job_service_pb.js';
+import { toPbJob } from './codec.js';
+import { enqueueAnswerJson } from './job-json.js';
+import type { EnqueueResult } from './job-routes.js';
 
 export const ENQUEUE_PATH = '/leasehold.v1.JobService/EnqueueJob';
 
@@ -45,6 +48,8 @@ export function takesDirectPath(method: string | undefined, header: Headers): bo
 
 type AnyFn = Parameters<Interceptor>[0];
 
+const encoder = new TextEncoder();
+
 /** No call on this path is canceled: the enqueue runs to its end once begun, as under Connect. */
 const NEVER = new AbortController().signal;
 
@@ -56,7 +61,7 @@ export function directEnqueue(opts: {
   interceptors: Interceptor[];
   jsonOptions: Partial<JsonReadOptions & JsonWriteOptions>;
   readMaxBytes: number;
-  impl: (req: EnqueueJobRequest) => Promise<MessageInitShape<typeof EnqueueJobResponseSchema>>;
+  impl: (req: EnqueueJobRequest) => Promise<EnqueueResult>;
 }): DirectEnqueue {
   const method = JobService.method.enqueueJob;
   // The serializers Connect's handler makes for the method, from the same options.
@@ -64,18 +69,17 @@ export function directEnqueue(opts: {
   const serialization = createMethodSerializationLookup(method, handlerOptions.binaryOptions, handlerOptions.jsonOptions, handlerOptions);
   const input = serialization.getI(false);
   const output = serialization.getO(false);
-  // Interceptors wrap the implementation in the order given, the first outermost (as Connect's
-  // applyInterceptors does).
-  let call: AnyFn = async (req): Promise<UnaryResponse> => ({
-      stream: false,
-      service: JobService,
-      method,
-      message: create(EnqueueJobResponseSchema, await opts.impl((req as UnaryRequest).message as EnqueueJobRequest)),
-      header: new Headers(),
-      trailer: new Headers(),
-    });
-  for (const i of [...opts.interceptors].reverse()) call = i(call);
+  const empty = create(EnqueueJobResponseSchema);
   return async (url, requestHeader, body, contextValues) => {
+    // The interceptors wrap the implementation in the order given, the first outermost (as
+    // Connect's applyInterceptors does). The answer passes them as an empty message, the job
+    // beside it: it is written below straight from the row.
+    let result: EnqueueResult | undefined;
+    let call: AnyFn = async (req): Promise<UnaryResponse> => {
+      result = await opts.impl((req as UnaryRequest).message as EnqueueJobRequest);
+      return { stream: false, service: JobService, method, message: empty, header: new Headers(), trailer: new Headers() };
+    };
+    for (const i of opts.interceptors.toReversed()) call = i(call);
     const header = new Headers({ 'content-type': 'application/json' });
     let status = 200;
     let bytes: Uint8Array;
@@ -84,7 +88,8 @@ export function directEnqueue(opts: {
       const res = (await call({ stream: false, service: JobService, method, requestMethod: 'POST', url, signal: NEVER, header: requestHeader, contextValues, message })) as UnaryResponse;
       res.header.forEach((v, k) => header.set(k, v));
       res.trailer.forEach((v, k) => header.append(`trailer-${k}`, v));
-      bytes = output.serialize(res.message as EnqueueJobResponse);
+      const text = enqueueAnswerJson(result!.job, result!.outcome);
+      bytes = text === undefined ? output.serialize(create(EnqueueJobResponseSchema, { job: toPbJob(result!.job), outcome: result!.outcome })) : encoder.encode(text);
     } catch (e) {
       const error = e instanceof ConnectError ? e : new ConnectError('internal error', Code.Internal, undefined, undefined, e);
       status = codeToHttpStatus(error.code);

@@ -4,9 +4,9 @@
  * coordinator holds the agent's stream through NOTIFY.
  */
 import { durationMs, timestampDate } from '@bufbuild/protobuf/wkt';
-import type { MessageInitShape } from '@bufbuild/protobuf';
 import type { ConnectRouter } from '@connectrpc/connect';
-import { JobService, type EnqueueJobRequest, type EnqueueJobResponseSchema } from '../../gen/leasehold/v1/job_service_pb.js';
+import type { Outcome } from '../../gen/leasehold/v1/job_pb.js';
+import { JobService, type EnqueueJobRequest } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { Logger } from '../log.js';
 import type { Dispatcher } from '../core/dispatcher.js';
@@ -22,11 +22,17 @@ export interface JobRoutesDeps {
   waker?: QueueWaker | undefined;
 }
 
+/** What EnqueueJob answers, before it is written as protobuf or JSON. */
+export interface EnqueueResult {
+  job: Job;
+  outcome: Outcome;
+}
+
 /**
  * JobService's EnqueueJob, for the router and for the HTTP gateway's direct path
  * (gateway-enqueue.ts).
  */
-export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) => Promise<MessageInitShape<typeof EnqueueJobResponseSchema>> {
+export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) => Promise<EnqueueResult> {
   const { db, log } = deps;
   return async (req) => {
     const labels = Object.keys(req.labels).length ? req.labels : undefined;
@@ -57,7 +63,7 @@ export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) =>
       log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
       deps.activity?.emit('job:enqueued', value);
     }
-    return { job: toPbJob(value), outcome };
+    return { job: value, outcome };
   };
 }
 
@@ -66,7 +72,10 @@ export function jobRoutes(deps: JobRoutesDeps) {
   const enqueueJob = enqueueJobCall(deps);
   return (router: ConnectRouter) =>
     router.service(JobService, {
-      enqueueJob: (req) => enqueueJob(req),
+      async enqueueJob(req) {
+        const { job, outcome } = await enqueueJob(req);
+        return { job: toPbJob(job), outcome };
+      },
       async getJob(req) {
         return toPbDetail(unwrap(await jobGet(db, { jobId: req.jobId })).value);
       },
