@@ -11,7 +11,9 @@
  *   conflict, and `limitBytes` for oversized input;
  * - oversized input is 413: a body over `HTTP_READ_MAX_BYTES` is refused before it is read, and
  *   a document over its own bound (payload, result) is `too_large` from the store;
- * - unknown paths are 404 JSON; responses carry every field, zero values included.
+ * - unknown paths are 404 JSON; responses carry every field, zero values included;
+ * - `EnqueueJob` with a plain JSON body, the call n8n makes per job, is answered past Connect's
+ *   per-call machinery, with the same bytes (gateway-enqueue.ts).
  */
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
