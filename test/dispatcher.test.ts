@@ -6,8 +6,12 @@
  */
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
+import type pg from 'pg';
+import pino from 'pino';
 import { expect, it } from 'vitest';
-import { jobEnqueue } from '../server/store/index.js';
+import { AgentHub } from '../server/core/agent-hub.js';
+import { Dispatcher } from '../server/core/dispatcher.js';
+import { agentCreate, jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
 import { rpc } from './helpers/http.js';
@@ -132,5 +136,61 @@ it('a Credit that arrives while an enqueue hand-off is in flight does not free t
     expect(statuses).toEqual(['claimed', 'claimed', 'queued']);
   } finally {
     a.close();
+  }
+});
+
+it('claims again when a wake for its queues came while its claim ran, even though the claim came back short', async () => {
+  // The race CI once hit by chance (82e936b), made to happen: the claim has read the queue
+  // (empty) and its answer is held back; meanwhile a job commits and its wake arrives, while the
+  // claim holds every free slot, so the wake cannot start a round of its own. When the claim's
+  // short answer comes, the round must not mark the queue drained: the job would wait for the
+  // poll (here an hour).
+  const made = await agentCreate(t.pool, { agentId: 'overtaken' });
+  if (made.outcome !== 'ok') throw new Error(JSON.stringify(made));
+  const log = pino({ level: 'silent' });
+  const hub = new AgentHub(t.pool, log, { leaseTtlMs: 30_000, claimTtlMs: 30_000, heartbeatIntervalMs: 5_000 });
+  let release = () => {};
+  let hold: Promise<void> | undefined = new Promise<void>((r) => (release = r));
+  let claimRead = () => {};
+  const claimed = new Promise<void>((r) => (claimRead = r));
+  const claims: number[] = [];
+  const db = new Proxy(t.pool, {
+    get(target, prop) {
+      if (prop !== 'query') {
+        const v: unknown = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? v.bind(target) : v;
+      }
+      return async (q: pg.QueryConfig) => {
+        const res = await target.query(q);
+        if (q.name === 'jobClaim') {
+          claims.push(res.rowCount ?? 0);
+          const h = hold;
+          hold = undefined;
+          claimRead();
+          if (h) await h;
+        }
+        return res;
+      };
+    },
+  });
+  const opened = await hub.open({ agentId: 'overtaken', token: made.value.token, queues: ['overtaken'], labels: {}, slots: 2, resume: [], seq: 0n });
+  if (opened.outcome !== 'ok') throw new Error(JSON.stringify(opened));
+  const session = opened.value;
+  const dispatcher = new Dispatcher(db, hub, log, { claimTtlMs: 30_000, pollMs: 3_600_000 });
+  dispatcher.start();
+  try {
+    dispatcher.credit();
+    await claimed; // the claim read an empty queue; its answer waits
+    expect(session.available).toBe(0); // its slots are reserved while it runs
+    const job = await jobEnqueue(t.pool, { queue: 'overtaken', payload: { late: true }, notify: false });
+    if (job.outcome !== 'ok') throw new Error(JSON.stringify(job));
+    dispatcher.wake('overtaken'); // what the job's NOTIFY does
+    release();
+    await dispatcher.idle();
+    expect(claims).toEqual([0, 1]);
+    expect([...session.held.values()]).toEqual([{ jobId: job.value.id, status: 'claimed' }]);
+  } finally {
+    await dispatcher.stop();
+    await hub.close(session, { lost: false });
   }
 });
