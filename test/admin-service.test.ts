@@ -10,6 +10,7 @@ import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Purger } from '../server/core/purger.js';
 import { jobEnqueue, keyCreate } from '../server/store/index.js';
+import { JOB_REFERENCES } from '../server/store/schema.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { makeJob } from './helpers/factories.js';
@@ -118,6 +119,15 @@ describe('jobs', () => {
     const ids: string[] = [];
     for (const status of ['succeeded', 'failed', 'dead', 'canceled'] as const) ids.push((await makeJob(t.pool, { queue: 'adm-purge', status })).id);
     await t.pool.query(`UPDATE jobs SET finished_at = $2 WHERE id = ANY($1::uuid[])`, [ids, old]);
+    // Rows of every table that belongs to a job, for one of them: the purge takes them too.
+    await t.pool.query(
+      `WITH e AS (INSERT INTO webhook_events (id, job_id, type, body, created_at) VALUES (gen_random_uuid(), $1, 'job.succeeded', '{}', now()) RETURNING id),
+            d AS (INSERT INTO webhook_deliveries (event_id, url, status, delivered_at) SELECT e.id, 'http://127.0.0.1:1/purged', 'delivered', now() FROM e),
+            s AS (INSERT INTO steps (job_id, step, status, attempt_id, started_at) VALUES ($1, 'charge', 'started', gen_random_uuid(), now())),
+            r AS (INSERT INTO stale_reports (job_id, attempt_id, call, current_attempt_no, current_status, at) VALUES ($1, gen_random_uuid(), 'complete', 1, 'succeeded', now()))
+       INSERT INTO notify_headers (job_id, name, value) VALUES ($1, 'X-Token', 'secret')`,
+      [ids[0]],
+    );
     const fresh = await makeJob(t.pool, { queue: 'adm-purge', status: 'succeeded' });
     const live = await enqueue('adm-purge');
     // A finished job whose notification is still waiting for the deliverer is kept.
@@ -137,8 +147,11 @@ describe('jobs', () => {
     expect((await ok('PurgeJobs', { olderThan: '86400s', queue: 'adm-purge' })).purged).toBe('3');
     const left = (await t.pool.query(`SELECT id FROM jobs WHERE queue = 'adm-purge' ORDER BY id`)).rows.map((r) => r.id);
     expect(left.sort()).toEqual([fresh.id, live.id, waiting.id].sort());
-    const orphans = await t.pool.query(`SELECT (SELECT count(*) FROM attempts WHERE job_id = ANY($1::uuid[]))::int + (SELECT count(*) FROM job_events WHERE job_id = ANY($1::uuid[]))::int AS n`, [ids]);
-    expect(orphans.rows[0].n).toBe(0);
+    for (const table of ['attempts', ...JOB_REFERENCES]) {
+      const n = (await t.pool.query(`SELECT count(*)::int AS n FROM ${table} WHERE job_id = ANY($1::uuid[])`, [ids])).rows[0].n;
+      expect([table, n]).toEqual([table, 0]);
+    }
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries WHERE url = 'http://127.0.0.1:1/purged'`)).rows[0].n).toBe(0);
 
     // The maintenance service: two purgers on one database take different batches.
     const many = await t.pool.query(
@@ -152,7 +165,7 @@ describe('jobs', () => {
     expect(r1.purged + r2.purged).toBe(250);
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'adm-purge-many'`)).rows[0].n).toBe(0);
     // (No invariant check here: the 250 rows above have no history.)
-    await t.pool.query(`DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = 'adm-purge')`);
+    for (const table of ['attempts', ...JOB_REFERENCES]) await t.pool.query(`DELETE FROM ${table} WHERE job_id IN (SELECT id FROM jobs WHERE queue = 'adm-purge')`);
     await t.pool.query(`DELETE FROM jobs WHERE queue = 'adm-purge'`);
   });
 });

@@ -10,6 +10,7 @@ import { expect, it } from 'vitest';
 import { Purger } from '../server/core/purger.js';
 import { DEFAULT_SEED, seedHistory } from '../server/seed-history.js';
 import { jobPurge, purgeSql } from '../server/store/admin.js';
+import { JOB_REFERENCES } from '../server/store/schema.js';
 import { useTestDb } from './helpers/db.js';
 import { planNodes, type PlanNode } from './helpers/plan.js';
 
@@ -17,6 +18,15 @@ const t = useTestDb();
 
 it('a purge batch reads the open deliveries from their partial indexes, not every delivery', async () => {
   await seedHistory(t.pool, { ...DEFAULT_SEED, jobs: 20_000, notifyShare: 0.5 });
+  // The history writes few events and no stale reports or notify headers: a few thousand of
+  // each, so that no table is small enough to excuse a scan of it.
+  await t.pool.query(
+    `WITH j AS (SELECT id FROM jobs ORDER BY id LIMIT 5000),
+          r AS (INSERT INTO stale_reports (job_id, attempt_id, call, current_attempt_no, current_status, at)
+                SELECT id, gen_random_uuid(), 'complete', 1, 'succeeded', now() FROM j),
+          e AS (INSERT INTO job_events (job_id, kind, at, data) SELECT id, 'requeued', now(), '{}' FROM j)
+     INSERT INTO notify_headers (job_id, name, value) SELECT id, 'X-Token', 'secret' FROM j`,
+  );
   await t.pool.query('ANALYZE');
   const delivered = (await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries WHERE status = 'delivered'`)).rows[0].n as number;
   expect(delivered).toBeGreaterThan(5000);
@@ -33,6 +43,11 @@ it('a purge batch reads the open deliveries from their partial indexes, not ever
       expect(new Set(deliveries.map((n) => n['Index Name']).filter(Boolean)), mode).toEqual(
         new Set(['webhook_deliveries_due_idx', 'webhook_deliveries_sending_idx']),
       );
+      // What belongs to the batch's jobs is deleted through each table's job_id index: joined
+      // with the batch, steps were read whole (a hash join) once the table had 60,000 rows.
+      const owned = plan.filter((n) => (['attempts', ...JOB_REFERENCES] as string[]).includes(n['Relation Name'] ?? ''));
+      expect(owned.filter((n) => n['Node Type'] === 'Seq Scan').map((n) => n['Relation Name']), mode).toEqual([]);
+      expect(new Set(owned.filter((n) => n['Node Type'] === 'ModifyTable').map((n) => n['Relation Name'])), mode).toEqual(new Set(['attempts', ...JOB_REFERENCES]));
     } finally {
       await c.query('ROLLBACK');
       await c.query('DEALLOCATE ALL');

@@ -85,6 +85,18 @@ export const stepStatus = pgEnum('step_status', ['started', 'done']);
 
 const tsz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
 
+/**
+ * The tables whose rows belong to a job (`job_id`), besides `attempts` (see there). None has a
+ * foreign key to `jobs`. Every statement that writes one holds the job's row locked as it writes
+ * (the transition's update for events and webhook events, the step fence's FOR SHARE, the stale
+ * report's FOR KEY SHARE, the enqueue that inserts the job for its notify header), so no row is
+ * written for a job being deleted; `jobPurge` deletes them with their job, in its own statement,
+ * each through its `job_id` index. With `ON DELETE CASCADE` PostgreSQL ran one query per table
+ * for every deleted job, more than half of a purge batch (docs/decisions.md). The test
+ * invariants report any row whose job is missing.
+ */
+export const JOB_REFERENCES = ['job_events', 'steps', 'stale_reports', 'notify_headers', 'webhook_events'] as const;
+
 export const jobs = pgTable(
   'jobs',
   {
@@ -358,9 +370,8 @@ export const webhookEvents = pgTable(
   'webhook_events',
   {
     id: uuid('id').primaryKey(),
-    jobId: uuid('job_id')
-      .notNull()
-      .references(() => jobs.id, { onDelete: 'cascade' }),
+    /** Its job. No foreign key: see `JOB_REFERENCES` (written by the job's transition, which locks its row). */
+    jobId: uuid('job_id').notNull(),
     type: webhookEventType('type').notNull(),
     /** The JSON body sent to every target, exactly these bytes (the signature covers them). */
     body: text('body').notNull(),
@@ -432,9 +443,8 @@ export const webhookDeliveries = pgTable(
  * a job (`jobs.*`) can ever carry the secret; deleted with its job.
  */
 export const notifyHeaders = pgTable('notify_headers', {
-  jobId: uuid('job_id')
-    .primaryKey()
-    .references(() => jobs.id, { onDelete: 'cascade' }),
+  /** Its job. No foreign key: see `JOB_REFERENCES` (written by the enqueue that inserts the job). */
+  jobId: uuid('job_id').primaryKey(),
   name: text('name').notNull(),
   value: text('value').notNull(),
 });
@@ -451,9 +461,8 @@ export const jobEvents = pgTable(
   'job_events',
   {
     id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
-    jobId: uuid('job_id')
-      .notNull()
-      .references(() => jobs.id, { onDelete: 'cascade' }),
+    /** Its job. No foreign key: see `JOB_REFERENCES` (written by a requeue or cancel, which locks its row). */
+    jobId: uuid('job_id').notNull(),
     attemptId: uuid('attempt_id'),
     kind: eventKind('kind').notNull(),
     at: tsz('at').notNull(),
@@ -461,7 +470,7 @@ export const jobEvents = pgTable(
     data: jsonb('data').notNull(),
   },
   (t) => [
-    // Serves jobGet's history, the rebuild of a job from its history and the purge's cascade.
+    // Serves jobGet's history, the rebuild of a job from its history and the purge's delete.
     index('job_events_job_idx').on(t.jobId, t.id),
     // Serves the per-minute counts of GetStats (cancels of queued jobs by time).
     index('job_events_at_brin').using('brin', t.at).with({ autosummarize: 'on' }),
@@ -471,9 +480,8 @@ export const jobEvents = pgTable(
 export const steps = pgTable(
   'steps',
   {
-    jobId: uuid('job_id')
-      .notNull()
-      .references(() => jobs.id, { onDelete: 'cascade' }),
+    /** Its job. No foreign key: see `JOB_REFERENCES` (written under the fence's FOR SHARE on its row). */
+    jobId: uuid('job_id').notNull(),
     step: text('step').notNull(),
     status: stepStatus('status').notNull(),
     /** The attempt holding the reservation, or the one that recorded the outcome. */
@@ -493,9 +501,8 @@ export const staleReports = pgTable(
   'stale_reports',
   {
     id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
-    jobId: uuid('job_id')
-      .notNull()
-      .references(() => jobs.id, { onDelete: 'cascade' }),
+    /** Its job. No foreign key: see `JOB_REFERENCES` (written with FOR KEY SHARE on its row). */
+    jobId: uuid('job_id').notNull(),
     /** The attempt that made the late call. */
     attemptId: uuid('attempt_id').notNull(),
     agentId: text('agent_id'),

@@ -26,6 +26,7 @@
 import type pg from 'pg';
 import { endedCutoff, endedScanSql } from '../../server/store/counts.js';
 import { jobCounts } from '../../server/store/index.js';
+import { JOB_REFERENCES } from '../../server/store/schema.js';
 
 type Db = pg.Pool | pg.PoolClient | pg.Client;
 
@@ -43,6 +44,7 @@ export async function checkInvariants(db: Db, opts: InvariantOptions = {}): Prom
   await heldInvariant(db, v, opts);
   await stepInvariant(db, v);
   await countInvariant(db, v);
+  await orphanInvariant(db, v);
   if (v.length) throw new Error(`invariants violated (${v.length}):\n- ${v.slice(0, 30).join('\n- ')}`);
 }
 
@@ -208,6 +210,18 @@ async function historyInvariants(db: Db, v: string[]) {
   }
   const known = new Set(jobs.map((j) => j.id));
   for (const jobId of [...attemptsOf.keys(), ...eventsOf.keys()]) if (!known.has(jobId)) v.push(`history for missing job ${jobId}`);
+}
+
+/**
+ * No row of a table that belongs to a job outlives its job: none has a foreign key (schema.ts,
+ * `JOB_REFERENCES`); the statements that write them lock the job's row, and the purge deletes
+ * them with it. (`job_events` and `attempts` are checked with the history above.)
+ */
+async function orphanInvariant(db: Db, v: string[]) {
+  for (const table of JOB_REFERENCES.filter((t) => t !== 'job_events')) {
+    const { rows } = await db.query(`SELECT DISTINCT x.job_id FROM ${table} x WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = x.job_id) LIMIT 5`);
+    for (const r of rows) v.push(`${table} rows for missing job ${r.job_id}`);
+  }
 }
 
 /** 4: every job is terminal, queued, or held with a lease (not ended before `rescuedAt`). */
