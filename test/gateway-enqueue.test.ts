@@ -5,7 +5,7 @@
  * body (job ids and times aside, where each side made its own job).
  */
 import pino from 'pino';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { keyCreate } from '../server/store/index.js';
 import { ENQUEUE_PATH, takesDirectPath } from '../server/transport/gateway-enqueue.js';
@@ -119,6 +119,20 @@ describe('the direct EnqueueJob path answers as Connect does', () => {
       await both(json({ queue: 'direct', payload: {} }, enqueuer, { 'content-encoding': 'br' })),
     ];
     expect(answers.map((a) => a.status)).toEqual([400, 400, 400, 400, 400, 413, 401, 401, 403, 415, 405, 200, 501]);
+  });
+});
+
+describe('which path a call takes', () => {
+  it('a plain JSON enqueue takes the direct path: Connect aborts its handler context after every call, the direct path has none', async () => {
+    const abort = vi.spyOn(AbortController.prototype, 'abort');
+    try {
+      expect((await send(direct, json({ queue: 'direct', payload: {} }))).status).toBe(200);
+      expect(abort).not.toHaveBeenCalled();
+      expect((await send(viaConnect, json({ queue: 'direct', payload: {} }))).status).toBe(200);
+      expect(abort).toHaveBeenCalled();
+    } finally {
+      abort.mockRestore();
+    }
   });
 });
 
