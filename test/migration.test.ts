@@ -22,6 +22,7 @@ import {
   attemptStart,
   jobClaim,
   jobGet,
+  jobPurge,
   jobRequeue,
   migrateDatabase,
   type Job,
@@ -160,6 +161,22 @@ it('carries every job of a 0004 database over, with its history, and the store g
   await checkInvariants(pool);
   expect(await kinds('running')).toEqual(['enqueued', 'claimed', 'started', 'completed']);
   expect(await kinds('requeued')).toEqual(['enqueued', 'claimed', 'started', 'dead', 'requeued', 'claimed', 'started', 'dead']);
+
+  // No key refers to jobs any more (0009, 0017): the purge deletes what a job owns itself, the
+  // migrated history's steps and stale reports included.
+  expect((await pool.query(`SELECT conname FROM pg_constraint WHERE contype = 'f' AND confrelid = 'jobs'::regclass`)).rows).toEqual([]);
+  // Every finished job here has a notification or an alert: done, as the deliverer would.
+  await pool.query(`UPDATE webhook_deliveries SET status = 'delivered', delivered_at = now() WHERE status = 'pending'`);
+  await pool.query(`UPDATE webhook_events SET alerted_at = now() WHERE type = 'job.dead' AND alerted_at IS NULL`);
+  const finished = Number((await pool.query(`SELECT count(*) FROM jobs WHERE finished_at IS NOT NULL`)).rows[0].count);
+  const purge = await jobPurge(pool, { olderThanMs: 1000, now: new Date(Date.now() + 365 * 86_400_000) });
+  expect(purge.outcome === 'ok' && purge.value.purged).toBe(finished);
+  expect(finished).toBeGreaterThan(5);
+  for (const table of ['steps', 'stale_reports', 'webhook_events', 'job_events', 'attempts']) {
+    const n = Number((await pool.query(`SELECT count(*) FROM ${table} x WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = x.job_id)`)).rows[0].count);
+    expect([table, n]).toEqual([table, 0]);
+  }
+  await checkInvariants(pool);
 });
 
 it('an index whose concurrent build was cut short is dropped and built again at the next start', async () => {
