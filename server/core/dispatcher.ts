@@ -120,10 +120,13 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     if (this.stopped) return;
     if (queue === undefined) this.drained.clear();
     else for (const [key, queues] of this.drained) if (queues.includes(queue)) this.drained.delete(key);
-    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.queues.includes(queue))) return;
     if (queue === undefined) this.wakesAll++;
-    else this.wakesByQueue.set(queue, (this.wakesByQueue.get(queue) ?? 0) + 1);
-    if (queue !== undefined && ![...this.hub.sessions].some((s) => s.available > 0 && s.queues.includes(queue))) return;
+    else {
+      const serving = [...this.hub.sessions].filter((s) => s.queues.includes(queue));
+      if (!serving.length) return;
+      this.wakesByQueue.set(queue, (this.wakesByQueue.get(queue) ?? 0) + 1);
+      if (!serving.some((s) => s.available > 0)) return;
+    }
     this.schedule();
   }
 
