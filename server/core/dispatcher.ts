@@ -46,7 +46,6 @@ export interface HandOff {
   claimTtlMs: number;
 }
 
-
 /** Random bytes for attempt ids, drawn from the CSPRNG 256 ids at a time. */
 const entropy = Buffer.alloc(16 * 256);
 let drawn = entropy.length;
