@@ -1,5 +1,5 @@
 /**
- * `node --import tsx test/bench/outbox.ts [--entries 20000] [--writers 256] [--reps 3]`: the
+ * `node --import tsx test/bench/outbox.ts [--entries 20000] [--writers 256] [--reps 3] [--log-only]`: the
  * agent outbox alone, the append-only log against the one-file-per-entry outbox it replaced
  * (read from git at commit 362b590). Each repetition puts N entries from W concurrent writers,
  * then acknowledges them all at once (as an agent does: each ack as it arrives, none waiting
@@ -116,13 +116,14 @@ const opts = new Command()
   .option('--entries <n>', 'entries per repetition', '20000')
   .option('--writers <n>', 'concurrent writers', '256')
   .option('--reps <n>', 'repetitions of each', '3')
+  .option('--log-only', 'the append-only log alone (without the old outbox)')
   .parse()
-  .opts<{ entries: string; writers: string; reps: string }>();
+  .opts<{ entries: string; writers: string; reps: string; logOnly?: boolean }>();
 const entries = Number(opts.entries);
 const writers = Number(opts.writers);
 await countSyncs();
 const systems: Array<[string, Make]> = [
-  ['one file per entry (362b590)', await oldOutbox()],
+  ...(opts.logOnly ? [] : [['one file per entry (362b590)', await oldOutbox()] as [string, Make]]),
   ['append-only log', (dir) => new Outbox(dir, pino({ level: 'silent' }))],
 ];
 console.log(`${entries} entries, ${writers} concurrent writers, ${opts.reps} repetitions (median), in ${os.tmpdir()}\n`);

@@ -511,7 +511,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
           const u = x.cpuMsPerJob;
           log(
             `throughput ${s.label}${o.sweepOf?.[s.name]?.length ? ` at ${c.n}` : ''} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, ${x.commitsPerJob.toFixed(2)} commits/job, ` +
-              `CPU ms/job ${u.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${u.worker?.toFixed(2) ?? '?'} (workers) + ${u.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
+              `CPU ms/job ${u.main.toFixed(3)} (${s.name === 'leasehold' ? 'coordinator' : 'client'}) + ${u.worker?.toFixed(3) ?? '?'} (workers) + ${u.db?.toFixed(3) ?? '?'} (PostgreSQL)`,
           );
         }
       }
