@@ -6,8 +6,9 @@
  * insertion all count), the wall time of the call, and the WAL it wrote (the insert position
  * before and after, nothing else writing). With `--wal-records`, that WAL by record type
  * (pg_walinspect): heap inserts and updates, HOT or not, B-tree entries, row locks, full-page
- * images. No coordinator, no agent: the store's functions on one connection to an embedded
- * PostgreSQL 17, so a statement's own cost is seen apart from the machine's other processes.
+ * images. No coordinator, no agent: the store's functions on one connection of the coordinator's
+ * hot pool (generic plans, as the coordinator runs them) to an embedded PostgreSQL 17, so a
+ * statement's own cost is seen apart from the machine's other processes.
  * Medians over rounds of `--jobs` jobs each, after one round that warms the caches and plans.
  * Linux only (/proc).
  *
@@ -21,7 +22,7 @@ import { Command } from 'commander';
 import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
-import { attemptCompleteMany, attemptStartMany, jobClaimSlots, migrateDatabase } from '../../server/store/index.js';
+import { attemptCompleteMany, attemptStartMany, createPool, jobClaimSlots, migrateDatabase } from '../../server/store/index.js';
 
 const o = new Command()
   .option('--jobs <n>', 'jobs per round', (v) => Number(v), 20_000)
@@ -34,7 +35,8 @@ const o = new Command()
 const log = pino({ level: 'warn' });
 const embedded = await startEmbedded({ dataDir: await mkdtemp(path.join(os.tmpdir(), 'leasehold-lifecycle-')), log, ephemeral: true });
 const setup = new pg.Pool({ connectionString: embedded.url, max: 1 });
-const db = new pg.Client({ connectionString: embedded.url });
+// The coordinator's pool of the hot transitions: its connections plan generically (HOT_SETTINGS).
+const hot = createPool(embedded.url, 1, log, { hot: true });
 
 type Kind = 'claim' | 'start' | 'complete';
 const kinds: Kind[] = ['claim', 'start', 'complete'];
@@ -49,7 +51,7 @@ interface Acc {
 try {
   await migrateDatabase(setup);
   if (o.walRecords) await setup.query('CREATE EXTENSION IF NOT EXISTS pg_walinspect');
-  await db.connect();
+  const db = await hot.connect();
   const backend = Number((await db.query('SELECT pg_backend_pid() AS pid')).rows[0].pid);
 
   /** CPU seconds of the backend so far (user + system), from /proc. */
@@ -148,8 +150,9 @@ try {
       }
     }
   }
+  db.release();
 } finally {
-  await db.end().catch(() => undefined);
+  await hot.end();
   await setup.end();
   await embedded.stop();
 }
