@@ -1,7 +1,8 @@
 /**
- * The agent's hand codec (agent-client/src/codec.ts) against protobuf-es, on random messages:
- * what it decodes is what `fromBinary` gives, field for field and type for type; what it
- * encodes is what `toBinary` writes, byte for byte; bytes it does not expect (mutated, cut,
+ * The hand codecs against protobuf-es, on random messages: the agent's (agent-client/src/codec.ts)
+ * and the coordinator's reader of the agent's messages (server/transport/agent-codec.ts). What
+ * they decode is what `fromBinary` gives, field for field and type for type; what the agent
+ * encodes is what `toBinary` writes, byte for byte; bytes they do not expect (mutated, cut,
  * unknown fields) are decoded by protobuf-es, so they end as protobuf-es ends them.
  */
 import { create, fromBinary, toBinary, type JsonObject } from '@bufbuild/protobuf';
@@ -9,6 +10,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { AgentMessageSchema, ServerMessageSchema } from '../agent-client/src/gen/leasehold/v1/agent_service_pb.js';
 import { decodeServerMessage, encodeAgentMessage, readServerMessageByHand, type AgentMessageInit } from '../agent-client/src/codec.js';
+import { decodeAgentMessage, readAgentMessageByHand } from '../server/transport/agent-codec.js';
 import { assignMessage } from '../server/transport/assign-codec.js';
 import { claimed } from './helpers/arbitraries.js';
 
@@ -90,8 +92,7 @@ describe('decoding a ServerMessage by hand', () => {
   });
 });
 
-describe('encoding an AgentMessage by hand', () => {
-  const message: fc.Arbitrary<AgentMessageInit> = fc.oneof(
+const agentMessage: fc.Arbitrary<AgentMessageInit> = fc.oneof(
     fc.record({ attemptIds: fc.array(id, { maxLength: 6 }), seq }, { requiredKeys: [] }).map((value) => ({ kind: { case: 'started' as const, value } })),
     fc.record({ n: int32 }, { requiredKeys: [] }).map((value) => ({ kind: { case: 'credit' as const, value } })),
     fc
@@ -103,9 +104,10 @@ describe('encoding an AgentMessage by hand', () => {
     fc.record({ queues: fc.array(fc.string(), { maxLength: 3 }), slots: int32, seq }).map((value) => ({ kind: { case: 'hello' as const, value } })),
   );
 
+describe('encoding an AgentMessage by hand', () => {
   it('writes what protobuf-es writes, byte for byte', () => {
     fc.assert(
-      fc.property(message, (m) => {
+      fc.property(agentMessage, (m) => {
         expect(encodeAgentMessage(m).toString('hex')).toBe(Buffer.from(toBinary(AgentMessageSchema, create(AgentMessageSchema, m))).toString('hex'));
       }),
       { numRuns: 1000 },
@@ -116,5 +118,59 @@ describe('encoding an AgentMessage by hand', () => {
     const odd = { u: undefined, d: new Date(0), nested: { n: Number.NaN, list: [undefined, -0, 1e300] } } as unknown as JsonObject;
     const m: AgentMessageInit = { kind: { case: 'completed', value: { results: [{ attemptId: 'a', result: odd }] } } };
     expect(encodeAgentMessage(m).toString('hex')).toBe(Buffer.from(toBinary(AgentMessageSchema, create(AgentMessageSchema, m))).toString('hex'));
+  });
+});
+
+describe("decoding an AgentMessage by hand (the coordinator's agent lane)", () => {
+  const agentBytes = agentMessage.map((m) => toBinary(AgentMessageSchema, create(AgentMessageSchema, m)));
+  const outcome = (f: () => unknown) => {
+    try {
+      return { ok: f() };
+    } catch (e) {
+      return { error: (e as Error).message };
+    }
+  };
+
+  it('gives what protobuf-es gives, and reads every started, completed and credit itself', () => {
+    fc.assert(
+      fc.property(agentBytes, (bytes) => {
+        const buf = Buffer.from(bytes);
+        const reference = fromBinary(AgentMessageSchema, buf);
+        const byHand = readAgentMessageByHand(buf);
+        if (['started', 'completed', 'credit'].includes(reference.kind.case ?? '')) expect(byHand).toBeDefined();
+        else expect(byHand).toBeUndefined();
+        expect(decodeAgentMessage(buf)).toStrictEqual(reference);
+      }),
+      { numRuns: 1000 },
+    );
+  });
+
+  it('leaves the rest to protobuf-es: unknown fields, a field repeated, a result met twice', () => {
+    const unknown = create(AgentMessageSchema, { kind: { case: 'started', value: { attemptIds: ['a'] } } });
+    unknown.kind.value!.$unknown = [{ no: 9, wireType: 0, data: new Uint8Array([1]) }];
+    const started = toBinary(AgentMessageSchema, create(AgentMessageSchema, { kind: { case: 'started', value: { attemptIds: ['a'], seq: 1n } } }));
+    const result = toBinary(AgentMessageSchema, create(AgentMessageSchema, { kind: { case: 'completed', value: { results: [{ attemptId: 'a', result: { x: 1 } }] } } }));
+    // A Result (attempt_id "a") whose struct field (tag 18) comes twice: protobuf-es merges the two.
+    const resultBody = Buffer.from([0x0a, 0x01, 0x61, 0x12, 0x00, 0x12, 0x00]);
+    const completedBody = Buffer.concat([Buffer.from([0x0a, resultBody.length]), resultBody]);
+    const twice = Buffer.concat([Buffer.from([0x2a, completedBody.length]), completedBody]);
+    expect(fromBinary(AgentMessageSchema, twice).kind).toMatchObject({ case: 'completed', value: { results: [{ attemptId: 'a', result: {} }] } });
+    for (const bytes of [Buffer.from(toBinary(AgentMessageSchema, unknown)), Buffer.concat([started, started]), Buffer.concat([result, result]), twice]) {
+      expect(readAgentMessageByHand(bytes)).toBeUndefined();
+      // The same Buffer to both: protobuf-es keeps unknown fields as views of what it was given.
+      expect(decodeAgentMessage(bytes)).toStrictEqual(fromBinary(AgentMessageSchema, bytes));
+    }
+  });
+
+  it('ends as protobuf-es does on bytes mutated or cut', () => {
+    fc.assert(
+      fc.property(agentBytes, fc.array(fc.tuple(fc.nat(), fc.integer({ min: 0, max: 255 })), { maxLength: 3 }), fc.nat(), (bytes, flips, cut) => {
+        const b = Buffer.from(bytes);
+        for (const [at, v] of flips) if (b.length) b[at % b.length] = v;
+        const mutated = b.subarray(0, b.length ? cut % (b.length + 1) : 0);
+        expect(outcome(() => decodeAgentMessage(mutated))).toStrictEqual(outcome(() => fromBinary(AgentMessageSchema, mutated)));
+      }),
+      { numRuns: 2000 },
+    );
   });
 });

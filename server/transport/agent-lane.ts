@@ -5,7 +5,8 @@
  * body's chunks, envelopes, decompression, parsing, the handler, serialization, compression,
  * joining, the response writer), several promises per stage per message, four messages per
  * job: 0.16–0.20 ms of the coordinator's CPU per job when jobs come one at a time, measured
- * (docs/performance.md). Here a frame is cut from the bytes as they arrive, decoded, and handed
+ * (docs/performance.md). Here a frame is cut from the bytes as they arrive, decoded (the
+ * messages an agent sends for every job by hand, agent-codec.ts), and handed
  * to the same `async *` handler (agent-routes.ts); what it yields is encoded and written as one
  * frame. The wire is gRPC as Connect writes it: status and
  * message in the trailers (`grpc-message` re-encoded by server.ts as for every method), the same
@@ -18,10 +19,11 @@
  */
 import type http2 from 'node:http2';
 import { constants } from 'node:http2';
-import { fromBinary, toBinary } from '@bufbuild/protobuf';
+import { toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { setTrailerStatus } from '@connectrpc/connect/protocol-grpc';
-import { AgentMessageSchema, AgentService, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
+import { AgentService, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
+import { decodeAgentMessage } from './agent-codec.js';
 
 /** The method this lane serves, named from the generated service. */
 export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
@@ -207,7 +209,7 @@ class Inbound implements AsyncIterable<AgentMessage>, AsyncIterator<AgentMessage
       this.size -= 5 + length;
       if (flags & 1) return this.fail(new ConnectError('received compressed envelope, but do not know how to decompress', Code.Internal));
       try {
-        this.queue.push(fromBinary(AgentMessageSchema, data));
+        this.queue.push(decodeAgentMessage(data));
       } catch (err) {
         return this.fail(new ConnectError(`parse binary: ${err instanceof Error ? err.message : String(err)}`, Code.Internal));
       }
