@@ -366,22 +366,29 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     const menu = (Object.keys(WEIGHT) as Array<keyof typeof WEIGHT>).filter((f) => faults.has(f));
     const total = menu.reduce((n, f) => n + WEIGHT[f], 0);
     // Every kind on the menu comes first, once each in a random order, so that a short run (the
-    // 20 s of npm test) exercises each whatever the seed; a kind drawn when it cannot be applied
-    // (its target dead or frozen) stays owed and is drawn again next time. Then by weight.
-    const owed = [...menu];
+    // 20 s of npm test) exercises each whatever the seed. A kind drawn when it cannot be applied
+    // (its target dead or frozen) goes to the back of the line and is drawn again, up to
+    // OWED_TRIES times (a kind that can never apply, a replica fault with one replica, must not
+    // hold up the rest). Then by weight.
+    const OWED_TRIES = 5;
+    const owed = menu.map((kind) => ({ kind, tries: 0 }));
     for (let i = owed.length - 1; i > 0; i--) {
       const j = Math.floor(rand() * (i + 1));
       [owed[i], owed[j]] = [owed[j]!, owed[i]!];
     }
     const applied = () =>
       figures.agentKills! + figures.replicaKills! + figures.agentPauses! + figures.replicaPauses! + figures.clockSteps! + figures.resets! + figures.delays! + figures.silences! + figures.halfOpens!;
-    let drawnOwed: keyof typeof WEIGHT | undefined;
     let appliedBefore = 0;
+    let drewOwed = false;
     const draw = (): keyof typeof WEIGHT | undefined => {
-      if (drawnOwed && applied() > appliedBefore) owed.splice(owed.indexOf(drawnOwed), 1);
-      drawnOwed = owed[0];
+      // The owed kind drawn last time is at the front: applied, it is paid; else it waits.
+      if (drewOwed) {
+        const last = owed.shift()!;
+        if (applied() === appliedBefore && ++last.tries < OWED_TRIES) owed.push(last);
+      }
       appliedBefore = applied();
-      if (drawnOwed) return drawnOwed;
+      drewOwed = owed.length > 0;
+      if (drewOwed) return owed[0]!.kind;
       let x = rand() * total;
       for (const f of menu) if ((x -= WEIGHT[f]) < 0) return f;
       return menu.at(-1);
