@@ -18,7 +18,7 @@ import {
   type ServerMessage_Renewed,
 } from './gen/leasehold/v1/agent_service_pb.js';
 import type { ClaimedJob, CurrentState, Job } from './gen/leasehold/v1/job_pb.js';
-import { LEN, Reader, UNEXPECTED, Writer, int32Size, isObject, lenField, structSize, uint64Size } from './wire.js';
+import { LEN, Reader, UNEXPECTED, Writer, readByHand, int32Size, isObject, lenField, structSize, uint64Size } from './wire.js';
 
 export type AgentMessageInit = MessageInitShape<typeof AgentMessageSchema>;
 
@@ -39,11 +39,7 @@ export function decodeServerMessage(bytes: Uint8Array): ServerMessage {
 
 /** The hand reader alone: undefined for what it leaves to protobuf-es. */
 export function readServerMessageByHand(buf: Buffer): ServerMessage | undefined {
-  try {
-    return readServerMessage(new Reader(buf));
-  } catch {
-    return undefined;
-  }
+  return readByHand(buf, readServerMessage);
 }
 
 function readServerMessage(r: Reader): ServerMessage {

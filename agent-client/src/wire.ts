@@ -229,6 +229,15 @@ export class Writer {
 /** Thrown where the hand reader meets what it does not expect: the caller asks protobuf-es. */
 export const UNEXPECTED = new Error('not a message the hand reader decodes');
 
+/** What `read` makes of `buf`, or undefined where it throws: the caller then asks protobuf-es. */
+export function readByHand<T>(buf: Buffer, read: (r: Reader) => T): T | undefined {
+  try {
+    return read(new Reader(buf));
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * Reads fields from `buf`. Every read checks its bounds and throws on anything out of them or
  * unexpected (`UNEXPECTED`); callers then decode the same bytes with protobuf-es, which either

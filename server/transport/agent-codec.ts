@@ -9,7 +9,7 @@
  * same result on random and on mutated messages.
  */
 import { fromBinary } from '@bufbuild/protobuf';
-import { Reader, UNEXPECTED } from '../../agent-client/src/wire.js';
+import { readByHand, UNEXPECTED, type Reader } from '../../agent-client/src/wire.js';
 import {
   AgentMessageSchema,
   type AgentMessage,
@@ -26,11 +26,7 @@ export function decodeAgentMessage(bytes: Buffer): AgentMessage {
 
 /** The hand reader alone: undefined for what it leaves to protobuf-es. */
 export function readAgentMessageByHand(buf: Buffer): AgentMessage | undefined {
-  try {
-    return readAgentMessage(new Reader(buf));
-  } catch {
-    return undefined;
-  }
+  return readByHand(buf, readAgentMessage);
 }
 
 // Field tags (number << 3 | wire type) of AgentMessage's oneof: credit = 2, started = 3,
