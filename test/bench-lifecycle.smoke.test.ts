@@ -27,3 +27,17 @@ it.runIf(process.platform === 'linux')('test/bench/lifecycle.ts: per statement C
   expect(stdout).toMatch(/^\| claim \| Heap\/(HOT_)?UPDATE \| [\d.]+ \| \d+ \| \d+ \|$/m);
   expect(stdout).toMatch(/^\| complete \| Heap\/INSERT \| 1\.0\d \| \d+ \| \d+ \|$/m);
 });
+
+it.runIf(process.platform === 'linux')('test/bench/lifecycle.ts --completion moved: the prototype moves each job and writes no attempt row', async () => {
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    ['--import', 'tsx', 'test/bench/lifecycle.ts', '--jobs', '300', '--batch', '64', '--rounds', '1', '--wal-records', '--completion', 'moved'],
+    { cwd: root, timeout: 90_000 },
+  );
+  expect(stdout).toContain('completion: moved');
+  // The job's row deleted from jobs (one per job) and inserted into jobs_done: the only heap insert
+  // per job, where the store's completion inserts the attempt's row and updates the job's.
+  expect(stdout).toMatch(/^\| complete \| Heap\/DELETE \| 1\.00 \| \d+ \| \d+ \|$/m);
+  expect(stdout).toMatch(/^\| complete \| Heap\/INSERT \| 1\.0\d \| \d+ \| \d+ \|$/m);
+  expect(stdout).not.toMatch(/^\| complete \| Heap\/(HOT_)?UPDATE \|/m);
+});

@@ -121,10 +121,10 @@ async function forkWorker(cfg: WorkerConfig): Promise<Worker> {
   });
   const w: Worker = { child, started: new Map() };
   return new Promise((resolve, reject) => {
-    child.on('message', (m: { type: string; id?: unknown; t?: number; message?: string }) => {
+    child.on('message', (m: { type: string; starts?: Array<[unknown, number]>; message?: string }) => {
       if (m.type === 'ready') resolve(w);
       else if (m.type === 'started') {
-        w.started.set(m.id, m.t!);
+        for (const [id, t] of m.starts!) w.started.set(id, t);
         w.onStarted?.();
       } else if (m.type === 'error') reject(new Error(`${cfg.system} worker failed: ${m.message}`));
     });
