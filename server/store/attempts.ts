@@ -705,6 +705,21 @@ export interface CompleteParams extends AttemptRef {
   result: unknown;
 }
 
+/**
+ * The part of a completion after its CTEs `o` (the attempts as locked, with their claim and start)
+ * and `u` (the jobs as they finished, `$5` the time given or NULL): the job.succeeded notification,
+ * each carrying its attempt, to the outbox, only when someone listens. (Shared with the prototype
+ * completion of test/bench/lifecycle.ts.)
+ */
+export const succeededNotificationSql = `n AS (
+       -- The ended attempts by job, for the notifications (looked up, not joined).
+       SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
+       FROM o
+     )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
+         ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
+       FROM u
+       WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}`;
+
 // The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
 // implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
 // another relation: o locks the rows (in index order) and keeps the attempt as the row holds it;
@@ -737,14 +752,7 @@ const completeSql = (shape: Shape) =>
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
      ), ec AS (
        ${endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM a`)}
-     ), n AS (
-       -- The ended attempts by job, for the notifications (looked up, not joined).
-       SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
-       FROM o
-     )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
-         ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
-       FROM u
-       WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}
+     ), ${succeededNotificationSql}
      ${
        shape === 'job'
          ? 'SELECT o.current_attempt_id AS reported_by, u.*, NULL::jsonb AS error FROM u JOIN o ON o.id = u.id'

@@ -27,9 +27,8 @@ import { Command } from 'commander';
 import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded } from '../../server/store/embedded.js';
-import { attemptJson, attemptCompleteMany, attemptStartMany, createPool, jobClaimSlots, migrateDatabase, notifiedJob } from '../../server/store/index.js';
+import { attemptCompleteMany, attemptStartMany, createPool, jobClaimSlots, migrateDatabase, succeededNotificationSql } from '../../server/store/index.js';
 import { countChangeSql, endedCountSql } from '../../server/store/counts.js';
-import { outboxSql } from '../../server/store/outbox.js';
 
 const o = new Command()
   .option('--jobs <n>', 'jobs per round', (v) => Number(v), 20_000)
@@ -88,13 +87,7 @@ const movedCompleteSql = (columns: string[]) => {
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
      ), ec AS (
        ${endedCountSql(`SELECT u.finished_at, 'completed' FROM u`)}
-     ), n AS (
-       SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
-       FROM o
-     )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
-         ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
-       FROM u
-       WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}
+     ), ${succeededNotificationSql}
      SELECT o.current_attempt_id AS reported_by, o.id, o.queue, 'succeeded' AS status, o.attempt_no, NULL AS current_attempt_id,
        date_part('epoch', o.run_at) * 1000 AS run_at_ms, date_part('epoch', coalesce($5::timestamptz, now())) * 1000 AS updated_at_ms,
        NULL AS lease_ms
