@@ -220,7 +220,7 @@ describe('AgentService.Connect', () => {
     const item = (await b.next('ack')).ack.items[0];
     expect(item).toMatchObject({ attemptId: c.attemptId, outcome: 'OUTCOME_DUPLICATE' });
     expect(fromStruct(item.storedResult)).toEqual({ answer: 42 });
-    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1 AND status = 'succeeded'`, [job.id])).rows[0].n).toBe(1);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempt_log WHERE job_id = $1 AND status = 'succeeded'`, [job.id])).rows[0].n).toBe(1);
   });
 
   it('pushes Cancel to the agent holding a job canceled through JobService', async () => {
@@ -261,7 +261,7 @@ describe('AgentService.Connect', () => {
     expect((await a.next('revoke', 10_000)).revoke).toMatchObject({ attemptIds: [c.attemptId], reason: 'REVOKE_REASON_CLAIM_EXPIRED' });
     const r = (await t.pool.query('SELECT attempts_started, status::text FROM jobs WHERE id = $1', [job.id])).rows[0];
     expect(r.attempts_started).toBe(0);
-    const a1 = (await t.pool.query('SELECT status::text FROM attempts WHERE id = $1', [c.attemptId])).rows[0];
+    const a1 = (await t.pool.query('SELECT status::text FROM attempt_log WHERE id = $1', [c.attemptId])).rows[0];
     expect(a1.status).toBe('claim_expired');
   });
 });

@@ -61,7 +61,7 @@ const pings = async (count: number) =>
 const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, job_error(id, status) AS error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
 /** Every attempt of a job, for the message of a failed expectation. */
 const history = async (id: string) =>
-  JSON.stringify((await t.pool.query(`SELECT attempt_no, status::text, error, retryable FROM attempts WHERE job_id = $1 ORDER BY attempt_no`, [id])).rows);
+  JSON.stringify((await t.pool.query(`SELECT attempt_no, status::text, error, retryable FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [id])).rows);
 
 async function enqueue(queue: string, payload: Record<string, unknown>, maxAttempts = 3) {
   const o = await jobEnqueue(t.pool, { queue, payload, maxAttempts });

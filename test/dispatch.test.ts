@@ -82,7 +82,7 @@ it(`${AGENTS} agents × ${SLOTS} slots drain ${JOBS} jobs: within their slots, e
   // Fair shares: 100 each; nobody gets less than 40% of it.
   expect(Math.min(...counts)).toBeGreaterThanOrEqual((JOBS / AGENTS) * 0.4);
   const db = (
-    await t.pool.query(`SELECT (SELECT count(*) FROM attempts)::int AS attempts, (SELECT count(*) FROM attempts WHERE status = 'succeeded')::int AS succeeded,
+    await t.pool.query(`SELECT (SELECT count(*) FROM attempt_log)::int AS attempts, (SELECT count(*) FROM attempt_log WHERE status = 'succeeded')::int AS succeeded,
                                (SELECT count(*) FROM jobs WHERE attempt_no <> 1)::int AS retried`)
   ).rows[0];
   expect(db).toEqual({ attempts: JOBS, succeeded: JOBS, retried: 0 });

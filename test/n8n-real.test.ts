@@ -210,7 +210,7 @@ describe.skipIf(n8nMissing)(`the n8n templates on real n8n${n8nMissing ? ` (skip
     expect(run.ran('Done')).toBe(true);
     const job = (await t.pool.query('SELECT status, result, progress, heartbeat_at, agent_id FROM jobs WHERE id = $1', [jobId])).rows[0];
     expect(job).toMatchObject({ status: 'succeeded', result: { part1: 'done', part2: 'done', input: { reportId: 'R-2' } } });
-    const attempts = (await t.pool.query('SELECT attempt_no, agent_id, status, started_at FROM attempts WHERE job_id = $1', [jobId])).rows;
+    const attempts = (await t.pool.query('SELECT attempt_no, agent_id, status, started_at FROM attempt_log WHERE job_id = $1', [jobId])).rows;
     expect(attempts).toEqual([{ attempt_no: 1, agent_id: 'n8n-worker', status: 'succeeded', started_at: expect.any(Date) }]);
     expect(job.heartbeat_at).not.toBeNull();
     expect(job.progress).toEqual({ step: 1 });

@@ -118,7 +118,7 @@ describe.each([
     expect(ids).toHaveLength(60);
     expect(ids.filter((id) => runs.get(id) !== 1)).toEqual([]);
     expect(aborted).toEqual([]);
-    const attempts = (await t.pool.query(`SELECT status::text AS status, count(*)::int AS n FROM attempts WHERE job_id = ANY($1::uuid[]) GROUP BY 1`, [ids])).rows;
+    const attempts = (await t.pool.query(`SELECT status::text AS status, count(*)::int AS n FROM attempt_log WHERE job_id = ANY($1::uuid[]) GROUP BY 1`, [ids])).rows;
     expect(attempts).toEqual([{ status: 'succeeded', n: ids.length }]);
     expect((await t.pool.query(`SELECT max(attempt_no)::int AS m FROM jobs WHERE id = ANY($1::uuid[])`, [ids])).rows[0].m).toBe(1);
     // Both replicas were stopped in turn, so the one holding the stream was: it moved at least once.

@@ -120,7 +120,7 @@ it('a replica frozen past the lease: its agent resumes on the other, and on waki
   expect(await agent.waitFor((l) => l.msg === 'woke between steps' && l.attemptId === attemptId)).toMatchObject({ aborted: false });
   expect(agent.lines.filter((l) => /revoked|aborted|refused/.test(String(l.msg)))).toEqual([]);
   expect((await jobRow(job.id)).attempt_no).toBe(1);
-  const history = (await t.pool.query(`SELECT id, suspect_since FROM attempts WHERE job_id = $1`, [job.id])).rows;
+  const history = (await t.pool.query(`SELECT id, suspect_since FROM attempt_log WHERE job_id = $1`, [job.id])).rows;
   expect(history).toEqual([{ id: attemptId, suspect_since: null }]);
   for (const key of [`${job.id}:charge`, `${job.id}:email`, `${second.value.id}:charge`, `${second.value.id}:email`]) expect(s.applies.get(key)).toBe(1);
   expect(Number((await t.pool.query(`SELECT count(*) AS n FROM stale_reports`)).rows[0].n)).toBe(0);

@@ -90,7 +90,7 @@ it('restarts each of two coordinators in turn under load: 0 jobs lost, 0 handler
   // Nothing lost, nothing run twice, nothing revoked.
   expect(ids.filter((id) => runs.get(id) !== 1)).toEqual([]);
   expect(aborted).toEqual([]);
-  const attempts = (await t.pool.query(`SELECT status::text AS status, count(*)::int AS n FROM attempts WHERE job_id = ANY($1::uuid[]) GROUP BY 1`, [ids])).rows;
+  const attempts = (await t.pool.query(`SELECT status::text AS status, count(*)::int AS n FROM attempt_log WHERE job_id = ANY($1::uuid[]) GROUP BY 1`, [ids])).rows;
   expect(attempts).toEqual([{ status: 'succeeded', n: TOTAL }]);
   expect((await t.pool.query(`SELECT max(attempt_no)::int AS m FROM jobs WHERE id = ANY($1::uuid[])`, [ids])).rows[0].m).toBe(1);
   expect(connected.length).toBeGreaterThanOrEqual(3);

@@ -113,7 +113,7 @@ describe('an agent killed with SIGKILL', () => {
       await a.kill();
       const attemptId = String(returned.attemptId);
       if ((await readOutbox(outbox)).pending.some((e) => e.attemptId === attemptId)) moments.writtenNotAcked++;
-      else if ((await t.pool.query(`SELECT 1 FROM attempts WHERE id = $1 AND status = 'succeeded'`, [attemptId])).rowCount) moments.acked++;
+      else if ((await t.pool.query(`SELECT 1 FROM attempt_log WHERE id = $1 AND status = 'succeeded'`, [attemptId])).rowCount) moments.acked++;
       else moments.beforeWrite++;
       a = agentProcess(env);
     }
@@ -126,7 +126,7 @@ describe('an agent killed with SIGKILL', () => {
     for (const r of rows) expect(r.result).toMatchObject({ doubled: r.result.n * 2 });
     expect(new Set(rows.map((r) => r.result.n)).size).toBe(RUNS);
     const completions = (await t.pool.query(
-      `SELECT job_id, count(*)::int AS n FROM attempts WHERE status = 'succeeded' AND job_id = ANY($1::uuid[]) GROUP BY job_id`,
+      `SELECT job_id, count(*)::int AS n FROM attempt_log WHERE status = 'succeeded' AND job_id = ANY($1::uuid[]) GROUP BY job_id`,
       [jobs],
     )).rows;
     expect(completions).toHaveLength(RUNS);

@@ -281,7 +281,7 @@ describe('ctx.signal', () => {
       expect(row.attempt_no).toBe(2);
       expect(row.result).toEqual({ attemptNo: 2 });
       expect(ran).toEqual([2]); // the first attempt's handler never ran
-      const first = (await t.pool.query(`SELECT status::text, error, retryable FROM attempts WHERE job_id = $1 AND attempt_no = 1`, [j.id])).rows[0];
+      const first = (await t.pool.query(`SELECT status::text, error, retryable FROM attempt_log WHERE job_id = $1 AND attempt_no = 1`, [j.id])).rows[0];
       expect(first).toMatchObject({ status: 'failed', retryable: true });
       expect(first.error.message).toMatch(/not running this attempt/);
       await checkInvariants(t.pool);
@@ -373,7 +373,7 @@ describe('outbox', () => {
     expect(existsSync(torn)).toBe(false);
     expect(await readOutbox(outboxDir)).toEqual({ pending: [], superseded: [] });
     expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { from: 'first run' }, attempt_no: 1 });
-    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1 AND status IN ('succeeded', 'failed')`, [j.id])).rows[0].n).toBe(1);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempt_log WHERE job_id = $1 AND status IN ('succeeded', 'failed')`, [j.id])).rows[0].n).toBe(1);
   });
 
   it('turns a result the coordinator refuses (too large) into a final failure', async () => {

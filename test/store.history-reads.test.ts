@@ -48,11 +48,16 @@ describe('operator reads with history', () => {
   });
 
   it('every shape of ListJobs reads an index that holds what it asks for, in a custom plan and in a generic one', async () => {
-    // Finished history in three queues, 10 % of it dead, plus live jobs.
+    // Finished history in three queues, 10 % of it dead, plus live jobs; each success's attempt
+    // kept on its row by one of five agents, as the completion keeps it.
     await db.pool.query(
-      `INSERT INTO jobs (queue, payload, status, result, finished_at, created_at)
+      `INSERT INTO jobs (queue, payload, status, result, finished_at, created_at,
+                         final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at)
        SELECT 'live-' || (i % 3), '{}', CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'succeeded' END::job_status,
-              CASE WHEN i % 10 = 0 THEN NULL ELSE '{}'::jsonb END, now() - i * interval '1 second', now() - i * interval '1 second'
+              CASE WHEN i % 10 = 0 THEN NULL ELSE '{}'::jsonb END, now() - i * interval '1 second', now() - i * interval '1 second',
+              CASE WHEN i % 10 <> 0 THEN gen_random_uuid() END, CASE WHEN i % 10 <> 0 THEN 'agent-' || (i % 5) END,
+              CASE WHEN i % 10 <> 0 THEN now() - i * interval '1 second' END, CASE WHEN i % 10 <> 0 THEN now() - i * interval '1 second' + interval '1 minute' END,
+              CASE WHEN i % 10 <> 0 THEN now() - i * interval '1 second' END
        FROM generate_series(1, 20000) i`,
     );
     await jobCountsReconcile(db.pool); // hand-written rows: recounted, as the count keeper does
@@ -77,8 +82,8 @@ describe('operator reads with history', () => {
       ['before a day ago', { createdBefore: new Date(Date.now() - day) }, ['jobs_created_idx']],
       // The agent's held jobs, and its ended attempts newest job first (each job fetched by id,
       // each attempt checked for a later one by the agent).
-      ['an agent', { agentId: 'agent-1' }, ['jobs_current_attempt_uq', 'attempts_agent_idx'], ['jobs_pkey', 'attempts_job_attempt_no_uq']],
-      ['an agent, finished', { agentId: 'agent-1', statuses: ['succeeded', 'dead'] }, ['attempts_agent_idx'], ['jobs_pkey', 'attempts_job_attempt_no_uq']],
+      ['an agent', { agentId: 'agent-1' }, ['jobs_current_attempt_uq', 'attempts_agent_idx', 'jobs_final_agent_idx'], ['jobs_pkey', 'attempts_job_attempt_no_uq']],
+      ['an agent, finished', { agentId: 'agent-1', statuses: ['succeeded', 'dead'] }, ['attempts_agent_idx', 'jobs_final_agent_idx'], ['jobs_pkey', 'attempts_job_attempt_no_uq']],
     ];
     const c = await db.pool.connect();
     try {
@@ -145,7 +150,7 @@ describe('operator reads with history', () => {
       new Set(
         (
           await db.pool.query<{ id: string }>(
-            `SELECT id FROM jobs WHERE agent_id = $1 UNION SELECT job_id FROM attempts WHERE agent_id = $1`,
+            `SELECT id FROM jobs WHERE agent_id = $1 UNION SELECT job_id FROM attempt_log WHERE agent_id = $1`,
             [agent],
           )
         ).rows.map((r) => r.id),

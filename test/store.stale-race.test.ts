@@ -47,14 +47,14 @@ it(`${ROUNDS} rounds of a late and a current completion racing: the current one 
       current: { jobId: job.id, attemptNo: 2 },
     });
     const row = (
-      await t.pool.query(`SELECT j.status::text, j.result, a.id AS succeeded_by FROM jobs j JOIN attempts a ON a.job_id = j.id AND a.status = 'succeeded' WHERE j.id = $1`, [job.id])
+      await t.pool.query(`SELECT j.status::text, j.result, a.id AS succeeded_by FROM jobs j JOIN attempt_log a ON a.job_id = j.id AND a.status = 'succeeded' WHERE j.id = $1`, [job.id])
     ).rows;
     expect(row).toEqual([{ status: 'succeeded', result: { by: 'new' }, succeeded_by: second!.attemptId }]);
     t0 += 10 * TTL;
   }
   const reports = (await t.pool.query('SELECT attempt_id, current_attempt_id, current_attempt_no, call FROM stale_reports')).rows;
   expect(reports).toHaveLength(ROUNDS);
-  const oldAttempts = new Set((await t.pool.query(`SELECT id FROM attempts WHERE agent_id = 'old'`)).rows.map((r) => r.id));
+  const oldAttempts = new Set((await t.pool.query(`SELECT id FROM attempt_log WHERE agent_id = 'old'`)).rows.map((r) => r.id));
   for (const r of reports) {
     expect(oldAttempts.has(r.attempt_id)).toBe(true);
     expect(r.call).toBe('complete');
@@ -91,7 +91,7 @@ it(`${ROUNDS} rounds of a completion racing the reaper: exactly one of them take
     t0 += 10 * TTL;
   }
   expect(tally.completed + tally.rescued).toBe(ROUNDS);
-  const n = (await t.pool.query('SELECT count(*)::int AS n FROM stale_reports WHERE attempt_id IN (SELECT id FROM attempts)')).rows[0].n;
+  const n = (await t.pool.query('SELECT count(*)::int AS n FROM stale_reports WHERE attempt_id IN (SELECT id FROM attempt_log)')).rows[0].n;
   expect(n).toBeGreaterThanOrEqual(tally.rescued);
   console.log(`completion vs reaper over ${ROUNDS} rounds: completion won ${tally.completed}, reaper won ${tally.rescued}`);
   await checkInvariants(t.pool);

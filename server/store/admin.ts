@@ -88,8 +88,9 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // (schema.ts): each through its job_id index, the batch's ids given as one array so that the
 // plan is an index scan whatever the planner thinks of the table's size (joined with `c`, steps
 // were read whole, a hash join, at 60,000 rows). The kept counts lose what was deleted, and the
-// per-minute counts what ended in the last day: the deleted attempts and cancels of queued jobs
-// (job_events) of that day, as a recount of what is kept would find (counts.ts).
+// per-minute counts what ended in the last day: the deleted attempts (their rows, and the
+// successes kept on the jobs' rows) and cancels of queued jobs (job_events) of that day, as a
+// recount of what is kept would find (counts.ts).
 export const purgeSql = statement(
   'jobPurge',
   `WITH ${cutoffCte}, c AS (
@@ -98,7 +99,7 @@ export const purgeSql = statement(
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
    ), d AS (
-     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.queue, jobs.status
+     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.queue, jobs.status, jobs.finished_at, jobs.final_attempt_id
    ), ids AS (
      SELECT array_agg(id) AS ids FROM c
    ), a AS (
@@ -113,6 +114,7 @@ export const purgeSql = statement(
      ${countChangeSql('SELECT queue, status, -1 FROM d')}
    ), ec AS (
      ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}
+       UNION ALL SELECT finished_at, 'completed' FROM d WHERE final_attempt_id IS NOT NULL AND finished_at >= ${endedCutoff}
        UNION ALL SELECT at, 'canceled' FROM e WHERE kind = 'canceled' AND at >= ${endedCutoff}`, '-1')}
    )
    SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff, (SELECT max(finished_at) FROM c) AS last`,

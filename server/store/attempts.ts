@@ -15,13 +15,15 @@
  * WHERE clause matches that id (and the agent that holds it, and the states it may act in);
  * its row count is the outcome. Zero rows means the attempt is not current (`stale`, with a
  * `stale_reports` row), is not this agent's (`forbidden`), does not exist (`not_found`), or already
- * did this (`duplicate` / `conflict`, decided from its `attempts` row). The follow-up read that
+ * did this (`duplicate` / `conflict`, decided from how it ended: `attempt_log`). The follow-up read that
  * tells these apart never writes job state: it only explains a write that did not happen.
  *
  * History: while an attempt is live, the `jobs` row holds it (claim time, start deadline, start
- * time, agent). The statement that ends it (complete, fail, the reaper's, cancel) writes its
- * `attempts` row, once, in the same statement: how it ended, its error, what became of the job.
- * A success's result is stored once, in `jobs.result`.
+ * time, agent). The statement that ends it (fail, the reaper's, cancel) writes its `attempts`
+ * row, once, in the same statement: how it ended, its error, what became of the job. A success
+ * keeps its attempt on the job's row instead (`final_attempt_id` and the `final_*` columns, one
+ * row write less per job), with the result, stored once, in `jobs.result`; the view
+ * `attempt_log` reads both kinds as one list of ended attempts.
  *
  * Leases expire lazily: a lease that has passed makes an attempt recoverable by the reaper,
  * and until the reaper ends it the holder may still start, complete or fail (nobody else can
@@ -325,10 +327,11 @@ export interface Lookup {
 }
 
 /**
- * Where an attempt is, in SQL: `x.id` is the attempt id; the attempt is either ended (its
- * `attempts` row `a`) or live (the `jobs` row `l` holding it), and `j` is its job.
+ * Where an attempt is, in SQL: `x.id` is the attempt id; the attempt is either ended (`a`, from
+ * `attempt_log`: its `attempts` row, or its job's row for a success) or live (the `jobs` row `l`
+ * holding it), and `j` is its job.
  */
-export const attemptWhere = `LEFT JOIN attempts a ON a.id = x.id
+export const attemptWhere = `LEFT JOIN attempt_log a ON a.id = x.id
    LEFT JOIN jobs l ON l.current_attempt_id = x.id
    JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`;
 
@@ -592,7 +595,7 @@ const heartbeatLookupSql = statement(
   `SELECT x.id AS attempt_id, x.agent_id, j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id,
           j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
    FROM unnest($1::uuid[], $2::text[]) AS x(id, agent_id)
-   LEFT JOIN attempts a ON a.id = x.id
+   LEFT JOIN attempt_log a ON a.id = x.id
    LEFT JOIN jobs l ON l.current_attempt_id = x.id
    LEFT JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`,
 );
@@ -722,9 +725,9 @@ export const succeededNotificationSql = `n AS (
 
 // The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
 // implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
-// another relation: o locks the rows (in index order) and keeps the attempt as the row holds it;
-// the attempt's row is written from o, with its claim, start and end; the job is updated by id,
-// its result (stored once, here) looked up by its attempt in $4. The job.succeeded notification
+// another relation: o locks the rows (in index order); the job is updated by id, its attempt
+// moved to the final_* columns of the same row (its claim, start and agent; its end is
+// finished_at), its result (stored once, here) looked up by its attempt in $4. The job.succeeded notification
 // goes to the outbox in the same statement, only when someone listens.
 const completeSql = (shape: Shape) =>
   statement(
@@ -735,14 +738,12 @@ const completeSql = (shape: Shape) =>
        FROM jobs j
        WHERE ${batchFence} AND j.status IN ('claimed', 'running')
        FOR UPDATE
-     ), a AS (
-       ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline,
-         coalesce(o.started_at, coalesce($5::timestamptz, now())), coalesce($5::timestamptz, now()), o.suspect_since,
-         'succeeded', NULL, NULL, 'succeeded', NULL, o.created_at
-       FROM o`)}
      ), u AS (
        UPDATE jobs j SET status = 'succeeded', result = $4::jsonb -> j.current_attempt_id::text,
          attempts_started = j.attempts_started + (j.status = 'claimed')::int,
+         final_attempt_id = j.current_attempt_id, final_agent_id = j.agent_id, final_claimed_at = j.claimed_at,
+         final_claim_deadline = j.claim_deadline, final_started_at = coalesce(j.started_at, coalesce($5::timestamptz, now())),
+         final_suspect_since = j.suspect_since,
          current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
          claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
          finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
@@ -751,7 +752,7 @@ const completeSql = (shape: Shape) =>
      ), k AS (
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
      ), ec AS (
-       ${endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM a`)}
+       ${endedCountSql(`SELECT u.finished_at, 'completed' FROM u`)}
      ), ${succeededNotificationSql}
      ${
        shape === 'job'

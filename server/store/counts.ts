@@ -61,13 +61,14 @@ export const ENDED_MINUTES_KEPT = 1440;
 export const endedCutoff = `date_trunc('minute', now()) - ${ENDED_MINUTES_KEPT - 1} * interval '1 minute'`;
 
 /**
- * What ended in the kept minutes, counted from the rows the transitions write (attempts_ended_brin
- * and job_events_at_brin serve the time range), as `(minute, kind, n)`: what `ended_counts` holds
- * when nothing was missed or purged.
+ * What ended in the kept minutes, counted from the rows the transitions write (the ended attempts
+ * of `attempt_log`, through attempts_ended_brin and jobs_finished_idx, and the cancels of queued
+ * jobs, through job_events_at_brin), as `(minute, kind, n)`: what `ended_counts` holds when
+ * nothing was missed or purged.
  */
 export const endedScanSql = `
      SELECT date_trunc('minute', x.at) AS minute, x.kind, count(*)::int8 AS n FROM (
-       SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempts a WHERE a.ended_at >= ${endedCutoff}
+       SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempt_log a WHERE a.ended_at >= ${endedCutoff}
        UNION ALL
        SELECT e.at, 'canceled' FROM job_events e WHERE e.at >= ${endedCutoff} AND e.kind = 'canceled'
      ) AS x(at, kind)

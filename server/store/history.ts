@@ -13,9 +13,10 @@
  *   and `updated_at` the end, `run_at` the last retry's due time (else the enqueue time),
  *   `heartbeat_at` the last attempt's last heartbeat (no transition clears it), `result` only
  *   when it succeeded. Inserted in `created_at` order, as enqueues append them.
- * - `attempts`: one per attempt, as `attemptEndSql` writes it when the attempt ends (complete,
- *   fail, the reaper, cancel), in `ended_at` order with `seq` from `job_events_id_seq`, as real
- *   ends append them (attempts_ended_brin relies on that order).
+ * - `attempts`: one per attempt that did not succeed, as `attemptEndSql` writes it when the
+ *   attempt ends (fail, the reaper, cancel), in `ended_at` order with `seq` from
+ *   `job_events_id_seq`, as real ends append them (attempts_ended_brin relies on that order). A
+ *   success's attempt is on its job's row (`final_*`), as the completion keeps it.
  * - `job_events`: a `canceled` event for a job canceled while queued (no attempt made it).
  * - `steps`: the step ledger of the jobs whose agent used `ctx.step`, recorded by the last attempt.
  * - `webhook_events`: what `outboxSql` writes: a `job.dead` event for every dead letter (its
@@ -202,14 +203,22 @@ const stageFillSql = statement(
    FROM r`,
 );
 
-// The jobs rows as their last transition left them, in enqueue order.
+// The jobs rows as their last transition left them, in enqueue order; a success's attempt on its
+// job's row, as the completion keeps it ($2: the claim TTL).
 const jobsSql = statement(
   'historyJobs',
   `INSERT INTO jobs (id, queue, payload, priority, status, run_at, max_attempts, attempt_no, attempts_started, heartbeat_at,
-                     idempotency_key, labels, result, notify_url, created_at, updated_at, finished_at)
-   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1, attempts, attempts,
-     CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at
-   FROM history_stage WHERE last
+                     idempotency_key, labels, result, notify_url, created_at, updated_at, finished_at,
+                     final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at, final_suspect_since)
+   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1::int, attempts, attempts,
+     CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at,
+     attempt_id, agent_id, claimed_at, claimed_at + make_interval(secs => $2::float8 / 1000.0), started_at, suspect_since
+   FROM history_stage WHERE last AND how = 'succeeded'
+   UNION ALL
+   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1::int, attempts, attempts,
+     CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at,
+     NULL, NULL, NULL, NULL, NULL, NULL
+   FROM history_stage WHERE last AND how IS DISTINCT FROM 'succeeded'
    ORDER BY created_at`,
 );
 
@@ -224,14 +233,15 @@ const endedSql = statement(
     SELECT finished_at, 'canceled' FROM history_stage WHERE attempts = 0 AND finished_at >= ${endedCutoff}`),
 );
 
-// As attemptEndSql writes them, in the order they ended (seq: its default, in that order).
+// As attemptEndSql writes them, in the order they ended (seq: its default, in that order); not
+// a success's, which its job's row keeps.
 const attemptsSql = statement(
   'historyAttempts',
   `INSERT INTO attempts (id, job_id, attempt_no, agent_id, claimed_at, claim_deadline, started_at, ended_at, suspect_since,
                          status, error, retryable, job_status, run_at, job_created_at)
    SELECT attempt_id, job_id, k, agent_id, claimed_at, claimed_at + make_interval(secs => $1::float8 / 1000.0), started_at, ended_at,
      suspect_since, how::attempt_status, error, retryable, after::job_status, retry_at, created_at
-   FROM history_stage WHERE attempts > 0
+   FROM history_stage WHERE attempts > 0 AND how <> 'succeeded'
    ORDER BY ended_at`,
 );
 
@@ -339,7 +349,7 @@ export async function historyChunkInsert(db: Queryable, p: HistoryChunkParams): 
       p.heartbeatIntervalMs,
       p.runId,
     ]);
-    const jobs = await rowCount(tx, jobsSql, [p.maxAttempts]);
+    const jobs = await rowCount(tx, jobsSql, [p.maxAttempts, p.claimTtlMs]);
     await rowCount(tx, countsSql, []);
     await rowCount(tx, endedSql, []);
     return {

@@ -16,8 +16,9 @@
  * finishes. Without a queue, status or agent the list is `jobs_created_idx` read newest first
  * (a time range bounds that scan on both ends).
  *
- * By agent: the jobs it holds now (`jobs_current_attempt_uq`) and those of its ended attempts,
- * read newest job first from `attempts_agent_idx` (each attempt carries its job's `created_at`),
+ * By agent: the jobs it holds now (`jobs_current_attempt_uq`) and those of its ended attempts
+ * (`attempt_log`), read newest job first from `attempts_agent_idx` (each attempt carries its
+ * job's `created_at`) and, for the successes kept on their jobs' rows, `jobs_final_agent_idx`,
  * each job once.
  */
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
@@ -122,12 +123,15 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
     const one = (p: Part) =>
       p === 'agentEnded'
         ? // Its attempts from attempts_agent_idx, newest job first, each job once (its latest
-          // attempt by the agent), and not one it holds now (the other part has that one).
-          `SELECT j.* FROM attempts a JOIN jobs j ON j.id = a.job_id
+          // attempt by the agent: a later row of `attempts`, or the success its job's row keeps),
+          // and not one it holds now (the other part has that one).
+          `SELECT j.* FROM attempt_log a JOIN jobs j ON j.id = a.job_id
            WHERE ${[
              `a.agent_id = ${agent}`,
              'a.job_created_at IS NOT NULL',
              'NOT EXISTS (SELECT 1 FROM attempts l WHERE l.job_id = a.job_id AND l.attempt_no > a.attempt_no AND l.agent_id = a.agent_id)',
+             // nor the success kept on the job's row, which is its last attempt
+             'NOT (j.final_attempt_id IS NOT NULL AND j.final_agent_id = a.agent_id AND j.attempt_no > a.attempt_no)',
              `NOT (j.current_attempt_id IS NOT NULL AND j.agent_id = ${agent})`,
              ...onAttempt,
              ...onJob,

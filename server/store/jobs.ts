@@ -11,7 +11,7 @@ import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { attemptEndSql, notifiedJob } from './attempts.js';
-import { currentOf, jobColumns, toJob, type Job } from './rows.js';
+import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
 import {
   attempts,
@@ -294,7 +294,10 @@ export async function jobRequeue(db: Queryable, p: RequeueParams): Promise<Outco
   );
 }
 
-/** An attempt as operators see it: ended (its `attempts` row) or live (from its job's row). */
+/**
+ * An attempt as operators see it: ended (a row of `attempt_log`: its `attempts` row, or for a
+ * success its job's row, `seq` NULL) or live (from its job's row, `endedAt` NULL).
+ */
 export type AttemptView = Omit<AttemptRow, 'endedAt' | 'jobStatus' | 'seq' | 'jobCreatedAt'> & { endedAt: Date | null; jobStatus: JobStatus | null; seq: number | null };
 
 /** A job with everything that happened to it. */
@@ -350,13 +353,14 @@ function endKind(a: AttemptView): EventKind {
 export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEventRow[]): JobEventRow[] {
   type Entry = Omit<JobEventRow, 'id'>;
   const out: Entry[] = [{ jobId: job.id, attemptId: null, kind: 'enqueued', at: job.createdAt, data: { status: 'queued' } }];
-  // Ended attempts and stored events in the order they happened (one sequence numbers both),
-  // then the live attempt.
+  // Ended attempts and stored events in the order they happened (one sequence numbers both; a
+  // success kept on its job's row has none and is the job's last transition), then the live
+  // attempt.
   const ordered: Array<{ seq: number; a?: AttemptView; e?: JobEventRow }> = [
-    ...attemptsOf.filter((a) => a.seq !== null).map((a) => ({ seq: a.seq!, a })),
+    ...attemptsOf.filter((a) => a.endedAt !== null).map((a) => ({ seq: a.seq ?? Number.MAX_SAFE_INTEGER, a })),
     ...events.map((e) => ({ seq: e.id, e })),
   ].sort((x, y) => x.seq - y.seq);
-  const live = attemptsOf.find((a) => a.seq === null);
+  const live = attemptsOf.find((a) => a.endedAt === null);
   if (live) ordered.push({ seq: Infinity, a: live });
   for (const { a, e } of ordered) {
     if (e) {
@@ -395,7 +399,9 @@ export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outco
     const d = drizzle(tx);
     const job = toJob(row);
     const live = liveAttempt(job);
-    const ended: AttemptView[] = await d.select().from(attempts).where(eq(attempts.jobId, p.jobId)).orderBy(asc(attempts.attemptNo));
+    const ended = (await tx.query(`SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [p.jobId])).rows.map((r) =>
+      camelRow<AttemptView>(r),
+    );
     const all = live ? [...ended, live] : ended;
     return ok<JobDetail>({
       job,

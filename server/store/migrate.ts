@@ -63,6 +63,14 @@ export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
     sql: `CREATE INDEX CONCURRENTLY "attempts_created_missing_idx" ON "attempts" USING btree ("id") WHERE "job_created_at" IS NULL`,
   },
   {
+    name: 'jobs_final_attempt_uq',
+    sql: `CREATE UNIQUE INDEX CONCURRENTLY "jobs_final_attempt_uq" ON "jobs" USING btree ("final_attempt_id") WHERE "final_attempt_id" IS NOT NULL`,
+  },
+  {
+    name: 'jobs_final_agent_idx',
+    sql: `CREATE INDEX CONCURRENTLY "jobs_final_agent_idx" ON "jobs" USING btree ("final_agent_id", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "final_attempt_id" IS NOT NULL`,
+  },
+  {
     name: 'attempts_agent_idx',
     sql: `CREATE INDEX CONCURRENTLY "attempts_agent_idx" ON "attempts" USING btree ("agent_id", "job_created_at" DESC NULLS LAST, "job_id" DESC NULLS LAST)`,
   },
@@ -100,7 +108,7 @@ async function fillInOnline(client: pg.PoolClient): Promise<void> {
   if (rows[0]?.need) await jobCountsReconcile(client);
   // The per-minute counts of the last day (migration 0016), when none are kept yet.
   const minutes = await client.query<{ need: boolean }>(
-    `SELECT NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempts WHERE ended_at >= ${endedCutoff}) AS need`,
+    `SELECT NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempt_log WHERE ended_at >= ${endedCutoff}) AS need`,
   );
   if (minutes.rows[0]?.need) await endedCountsReconcile(client);
   let after = '00000000-0000-0000-0000-000000000000';

@@ -9,7 +9,10 @@ import type { CurrentState } from '../core/outcomes.js';
  * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its
  * attempts ended with (a reported failure, an expired lease, a timeout), none once it succeeded.
  */
-export type Job = JobRow & { error: unknown };
+export type Job = Omit<JobRow, FinalAttemptColumns> & { error: unknown };
+
+/** The columns that keep a success's attempt on its job's row: read as an attempt (`attempt_log`), not as the job. */
+type FinalAttemptColumns = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince';
 
 /**
  * What the batched transitions (the agent stream's starts and reports) return about a job:

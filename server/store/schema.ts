@@ -145,6 +145,18 @@ export const jobs = pgTable(
     createdAt: tsz('created_at').notNull().defaultNow(),
     updatedAt: tsz('updated_at').notNull().defaultNow(),
     finishedAt: tsz('finished_at'),
+    /**
+     * The attempt that succeeded, kept on its job's row instead of a row of `attempts` (its end is
+     * `finished_at`, its number `attempt_no`, its result `result`): a success writes no attempt
+     * row. Set only by the completion, never changed after (a succeeded job never moves). The
+     * view `attempt_log` (migration 0018) reads it as an attempt beside the rows of `attempts`.
+     */
+    finalAttemptId: uuid('final_attempt_id'),
+    finalAgentId: text('final_agent_id'),
+    finalClaimedAt: tsz('final_claimed_at'),
+    finalClaimDeadline: tsz('final_claim_deadline'),
+    finalStartedAt: tsz('final_started_at'),
+    finalSuspectSince: tsz('final_suspect_since'),
   },
   (t) => [
     // Serves jobClaim: the next queued jobs of the agent's queues in priority order. Partial,
@@ -178,6 +190,15 @@ export const jobs = pgTable(
     index('jobs_unsucceeded_idx')
       .on(t.createdAt.desc(), t.id.desc())
       .where(sql`${t.finishedAt} is not null and ${t.result} is null`),
+    // Serve the attempts kept on their job's row (final_attempt_id): a late or repeated report
+    // of a succeeded attempt, found by its id; and ListJobs by agent, newest job first, beside
+    // attempts_agent_idx. Built CONCURRENTLY by migrate.ts.
+    uniqueIndex('jobs_final_attempt_uq')
+      .on(t.finalAttemptId)
+      .where(sql`${t.finalAttemptId} is not null`),
+    index('jobs_final_agent_idx')
+      .on(t.finalAgentId, t.createdAt.desc(), t.id.desc())
+      .where(sql`${t.finalAttemptId} is not null`),
     // Serves listing and purging finished jobs by age.
     index('jobs_finished_idx')
       .on(t.finishedAt)

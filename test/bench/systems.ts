@@ -149,13 +149,15 @@ export async function leasehold(
     async reset() {
       if (opts.keepHistory) {
         // The benchmark's jobs only (their attempts have no foreign key to go with them), and what
-        // their attempts added to the per-minute counts, as the purge takes it back.
+        // their attempts (rows of attempts, and successes kept on the jobs' rows) added to the
+        // per-minute counts, as the purge takes it back.
         await pool.query(
-          `WITH a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1) RETURNING ended_at, status, job_status)
-           ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}`, '-1')}`,
+          `WITH a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1) RETURNING ended_at, status, job_status),
+           d AS (DELETE FROM jobs WHERE queue = $1 RETURNING finished_at, final_attempt_id)
+           ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}
+             UNION ALL SELECT finished_at, 'completed' FROM d WHERE final_attempt_id IS NOT NULL AND finished_at >= ${endedCutoff}`, '-1')}`,
           [QUEUE],
         );
-        await pool.query(`DELETE FROM jobs WHERE queue = $1`, [QUEUE]);
         // Every job of the queue is gone: so is its kept count (server/store/counts.ts).
         await pool.query(`DELETE FROM job_counts WHERE queue = $1`, [QUEUE]);
         return;

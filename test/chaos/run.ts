@@ -523,7 +523,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
       // What they look like, to tell why.
       const stuck = (await pool.query(`SELECT id, status::text, attempt_no, attempts_started, agent_id, lease_expires_at, run_at, current_attempt_id FROM jobs WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'claimed', 'running')`, [ids])).rows;
       for (const j of stuck.slice(0, 5)) {
-        const at = (await pool.query(`SELECT attempt_no, agent_id, status::text, claimed_at, started_at, ended_at, suspect_since FROM attempts WHERE job_id = $1 ORDER BY attempt_no`, [j.id])).rows;
+        const at = (await pool.query(`SELECT attempt_no, agent_id, status::text, claimed_at, started_at, ended_at, suspect_since FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [j.id])).rows;
         const ev = (await pool.query(`SELECT kind::text, at FROM job_events WHERE job_id = $1 ORDER BY id`, [j.id])).rows;
         violations.push(`stuck ${JSON.stringify(j)} attempts ${JSON.stringify(at)} events ${JSON.stringify(ev.map((e) => `${e.kind}@${(e.at as Date).toISOString().slice(11, 23)}`))} now ${new Date().toISOString().slice(11, 23)}`);
       }
@@ -548,7 +548,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
           figures.duplicated!++;
           // What is needed to tell why: which attempts applied it and when, and each attempt's life.
           const calls = (sink.history.get(`${id}:${step}`) ?? []).map((c) => `${c.attemptId}@${new Date(c.at).toISOString().slice(11, 23)}`);
-          const at = (await pool.query(`SELECT id, attempt_no, agent_id, status::text, claimed_at, started_at, ended_at, suspect_since FROM attempts WHERE job_id = $1 ORDER BY attempt_no`, [id])).rows;
+          const at = (await pool.query(`SELECT id, attempt_no, agent_id, status::text, claimed_at, started_at, ended_at, suspect_since FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [id])).rows;
           violations.push(`effect ${id}:${step} applied ${n} times: ${calls.join(', ')}; attempts ${JSON.stringify(at)}`);
         }
         if (n === 0 && byStatus.succeeded) {

@@ -86,9 +86,17 @@ export async function makeJob(db: pg.Pool | pg.PoolClient, o: MakeJob = {}): Pro
     );
     job.attemptNo += earlier;
   }
-  if (ended) {
-    const how = { succeeded: 'succeeded', failed: 'failed', dead: 'lease_expired' }[status];
-    const error = status === 'succeeded' ? null : { message: status === 'failed' ? 'failed for good' : 'lease expired: no heartbeat from the agent' };
+  if (status === 'succeeded') {
+    // As the completion keeps it: the attempt on the job's row, no row of attempts.
+    await db.query(
+      `UPDATE jobs SET final_attempt_id = $1, final_agent_id = $3, final_claimed_at = finished_at, final_claim_deadline = finished_at,
+         final_started_at = finished_at WHERE id = $2`,
+      [attemptId, id, agentId],
+    );
+    job.error = null;
+  } else if (ended) {
+    const how = { failed: 'failed', dead: 'lease_expired' }[status];
+    const error = { message: status === 'failed' ? 'failed for good' : 'lease expired: no heartbeat from the agent' };
     await db.query(
       `INSERT INTO attempts (id, job_id, attempt_no, agent_id, claimed_at, claim_deadline, started_at, ended_at, status, error,
                              retryable, job_status)
@@ -111,7 +119,7 @@ export async function makeJob(db: pg.Pool | pg.PoolClient, o: MakeJob = {}): Pro
   }
   // And what its ended attempts and cancel appended to the per-minute counts.
   await db.query(
-    endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempts a WHERE a.job_id = $1
+    endedCountSql(`SELECT a.ended_at, ${endedKindSql('a.status', 'a.job_status')} FROM attempt_log a WHERE a.job_id = $1
       UNION ALL SELECT e.at, 'canceled' FROM job_events e WHERE e.job_id = $1 AND e.kind = 'canceled'`),
     [id],
   );

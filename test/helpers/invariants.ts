@@ -2,9 +2,10 @@
  * The six invariants of DESIGN.md, checked against the database as it is. Every test of state
  * calls `checkInvariants` after it acts; it throws with every violation it found.
  *
- * A job's history is its row as enqueued, its `attempts` (one row per ended attempt, written by
- * the statement that ended it, with the claim, start and end, and what became of the job) and
- * `job_events` (requeues, and cancels of jobs no attempt held); a live attempt is in the row.
+ * A job's history is its row as enqueued, its ended attempts (`attempt_log`: a row of `attempts`
+ * per ended attempt, written by the statement that ended it, with the claim, start and end, and
+ * what became of the job; a success's attempt kept on its job's row instead) and `job_events`
+ * (requeues, and cancels of jobs no attempt held); a live attempt is in the row.
  *
  * 1. At most one current attempt per job: ended attempts are numbered 1..k, the live one (if
  *    any) is k+1 and has no row yet, and no attempt overlaps the next (each was current while
@@ -76,7 +77,8 @@ interface AttemptRow {
   run_at: string | null;
   error: unknown;
   retryable: boolean | null;
-  seq: string;
+  /** NULL for a success kept on its job's row. */
+  seq: string | null;
 }
 
 interface EventRow {
@@ -103,7 +105,7 @@ async function historyInvariants(db: Db, v: string[]) {
     await db.query(
       `SELECT id, job_id, attempt_no, agent_id, status::text, ${text('claimed_at')} AS claimed_at, ${text('started_at')} AS started_at,
          ${text('ended_at')} AS ended_at, job_status::text, ${text('run_at')} AS run_at, error, retryable, seq
-       FROM attempts ORDER BY job_id, attempt_no`,
+       FROM attempt_log ORDER BY job_id, attempt_no`,
     )
   ).rows as AttemptRow[];
   const events = (
@@ -141,9 +143,14 @@ async function historyInvariants(db: Db, v: string[]) {
     // The history in order: ended attempts and the job's own events share one sequence.
     type Item = { seq: number; kind: 'attempt'; a: AttemptRow } | { seq: number; kind: 'event'; e: EventRow };
     const items: Item[] = [
-      ...as.map((a): Item => ({ seq: Number(a.seq), kind: 'attempt', a })),
+      // A success kept on its job's row has no seq: its job's last transition.
+      ...as.map((a): Item => ({ seq: a.seq === null ? Infinity : Number(a.seq), kind: 'attempt', a })),
       ...es.map((e): Item => ({ seq: Number(e.id), kind: 'event', e })),
     ].sort((x, y) => x.seq - y.seq);
+    // A success kept on its job's row is ordered last by its missing seq: nothing may follow it in time either.
+    const kept = as.find((a) => a.seq === null);
+    if (kept && es.some((e) => e.at > kept.ended_at)) v.push(`job ${id}: an event after its success (attempt ${kept.attempt_no})`);
+    if (kept && kept !== as.at(-1)) v.push(`job ${id}: attempt ${kept.attempt_no} kept on the job's row is not its last`);
     const bySeq = items.filter((x) => x.kind === 'attempt').map((x) => (x as { a: AttemptRow }).a.attempt_no);
     if (bySeq.some((n, i) => n !== i + 1)) v.push(`job ${id}: attempts ended in the order ${bySeq.join(',')}`);
     let status = 'queued';
@@ -240,7 +247,7 @@ async function heldInvariant(db: Db, v: string[], opts: InvariantOptions) {
 async function stepInvariant(db: Db, v: string[]) {
   const { rows } = await db.query(`
     SELECT s.job_id, s.step, s.status::text, coalesce(a.job_id, l.id) AS a_job, s.output, s.finished_at
-    FROM steps s LEFT JOIN attempts a ON a.id = s.attempt_id LEFT JOIN jobs l ON l.current_attempt_id = s.attempt_id`);
+    FROM steps s LEFT JOIN attempt_log a ON a.id = s.attempt_id LEFT JOIN jobs l ON l.current_attempt_id = s.attempt_id`);
   for (const r of rows) {
     if (r.a_job !== r.job_id) v.push(`step ${r.job_id}/${r.step} held by an attempt of another job`);
     if (r.status === 'started' && (r.output !== null || r.finished_at !== null)) v.push(`step ${r.job_id}/${r.step} started but has an outcome`);
