@@ -27,8 +27,9 @@ it.runIf(process.platform === 'linux')('test/bench/lifecycle.ts: per statement C
   }
   expect(stdout).toMatch(/^\| claim \| Heap\/(HOT_)?UPDATE \| [\d.]+ \| \d+ \| \d+ \|$/m);
   // The completion updates the job's row (keeping its attempt there) and inserts no row per job:
-  // only the kept counts' rows, a few per statement.
-  expect(stdout).toMatch(/^\| complete \| Heap\/UPDATE \| 1\.0\d \| \d+ \| \d+ \|$/m);
+  // only the kept counts' rows, a few per statement. (An update that starts a new page is logged
+  // as Heap/UPDATE+INIT, a row of its own: hence 0.9x.)
+  expect(stdout).toMatch(/^\| complete \| Heap\/UPDATE \| (0\.9\d|1\.0\d) \| \d+ \| \d+ \|$/m);
   expect(stdout).toMatch(/^\| complete \| Heap\/INSERT \| 0\.0\d \| \d+ \| \d+ \|$/m);
 });
 
