@@ -9,13 +9,10 @@ import type { CurrentState } from '../core/outcomes.js';
  * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its
  * attempts ended with (a reported failure, an expired lease, a timeout), none once it succeeded.
  */
-export type Job = Omit<JobRow, StorageColumns> & { error: unknown };
+export type Job = Omit<JobRow, FinalAttemptColumns> & { error: unknown };
 
-/**
- * Columns of the row that are not the job as the API shows it: a success's attempt kept on its
- * job's row (read as an attempt, `attempt_log`), and the partition the row is kept in.
- */
-type StorageColumns = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince' | 'doneDay';
+/** The columns that keep a success's attempt on its job's row: read as an attempt (`attempt_log`), not as the job. */
+type FinalAttemptColumns = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince';
 
 /**
  * What the batched transitions (the agent stream's starts and reports) return about a job:
