@@ -210,15 +210,15 @@ const jobsSql = statement(
   `INSERT INTO jobs (id, queue, payload, priority, status, run_at, max_attempts, attempt_no, attempts_started, heartbeat_at,
                      idempotency_key, labels, result, notify_url, created_at, updated_at, finished_at,
                      final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at, final_suspect_since)
-   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1::int, attempts, attempts,
+   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1, attempts, attempts,
      CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at,
-     attempt_id, agent_id, claimed_at, claimed_at + make_interval(secs => $2::float8 / 1000.0), started_at, suspect_since
-   FROM history_stage WHERE last AND how = 'succeeded'
-   UNION ALL
-   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1::int, attempts, attempts,
-     CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at,
-     NULL, NULL, NULL, NULL, NULL, NULL
-   FROM history_stage WHERE last AND how IS DISTINCT FROM 'succeeded'
+     f.*
+   FROM history_stage
+   LEFT JOIN LATERAL (
+     SELECT attempt_id, agent_id, claimed_at, claimed_at + make_interval(secs => $2::float8 / 1000.0), started_at, suspect_since
+     WHERE how = 'succeeded'
+   ) f ON true
+   WHERE last
    ORDER BY created_at`,
 );
 

@@ -16,10 +16,10 @@
  * finishes. Without a queue, status or agent the list is `jobs_created_idx` read newest first
  * (a time range bounds that scan on both ends).
  *
- * By agent: the jobs it holds now (`jobs_current_attempt_uq`) and those of its ended attempts
- * (`attempt_log`), read newest job first from `attempts_agent_idx` (each attempt carries its
- * job's `created_at`) and, for the successes kept on their jobs' rows, `jobs_final_agent_idx`,
- * each job once.
+ * By agent: the jobs it holds now (`jobs_current_attempt_uq`), those of its ended attempts, read
+ * newest job first from `attempts_agent_idx` (each attempt carries its job's `created_at`), and
+ * those it succeeded (the attempt kept on the job's row), newest first from
+ * `jobs_final_agent_idx`; each job once.
  */
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import type { JobStatus } from './schema.js';
@@ -47,9 +47,11 @@ const PARTS = {
   held: 'j.current_attempt_id IS NOT NULL',
   finished: 'j.finished_at IS NOT NULL',
   unsucceeded: 'j.finished_at IS NOT NULL AND j.result IS NULL',
-  // The agent's: its live attempts (the held jobs' rows), and the jobs of its ended attempts.
+  // The agent's: its live attempts (the held jobs' rows), the jobs of its ended attempts (rows
+  // of attempts), and those it succeeded (the attempt kept on the job's row).
   agentHeld: 'j.current_attempt_id IS NOT NULL AND j.agent_id = $A',
   agentEnded: '',
+  agentSucceeded: 'j.final_attempt_id IS NOT NULL AND j.final_agent_id = $A',
 } as const;
 type Part = keyof typeof PARTS;
 
@@ -60,7 +62,11 @@ function partsOf(f: JobListFilter): Part[] {
   const s = f.statuses?.length ? new Set(f.statuses) : undefined;
   if (f.agentId !== undefined) {
     // A queued job can have ended attempts by the agent (it was retried); a held one can too.
-    return !s || s.has('claimed') || s.has('running') ? ['agentHeld', 'agentEnded'] : ['agentEnded'];
+    return [
+      ...(!s || s.has('claimed') || s.has('running') ? (['agentHeld'] as const) : []),
+      'agentEnded',
+      ...(!s || s.has('succeeded') ? (['agentSucceeded'] as const) : []),
+    ];
   }
   if (!s && f.queue === undefined) return ['all'];
   const parts: Part[] = [];
@@ -123,15 +129,15 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
     const one = (p: Part) =>
       p === 'agentEnded'
         ? // Its attempts from attempts_agent_idx, newest job first, each job once (its latest
-          // attempt by the agent: a later row of `attempts`, or the success its job's row keeps),
-          // and not one it holds now (the other part has that one).
-          `SELECT j.* FROM attempt_log a JOIN jobs j ON j.id = a.job_id
+          // attempt by the agent), and not one it holds now or succeeded (the other parts have
+          // those).
+          `SELECT j.* FROM attempts a JOIN jobs j ON j.id = a.job_id
            WHERE ${[
              `a.agent_id = ${agent}`,
              'a.job_created_at IS NOT NULL',
              'NOT EXISTS (SELECT 1 FROM attempts l WHERE l.job_id = a.job_id AND l.attempt_no > a.attempt_no AND l.agent_id = a.agent_id)',
-             // nor the success kept on the job's row, which is its last attempt
-             'NOT (j.final_attempt_id IS NOT NULL AND j.final_agent_id = a.agent_id AND j.attempt_no > a.attempt_no)',
+             // nor one the agent succeeded (the agentSucceeded part has that one)
+             'NOT (j.final_attempt_id IS NOT NULL AND j.final_agent_id = a.agent_id)',
              `NOT (j.current_attempt_id IS NOT NULL AND j.agent_id = ${agent})`,
              ...onAttempt,
              ...onJob,

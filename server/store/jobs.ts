@@ -14,7 +14,6 @@ import { attemptEndSql, notifiedJob } from './attempts.js';
 import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
 import {
-  attempts,
   jobEvents,
   jobStatus,
   staleReports,
