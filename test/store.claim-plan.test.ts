@@ -114,6 +114,42 @@ describe('claim plan', () => {
     }
   });
 
+  it('explains the heartbeats of ended attempts through attempts_pkey and jobs_final_attempt_uq, not by reading every succeeded job', async () => {
+    // The lookup joins many attempt ids to attempt_log. Joined plainly, PostgreSQL does not push
+    // the id into the view's second half (the succeeded jobs' rows), and read all of them on
+    // every call: seconds per heartbeat tick at ten million jobs.
+    await db.truncate();
+    await makeQueuedJobs(db.pool, 3000, 'ended');
+    const ended: Array<{ attemptId: string; agentId: string }> = [];
+    for (;;) {
+      const batch = value(await jobClaimSlots(db.pool, { slots: Array(500).fill('e'), queues: ['ended'], claimTtlMs: 30_000 }));
+      if (!batch.length) break;
+      const items = batch.map((x) => ({ attemptId: x.attemptId, agentId: 'e' }));
+      value(await attemptFail(db.pool, { ...items[0]!, error: { message: 'x' }, retryable: false }));
+      await attemptCompleteMany(db.pool, { items: items.slice(1).map((i) => ({ ...i, result: {} })) });
+      ended.push(...items);
+    }
+    await db.pool.query('ANALYZE jobs, attempts');
+    const hot = createPool(db.url, 1, undefined, { hot: true });
+    const c = await hot.connect();
+    try {
+      await c.query('SET plan_cache_mode = force_generic_plan');
+      const some = [ended[0]!, ended[1]!, ended[700]!];
+      const beat = value(await attemptHeartbeat(c, { items: some, leaseTtlMs: 30_000 }));
+      expect(beat.lost.map((x) => `${x.attemptId} ${x.reason}`).sort()).toEqual(some.map((x) => `${x.attemptId} stale`).sort());
+      const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE "attemptHeartbeatLookup"(NULL, NULL, NULL)`);
+      const reads = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => ['jobs', 'attempts'].includes(n['Relation Name'] ?? ''));
+      // Every read of jobs and attempts finds its rows by a condition on an index.
+      expect(reads.map((n) => `${n['Node Type']} on ${n['Index Name'] ?? n['Relation Name']}${n['Index Cond'] ? '' : ' without a condition'}`)).toEqual(
+        reads.filter((n) => n['Index Cond']).map((n) => `${n['Node Type']} on ${n['Index Name']}`),
+      );
+      expect(reads.map((n) => n['Index Name'])).toEqual(expect.arrayContaining(['attempts_pkey', 'jobs_final_attempt_uq', 'jobs_current_attempt_uq', 'jobs_pkey']));
+    } finally {
+      c.release();
+      await hot.end();
+    }
+  });
+
   it('refuses a bad agent id among the slots, and a batch over the limit, before touching the database', async () => {
     expect((await jobClaimSlots(db.pool, { slots: ['ok', ''], queues: ['slots'], claimTtlMs: 30_000 })).outcome).toBe('invalid');
     expect((await jobClaimSlots(db.pool, { slots: Array(100_000).fill('ok'), queues: ['slots'], claimTtlMs: 30_000 })).outcome).toBe('invalid');

@@ -589,13 +589,18 @@ const heartbeatSql = statement(
    RETURNING j.current_attempt_id AS attempt_id, j.agent_id, j.lease_expires_at`,
 );
 
-// For the items the UPDATE did not renew: what each attempt is now.
+// For the items the UPDATE did not renew: what each attempt is now. The ended attempt is read
+// per item in a LATERAL subquery (LIMIT 1: an attempt id is unique) so that PostgreSQL plans it
+// with the item's id as a value it pushes into both halves of `attempt_log`, through
+// attempts_pkey and jobs_final_attempt_uq. Joined to the view instead, the id is a join clause,
+// which PostgreSQL does not push into the view's second half (a subquery with a WHERE of its
+// own): it read every succeeded job's row on each call, seconds at ten million jobs.
 const heartbeatLookupSql = statement(
   'attemptHeartbeatLookup',
   `SELECT x.id AS attempt_id, x.agent_id, j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id,
           j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
    FROM unnest($1::uuid[], $2::text[]) AS x(id, agent_id)
-   LEFT JOIN attempt_log a ON a.id = x.id
+   LEFT JOIN LATERAL (SELECT e.job_id, e.agent_id FROM attempt_log e WHERE e.id = x.id LIMIT 1) a ON true
    LEFT JOIN jobs l ON l.current_attempt_id = x.id
    LEFT JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`,
 );
