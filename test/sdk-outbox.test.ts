@@ -273,13 +273,22 @@ describe('Outbox under SIGKILL', () => {
       const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/outbox-writer.ts', dir], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
       // 'close', not 'exit': every line the child printed has been read by then.
       const exited = new Promise((r) => child.on('close', r));
-      let opened!: () => void;
-      const ready = new Promise<void>((r) => (opened = r));
+      // Killed at a random moment: every other life from its open (a kill may land in the open's
+      // consolidation or the acks of what the last life left), the others after their first 50
+      // resolved puts, so that compactions happen (~20 kB a life against compactBytes 16 kB)
+      // however slow the machine is.
+      const early = k % 2 === 0;
+      let warmed!: () => void;
+      const ready = new Promise<void>((r) => (warmed = r));
+      let mine = 0;
       createInterface({ input: child.stdout! }).on('line', (l) => {
-        if (l.startsWith('OPEN ')) opened();
+        if (early && l.startsWith('OPEN ')) warmed();
         const m = /^([PRQAS]) ([0-9a-f-]{36})$/.exec(l);
         if (!m) return;
-        if (m[1] === 'P') puts++;
+        if (m[1] === 'P') {
+          puts++;
+          if (++mine === 50 && !early) warmed();
+        }
         state.set(m[2]!, states[m[1]!]!);
       });
       await ready;
