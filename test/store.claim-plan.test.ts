@@ -140,9 +140,7 @@ describe('claim plan', () => {
       const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE "attemptHeartbeatLookup"(NULL, NULL, NULL)`);
       const reads = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => ['jobs', 'attempts'].includes(n['Relation Name'] ?? ''));
       // Every read of jobs and attempts finds its rows by a condition on an index.
-      expect(reads.map((n) => `${n['Node Type']} on ${n['Index Name'] ?? n['Relation Name']}${n['Index Cond'] ? '' : ' without a condition'}`)).toEqual(
-        reads.filter((n) => n['Index Cond']).map((n) => `${n['Node Type']} on ${n['Index Name']}`),
-      );
+      expect(reads.filter((n) => !n['Index Cond']).map((n) => `${n['Node Type']} on ${n['Index Name'] ?? n['Relation Name']} without a condition`)).toEqual([]);
       expect(reads.map((n) => n['Index Name'])).toEqual(expect.arrayContaining(['attempts_pkey', 'jobs_final_attempt_uq', 'jobs_current_attempt_uq', 'jobs_pkey']));
     } finally {
       c.release();
