@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import type pg from 'pg';
 import pino from 'pino';
-import { expect, it } from 'vitest';
+import { expect, it, vi } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { Dispatcher } from '../server/core/dispatcher.js';
 import { agentCreate, jobEnqueue } from '../server/store/index.js';
@@ -29,6 +29,15 @@ it('claims after a NOTIFY, not after every freed slot of a group it found empty'
     await lh.c.dispatcher.idle(); // the round of the new session's slots: the queue is empty
     const rounds: Array<{ claimed: number }> = [];
     lh.c.dispatcher.on('dispatch:round', (r) => rounds.push(r));
+    // The fallback poll (every second) wakes every group, found empty or not: on a slow machine
+    // it can fire during an iteration. Each of its wakes may explain one round that claims
+    // nothing; a round for freed slots is one more than that.
+    let polls = 0;
+    const wake = lh.c.dispatcher.wake.bind(lh.c.dispatcher);
+    vi.spyOn(lh.c.dispatcher, 'wake').mockImplementation((queue?: string) => {
+      if (queue === undefined) polls++;
+      wake(queue);
+    });
     for (let i = 0; i < 3; i++) {
       const enqueued = await jobEnqueue(t.pool, { queue: 'one', payload: { i } });
       expect(enqueued.outcome).toBe('ok');
@@ -46,13 +55,15 @@ it('claims after a NOTIFY, not after every freed slot of a group it found empty'
       await once(lh.c.hub, 'credit');
       // Both freed slots came back: no round ran for them (the group's queue was found empty).
       await lh.c.dispatcher.idle();
-      expect(rounds.map((r) => r.claimed)).toEqual(Array.from({ length: i + 1 }, () => 1));
+      expect(rounds.filter((r) => r.claimed > 0).map((r) => r.claimed)).toEqual(Array.from({ length: i + 1 }, () => 1));
+      expect(rounds.filter((r) => r.claimed === 0).length).toBeLessThanOrEqual(polls);
     }
     // The poll (or a reconnected listener) looks again whatever it found before.
     lh.c.dispatcher.wake();
     await lh.c.dispatcher.idle();
     expect(rounds.at(-1)).toMatchObject({ claimed: 0 });
   } finally {
+    vi.restoreAllMocks();
     a.close();
   }
 });
