@@ -424,7 +424,7 @@ describe('npm run seed:history', () => {
       const { rows } = await pool.query(`SELECT queue, status::text, attempt_no, attempts_started, count(*)::int AS n FROM jobs GROUP BY 1, 2, 3, 4`);
       expect(rows).toEqual([{ queue: 'solo', status: 'dead', attempt_no: 3, attempts_started: 3, n: 1200 }]);
       const analyzed = await pool.query(`SELECT relname FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL AND last_vacuum IS NOT NULL ORDER BY relname`);
-      expect(analyzed.rows.map((x) => x.relname)).toEqual(expect.arrayContaining(['agents', 'attempts', 'job_events', 'jobs', 'steps', 'webhook_deliveries', 'webhook_events']));
+      expect(analyzed.rows.map((x) => x.relname)).toEqual(expect.arrayContaining(['agents', 'attempts', 'job_events', 'job_keys', 'jobs_live', 'steps', 'webhook_deliveries', 'webhook_events']));
       await checkInvariants(pool);
     } finally {
       await pool.end();

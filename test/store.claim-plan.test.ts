@@ -33,7 +33,8 @@ describe('claim plan', () => {
       const { rows } = await c.query(
         `EXPLAIN (FORMAT JSON) EXECUTE claim_plan('{plan-a,plan-b}', 256, NULL, NULL, 30000, NULL, '{}', NULL)`,
       );
-      const onJobs = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => n['Relation Name'] === 'jobs');
+      // jobs_live: the partition of jobs that holds the live jobs, which the claim names.
+      const onJobs = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode).filter((n) => n['Relation Name'] === 'jobs_live');
       const reads = onJobs.filter((n) => n['Node Type'] !== 'ModifyTable');
       expect(reads.map((n) => n['Node Type'])).not.toContain('Seq Scan');
       expect(reads.some((n) => n['Node Type'] === 'Index Scan' && n['Index Name'] === 'jobs_claim_idx')).toBe(true);
@@ -102,7 +103,7 @@ describe('claim plan', () => {
         // The plan the connection uses (generic: it does not depend on these NULLs).
         const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE "${p.name}"(${Array(p.n).fill('NULL').join(', ')})`);
         const all = nodes(rows[0]['QUERY PLAN'][0].Plan as PlanNode);
-        const reads = all.filter((n) => ['jobs', 'attempts'].includes(n['Relation Name'] ?? '') && n['Node Type'] !== 'ModifyTable');
+        const reads = all.filter((n) => /^(jobs|jobs_live|jobs_done_\d{8}|attempts)$/.test(n['Relation Name'] ?? '') && n['Node Type'] !== 'ModifyTable');
         expect(reads.map((n) => `${p.name}: ${n['Node Type']} on ${n['Relation Name']}`)).not.toContainEqual(expect.stringContaining('Seq Scan'));
         // A hash or merge join reads all of one side: on "empty" statistics, all of jobs.
         expect(all.map((n) => `${p.name}: ${n['Node Type']}`)).not.toContainEqual(expect.stringMatching(/Hash Join|Merge Join/));

@@ -1,15 +1,21 @@
 /**
  * The purger: deletes finished jobs (succeeded, failed, dead, canceled) older than the retention,
  * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
- * bounded. Each statement takes a batch FOR UPDATE SKIP LOCKED (`jobPurge`), so purgers on
- * several replicas take different jobs and never wait for each other or for a transition; a full
- * batch runs again at once. Runs are chained with a jittered `setTimeout`, so two runs never
- * overlap. Jobs with a notification still to deliver are left for a later run.
+ * bounded. Each run first makes the partitions of today and the next days that successes move to,
+ * and drops the partitions of the days that ended before the cutoff, whole (`daysDrop`: a
+ * success is so kept for the retention rounded up to the end of its UTC day). Then it deletes the
+ * finished jobs left in `jobs_live` (failures, dead letters, cancels) by rows: each statement takes
+ * a batch FOR UPDATE SKIP LOCKED (`jobPurge`), so purgers on several replicas take different jobs
+ * and never wait for each other or for a transition; a full batch runs again at once. Runs are
+ * chained with a jittered `setTimeout`, so two runs never overlap. Jobs with a notification still
+ * to deliver are left for a later run.
  */
 import { EventEmitter } from 'node:events';
 import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
+import pg from 'pg';
+import { daysDrop, daysEnsure } from '../store/days.js';
 import { jobPurge, type Queryable } from '../store/index.js';
 
 export interface PurgerConfig {
@@ -25,7 +31,10 @@ export interface PurgerConfig {
 
 /** Counts of one run. */
 export interface PurgerRun {
+  /** Jobs deleted: by rows, and with the partitions of their days. */
   purged: number;
+  /** Days whose partition was dropped. */
+  days: string[];
   /** Jobs that finished before this were purged. */
   cutoff: Date | undefined;
   /** Statements run. */
@@ -86,11 +95,18 @@ export class Purger extends EventEmitter<PurgerEvents> {
   }
 
   private async drain(now: Date | undefined): Promise<PurgerRun> {
-    const run: PurgerRun = { purged: 0, cutoff: undefined, batches: 0 };
+    const run: PurgerRun = { purged: 0, days: [], cutoff: undefined, batches: 0 };
+    if (this.db instanceof pg.Pool) {
+      await daysEnsure(this.db);
+      const dropped = await daysDrop(this.db, { cutoff: new Date((now ?? new Date()).getTime() - this.config.retentionMs) });
+      run.purged += dropped.jobs;
+      run.days = dropped.days;
+      if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept }, 'days of finished jobs dropped');
+    }
     // Each batch starts at the finish time the last one reached (jobPurge's `after`).
     let after: Date | undefined;
     for (;;) {
-      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, ...(now ? { now } : {}), ...(after ? { after } : {}) });
+      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, liveOnly: this.db instanceof pg.Pool, ...(now ? { now } : {}), ...(after ? { after } : {}) });
       if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
       run.batches++;
       run.purged += o.value.purged;

@@ -65,6 +65,11 @@ export interface PurgeParams {
    * the jobs already deleted (dead until VACUUM). A job skipped meanwhile is left to the next run.
    */
   after?: Date;
+  /**
+   * Only finished jobs in `jobs_live` (not those moved to the partitions of their days, which the
+   * purger drops whole: days.ts). The purger's; an operator's purge takes every partition.
+   */
+  liveOnly?: boolean;
 }
 
 // Finished before the cutoff, of the statuses and queue asked for, and with nothing left for the
@@ -91,15 +96,18 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // per-minute counts what ended in the last day: the deleted attempts (their rows, and the
 // successes kept on the jobs' rows) and cancels of queued jobs (job_events) of that day, as a
 // recount of what is kept would find (counts.ts).
-export const purgeSql = statement(
-  'jobPurge',
+const purgeSqlOf = (name: string, from: 'jobs' | 'jobs_live') =>
+  statement(
+  name,
   `WITH ${cutoffCte}, c AS (
-     SELECT j.id, j.status, j.finished_at FROM jobs j, w WHERE ${purgeWhere} AND j.finished_at >= coalesce($6::timestamptz, '-infinity')
+     SELECT j.id, j.status, j.finished_at FROM ${from} j, w WHERE ${purgeWhere} AND j.finished_at >= coalesce($6::timestamptz, '-infinity')
      ORDER BY j.finished_at
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
    ), d AS (
-     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.queue, jobs.status, jobs.finished_at, jobs.final_attempt_id
+     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.id, jobs.queue, jobs.status, jobs.finished_at, jobs.final_attempt_id, jobs.idempotency_key
+   ), keys AS (
+     DELETE FROM job_keys k USING d WHERE k.key = d.idempotency_key AND k.job_id = d.id
    ), ids AS (
      SELECT array_agg(id) AS ids FROM c
    ), a AS (
@@ -119,6 +127,10 @@ export const purgeSql = statement(
    )
    SELECT (SELECT count(*) FROM d)::int AS n, (SELECT cutoff FROM w) AS cutoff, (SELECT max(finished_at) FROM c) AS last`,
 );
+// Every partition (an operator's PurgeJobs: the jobs asked for, exactly), or jobs_live only (the
+// purger, which drops the partitions of days whole: days.ts).
+export const purgeSql = purgeSqlOf('jobPurge', 'jobs');
+const purgeLiveSql = purgeSqlOf('jobPurgeLive', 'jobs_live');
 
 // A dry run: counts every job the purge would take, locking nothing.
 const purgeCountSql = statement(
@@ -148,7 +160,7 @@ export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{
     const [row] = await run<{ n: number; cutoff: Date }>(db, purgeCountSql, params);
     return ok({ purged: row!.n, cutoff: row!.cutoff });
   }
-  const [row] = await run<{ n: number; cutoff: Date; last: Date | null }>(db, purgeSql, [...params, p.limit ?? 1000, p.after ?? null]);
+  const [row] = await run<{ n: number; cutoff: Date; last: Date | null }>(db, p.liveOnly ? purgeLiveSql : purgeSql, [...params, p.limit ?? 1000, p.after ?? null]);
   return ok({ purged: row!.n, cutoff: row!.cutoff, ...(row!.last ? { last: row!.last } : {}) });
 }
 
@@ -171,7 +183,7 @@ export const waitSql = statement(
   'adminQueueWaits',
   `SELECT DISTINCT ON (queue) queue, id, run_at, count(*) OVER (PARTITION BY queue)::int8 AS due,
      (extract(epoch FROM now() - run_at) * 1000)::float8 AS age_ms
-   FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL AND run_at <= now()
+   FROM jobs_live WHERE current_attempt_id IS NULL AND finished_at IS NULL AND run_at <= now()
    ORDER BY queue, run_at, id`,
 );
 
@@ -343,7 +355,7 @@ const heldSql = statement(
   'adminHeldAttempts',
   `SELECT j.current_attempt_id AS attempt_id, j.id AS job_id, j.queue, j.agent_id, j.attempt_no, j.status::text AS status,
      j.claimed_at, j.started_at, j.lease_expires_at, j.suspect_since
-   FROM jobs j
+   FROM jobs_live j
    WHERE j.current_attempt_id IS NOT NULL AND ($1::text IS NULL OR j.agent_id = $1)
    ORDER BY j.claimed_at, j.current_attempt_id`,
 );

@@ -42,11 +42,14 @@ import {
   type Outcome,
 } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
+import { getTableColumns } from 'drizzle-orm';
+import pg from 'pg';
 import { z } from 'zod';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
+import { daysEnsure, isNoPartition } from './days.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
-import type { JobStatus } from './schema.js';
+import { jobs, type JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */
@@ -144,7 +147,7 @@ export const claimSql = statement(
      -- commits. MATERIALIZED: it runs once, as written, before the UPDATE reads it.
      SELECT k.id, k.priority, k.run_at FROM unnest($1::text[]) AS q(name)
      CROSS JOIN LATERAL (
-       SELECT id, priority, run_at FROM jobs
+       SELECT id, priority, run_at FROM jobs_live
        WHERE current_attempt_id IS NULL AND finished_at IS NULL AND queue = q.name
          AND run_at <= coalesce($6::timestamptz, now())
          -- '{}' <@ anything; spelled out so the planner sees (from the column's statistics)
@@ -165,7 +168,7 @@ export const claimSql = statement(
    -- The n-th candidate gets the n-th slot's agent, by array subscript, and its attempt id. The
    -- rows are fetched by primary key from the id list, and each finds its place by its id: no
    -- join, so no plan (generic or not, whatever the statistics say) reads jobs in any other way.
-   UPDATE jobs j SET status = 'claimed', attempt_no = j.attempt_no + 1,
+   UPDATE jobs_live j SET status = 'claimed', attempt_no = j.attempt_no + 1,
      current_attempt_id = encode(substring(sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int)) FROM 1 FOR 16), 'hex')::uuid,
      agent_id = ($4::text[])[($8::int2[])[((SELECT rn FROM m) ->> j.id::text)::int]], progress = NULL, heartbeat_at = NULL,
      claimed_at = coalesce($6::timestamptz, now()),
@@ -332,7 +335,7 @@ export interface Lookup {
  * holding it), and `j` is its job.
  */
 export const attemptWhere = `LEFT JOIN attempt_log a ON a.id = x.id
-   LEFT JOIN jobs l ON l.current_attempt_id = x.id
+   LEFT JOIN jobs_live l ON l.current_attempt_id = x.id
    JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`;
 
 // Read in a fresh snapshot after the fenced statement matched nothing, so it sees whatever
@@ -366,11 +369,13 @@ export async function reportStale(
   db: Queryable,
   p: { jobId: string; attemptId: string; agentId: string; call: Call; now?: Date | undefined },
 ): Promise<Failure> {
-  const [r] = await run<{ current_attempt_id: string | null; current_attempt_no: number; current_status: JobStatus }>(
-    db,
-    staleReportSql,
-    [p.jobId, p.attemptId, p.agentId, p.call, p.now ?? null],
-  );
+  type Row = { current_attempt_id: string | null; current_attempt_no: number; current_status: JobStatus };
+  const params = [p.jobId, p.attemptId, p.agentId, p.call, p.now ?? null];
+  // No row: the job was purged, or a success was moving its row to its day's partition while the
+  // lock waited (a delete and an insert, which the lock does not follow): a new snapshot sees it
+  // moved.
+  let [r] = await run<Row>(db, staleReportSql, params);
+  if (!r) [r] = await run<Row>(db, staleReportSql, params);
   const current: CurrentState = {
     jobId: p.jobId,
     status: r?.current_status ?? 'canceled',
@@ -495,7 +500,7 @@ export interface StartParams extends AttemptRef {
 const startSql = (shape: Shape) =>
   statement(
     shape === 'job' ? 'attemptStart' : 'attemptStartMany',
-    `UPDATE jobs j SET status = 'running', attempts_started = j.attempts_started + 1,
+    `UPDATE jobs_live j SET status = 'running', attempts_started = j.attempts_started + 1,
        started_at = coalesce($5::timestamptz, now()),
        execution_deadline = coalesce($5::timestamptz, now()) + make_interval(secs => j.execution_timeout_ms / 1000.0),
        lease_expires_at = least(coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0),
@@ -580,7 +585,7 @@ export interface HeartbeatResult {
 // column: a HOT update when the page has room.
 const heartbeatSql = statement(
   'attemptHeartbeat',
-  `UPDATE jobs j SET
+  `UPDATE jobs_live j SET
      lease_expires_at = least(coalesce($6::timestamptz, now()) + make_interval(secs => $4::float8 / 1000.0), j.execution_deadline),
      heartbeat_at = coalesce($6::timestamptz, now()),
      progress = coalesce($5::jsonb -> j.current_attempt_id::text, j.progress)
@@ -601,7 +606,7 @@ const heartbeatLookupSql = statement(
           j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
    FROM unnest($1::uuid[], $2::text[]) AS x(id, agent_id)
    LEFT JOIN LATERAL (SELECT e.job_id, e.agent_id FROM attempt_log e WHERE e.id = x.id LIMIT 1) a ON true
-   LEFT JOIN jobs l ON l.current_attempt_id = x.id
+   LEFT JOIN jobs_live l ON l.current_attempt_id = x.id
    LEFT JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`,
 );
 
@@ -716,10 +721,9 @@ export interface CompleteParams extends AttemptRef {
 /**
  * The part of a completion after its CTEs `o` (the attempts as locked, with their claim and start)
  * and `u` (the jobs as they finished, `$5` the time given or NULL): the job.succeeded notification,
- * each carrying its attempt, to the outbox, only when someone listens. (Shared with the prototype
- * completion of test/bench/lifecycle.ts.)
+ * each carrying its attempt, to the outbox, only when someone listens.
  */
-export const succeededNotificationSql = `n AS (
+const succeededNotificationSql = `n AS (
        -- The ended attempts by job, for the notifications (looked up, not joined).
        SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
        FROM o
@@ -728,11 +732,42 @@ export const succeededNotificationSql = `n AS (
        FROM u
        WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}`;
 
+// What a success changes in its job's row as the row moves to its day's partition of jobs: the
+// attempt goes to the final_* columns (its end is finished_at), the live ones are cleared, and
+// done_day is the day of PostgreSQL's clock (not the $5 a test may give: a partition exists for
+// today and the next days, days.ts). Every other column is copied as it was.
+const movedColumn: Record<string, string> = {
+  status: `'succeeded'`,
+  result: '$4::jsonb -> d.current_attempt_id::text',
+  attempts_started: "d.attempts_started + (d.status = 'claimed')::int",
+  final_attempt_id: 'd.current_attempt_id',
+  final_agent_id: 'd.agent_id',
+  final_claimed_at: 'd.claimed_at',
+  final_claim_deadline: 'd.claim_deadline',
+  final_started_at: 'coalesce(d.started_at, coalesce($5::timestamptz, now()))',
+  final_suspect_since: 'd.suspect_since',
+  current_attempt_id: 'NULL',
+  agent_id: 'NULL',
+  lease_expires_at: 'NULL',
+  execution_deadline: 'NULL',
+  claimed_at: 'NULL',
+  claim_deadline: 'NULL',
+  started_at: 'NULL',
+  suspect_since: 'NULL',
+  finished_at: 'coalesce($5::timestamptz, now())',
+  updated_at: 'coalesce($5::timestamptz, now())',
+  done_day: "(now() AT TIME ZONE 'UTC')::date",
+};
+const JOB_COLUMNS = Object.values(getTableColumns(jobs)).map((c) => c.name);
+
 // The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
 // implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
-// another relation: o locks the rows (in index order); the job is updated by id, its attempt
-// moved to the final_* columns of the same row (its claim, start and agent; its end is
-// finished_at), its result (stored once, here) looked up by its attempt in $4. The job.succeeded notification
+// another relation: o locks the rows (in index order); each job's row is deleted from jobs_live
+// by id and inserted into jobs, which routes it to its day's partition (movedColumn: its attempt in
+// the final_* columns, its result, stored once, looked up by its attempt in $4). A concurrent
+// statement on the row (a heartbeat, the reaper, a cancel) waits for this one and then finds it
+// gone, as it finds a finished job: the move is an explicit delete, not an UPDATE of the partition
+// key, which PostgreSQL would answer with a serialization failure instead. The job.succeeded notification
 // goes to the outbox in the same statement, only when someone listens.
 const completeSql = (shape: Shape) =>
   statement(
@@ -740,20 +775,15 @@ const completeSql = (shape: Shape) =>
     `WITH o AS MATERIALIZED (
        SELECT j.id, j.queue, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.run_at, j.claimed_at, j.claim_deadline,
          j.started_at, j.suspect_since, j.created_at
-       FROM jobs j
+       FROM jobs_live j
        WHERE ${batchFence} AND j.status IN ('claimed', 'running')
        FOR UPDATE
+     ), d AS (
+       DELETE FROM jobs_live j WHERE j.id = ANY (ARRAY(SELECT id FROM o)) RETURNING j.*
      ), u AS (
-       UPDATE jobs j SET status = 'succeeded', result = $4::jsonb -> j.current_attempt_id::text,
-         attempts_started = j.attempts_started + (j.status = 'claimed')::int,
-         final_attempt_id = j.current_attempt_id, final_agent_id = j.agent_id, final_claimed_at = j.claimed_at,
-         final_claim_deadline = j.claim_deadline, final_started_at = coalesce(j.started_at, coalesce($5::timestamptz, now())),
-         final_suspect_since = j.suspect_since,
-         current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
-         claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
-         finished_at = coalesce($5::timestamptz, now()), updated_at = coalesce($5::timestamptz, now())
-       WHERE j.id = ANY (ARRAY(SELECT id FROM o))
-       RETURNING j.*
+       INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
+       SELECT ${JOB_COLUMNS.map((c) => movedColumn[c] ?? `d.${c}`).join(', ')} FROM d
+       RETURNING *
      ), k AS (
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
      ), ec AS (
@@ -803,7 +833,14 @@ async function completeMany(db: Queryable, p: { items: CompleteParams[]; now?: D
   if (batch.length) {
     const items = batch.map((k) => p.items[k]!);
     const fence = fenceParams(items);
-    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], [...fence, byAttempt(fence[0], (i) => json[batch[i]!]), p.now ?? null]);
+    const params = [...fence, byAttempt(fence[0], (i) => json[batch[i]!]), p.now ?? null];
+    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], params).catch(async (err: unknown) => {
+      // Today's partition missing (the coordinator was stopped for days, or its clock jumped):
+      // made now, and the statement tried once more.
+      if (!isNoPartition(err) || !(db instanceof pg.Pool)) throw err;
+      await daysEnsure(db);
+      return run<Record<string, unknown>>(db, completeSqls[shape], params);
+    });
     const done = new Map(rows.map(({ reported_by, ...r }) => [reported_by as string, r]));
     for (const k of batch) {
       const row = done.get(p.items[k]!.attemptId.toLowerCase());
@@ -857,7 +894,7 @@ const failSql = statement(
   `WITH o AS (
      SELECT id, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, claimed_at, claim_deadline,
        started_at, suspect_since, created_at
-     FROM jobs
+     FROM jobs_live
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status IN ('claimed', 'running') AND ($3::uuid IS NULL OR id = $3)
      FOR UPDATE
    ), d AS (
@@ -867,7 +904,7 @@ const failSql = statement(
              ELSE 'queued' END)::job_status AS next
      FROM o
    ), u AS (
-     UPDATE jobs j SET status = d.next, attempts_started = d.started,
+     UPDATE jobs_live j SET status = d.next, attempts_started = d.started,
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        run_at = CASE WHEN d.next = 'queued'

@@ -81,9 +81,9 @@ export const countsReadSql = statement(
   `SELECT queue, status::text AS status, sum(n)::int8 AS count FROM (
      SELECT queue, status, n FROM job_counts
      UNION ALL
-     SELECT queue, 'queued'::job_status, count(*) FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL GROUP BY queue
+     SELECT queue, 'queued'::job_status, count(*) FROM jobs_live WHERE current_attempt_id IS NULL AND finished_at IS NULL GROUP BY queue
      UNION ALL
-     SELECT queue, status, count(*) FROM jobs WHERE current_attempt_id IS NOT NULL GROUP BY queue, status
+     SELECT queue, status, count(*) FROM jobs_live WHERE current_attempt_id IS NOT NULL GROUP BY queue, status
    ) c
    GROUP BY queue, status HAVING sum(n) <> 0
    ORDER BY queue, status`,

@@ -9,7 +9,8 @@
  * INSERT … SELECT. What each row holds, and which transition writes it for real:
  *
  * - `jobs`: the row as the last transition left it (complete, fail, the reaper's dead letter,
- *   cancel): `current_attempt_id`, the lease and the live attempt's columns NULL, `finished_at`
+ *   cancel), a success's in the partition of its day: `current_attempt_id`, the lease and the
+ *   live attempt's columns NULL, `finished_at`
  *   and `updated_at` the end, `run_at` the last retry's due time (else the enqueue time),
  *   `heartbeat_at` the last attempt's last heartbeat (no transition clears it), `result` only
  *   when it succeeded. Inserted in `created_at` order, as enqueues append them.
@@ -204,15 +205,16 @@ const stageFillSql = statement(
 );
 
 // The jobs rows as their last transition left them, in enqueue order; a success's attempt on its
-// job's row, as the completion keeps it ($2: the claim TTL).
+// job's row, as the completion keeps it ($2: the claim TTL), and the row in the partition of the
+// day it finished (server/store/days.ts; seed-history.ts makes the partitions first).
 const jobsSql = statement(
   'historyJobs',
   `INSERT INTO jobs (id, queue, payload, priority, status, run_at, max_attempts, attempt_no, attempts_started, heartbeat_at,
                      idempotency_key, labels, result, notify_url, created_at, updated_at, finished_at,
-                     final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at, final_suspect_since)
-   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1, attempts, attempts,
+                     final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at, final_suspect_since, done_day)
+   SELECT job_id, queue, payload, 0, job_status::job_status, coalesce(job_run_at, created_at), $1::int, attempts, attempts,
      CASE WHEN attempts > 0 THEN heartbeat_at END, idempotency_key, labels, result, notify_url, created_at, finished_at, finished_at,
-     f.*
+     f.*, (finished_at AT TIME ZONE 'UTC')::date
    FROM history_stage
    LEFT JOIN LATERAL (
      SELECT attempt_id, agent_id, claimed_at, claimed_at + make_interval(secs => $2::float8 / 1000.0), started_at, suspect_since
@@ -243,6 +245,12 @@ const attemptsSql = statement(
      suspect_since, how::attempt_status, error, retryable, after::job_status, retry_at, created_at
    FROM history_stage WHERE attempts > 0 AND how <> 'succeeded'
    ORDER BY ended_at`,
+);
+
+// The keys of the keyed jobs, as the enqueue takes them (schema.ts, job_keys).
+const keysSql = statement(
+  'historyKeys',
+  `INSERT INTO job_keys (key, job_id) SELECT idempotency_key, job_id FROM history_stage WHERE last AND idempotency_key IS NOT NULL`,
 );
 
 // jobCancel of a queued job: its event holds the columns the cancel set (job_event_delta).
@@ -350,6 +358,7 @@ export async function historyChunkInsert(db: Queryable, p: HistoryChunkParams): 
       p.runId,
     ]);
     const jobs = await rowCount(tx, jobsSql, [p.maxAttempts, p.claimTtlMs]);
+    await rowCount(tx, keysSql, []);
     await rowCount(tx, countsSql, []);
     await rowCount(tx, endedSql, []);
     return {
@@ -380,7 +389,7 @@ export async function historyAgentsInsert(db: Queryable, p: { agents: string[]; 
 }
 
 /** The tables a seeding fills. */
-export const HISTORY_TABLES = ['jobs', 'attempts', 'job_events', 'steps', 'webhook_events', 'webhook_deliveries', 'agents'] as const;
+export const HISTORY_TABLES = ['jobs', 'job_keys', 'attempts', 'job_events', 'steps', 'webhook_events', 'webhook_deliveries', 'agents'] as const;
 
 /**
  * Refreshes the planner's statistics of the tables a seeding filled (`ANALYZE`), and with

@@ -54,6 +54,9 @@ const PARTS = {
   agentSucceeded: 'j.final_attempt_id IS NOT NULL AND j.final_agent_id = $A',
 } as const;
 type Part = keyof typeof PARTS;
+// Parts that only live jobs are in: read from jobs_live, the partition that holds them (the others
+// from jobs, all its partitions: finished jobs are in jobs_live and in the partitions of days).
+const LIVE_PARTS = new Set<Part>(['queued', 'held', 'agentHeld']);
 
 const finishedSet = new Set<JobStatus>(FINISHED_STATUSES);
 
@@ -143,7 +146,7 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
              ...onJob,
            ].join(' AND ')}
            ${order('a.job_created_at', 'a.job_id')}`
-        : `SELECT j.* FROM jobs j WHERE ${[PARTS[p].replace('$A', agent ?? ''), ...onJob].join(' AND ')} ${order('j.created_at', 'j.id')}`;
+        : `SELECT j.* FROM ${LIVE_PARTS.has(p) ? 'jobs_live' : 'jobs'} j WHERE ${[PARTS[p].replace('$A', agent ?? ''), ...onJob].join(' AND ')} ${order('j.created_at', 'j.id')}`;
     const inner =
       parts.length === 1
         ? one(parts[0]!)

@@ -92,23 +92,30 @@ const enqueueSql = statement(
        AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
        AND $9::jsonb <@ $13::jsonb
        AND NOT EXISTS (
-         SELECT 1 FROM jobs q
+         SELECT 1 FROM jobs_live q
          WHERE q.current_attempt_id IS NULL AND q.finished_at IS NULL AND q.queue = $1 AND q.priority >= $3
            AND q.run_at <= coalesce($8::timestamptz, now()) AND (q.labels = '{}'::jsonb OR q.labels <@ $13::jsonb)
        ) AS yes
+   ), i AS MATERIALIZED (
+     SELECT job_id_v7() AS id
+   ), k AS (
+     -- The key taken for this job, unless another job holds it (then no job is inserted).
+     INSERT INTO job_keys (key, job_id) SELECT $6, i.id FROM i WHERE $6::text IS NOT NULL
+     ON CONFLICT (key) DO NOTHING
+     RETURNING job_id
    ), n AS (
-     INSERT INTO jobs (queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
+     INSERT INTO jobs_live (id, queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
                        labels, notify_url, created_at, updated_at,
                        status, attempt_no, current_attempt_id, agent_id, claimed_at, claim_deadline, lease_expires_at)
-     SELECT $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
+     SELECT i.id, $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
             coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
             CASE WHEN h.yes THEN 'claimed' ELSE 'queued' END::job_status, CASE WHEN h.yes THEN 1 ELSE 0 END,
             CASE WHEN h.yes THEN $11::uuid END, CASE WHEN h.yes THEN $12::text END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END
-     FROM h
-     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+     FROM h, i
+     WHERE $6::text IS NULL OR EXISTS (SELECT 1 FROM k)
      RETURNING *
    ), nh AS (
      INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $16, $17 FROM n WHERE $16::text IS NOT NULL
@@ -119,12 +126,17 @@ const enqueueSql = statement(
    FROM n`,
 );
 
-// Runs after an ON CONFLICT DO NOTHING returned nothing: a new snapshot, so it sees the
-// competing insert that made it skip (READ COMMITTED).
+// Runs after the key's ON CONFLICT DO NOTHING inserted nothing: a new snapshot, so it sees the
+// competing insert that made it skip (READ COMMITTED). The job is looked up by id in every
+// partition of jobs (live or moved to its day). `k_job_id` without a job: a key left behind.
 const byKeySql = statement(
   'jobByIdempotencyKey',
-  `SELECT ${jobColumns('j')}, (j.queue = $2 AND j.payload = $3::jsonb) AS same FROM jobs j WHERE j.idempotency_key = $1`,
+  `SELECT ${jobColumns('j')}, (j.queue = $2 AND j.payload = $3::jsonb) AS same, k.job_id AS k_job_id
+   FROM job_keys k LEFT JOIN jobs j ON j.id = k.job_id WHERE k.key = $1`,
 );
+
+// A key whose job is gone (deleted behind the store's back): freed, so the enqueue can take it.
+const keyFreeSql = statement('jobKeyFree', `DELETE FROM job_keys k WHERE k.key = $1 AND k.job_id = $2 AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = $2)`);
 
 /**
  * Adds a job in `queued`. With an idempotency key: `ok` for a new job, `duplicate` with the
@@ -170,14 +182,18 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 
-  const [existing] = await run<Record<string, unknown> & { same: boolean }>(db, byKeySql, [
+  const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
     p.idempotencyKey,
     p.queue,
     payload.json,
   ]);
-  // The conflicting row was purged between the two statements: the key is free again.
+  // The conflicting job was purged between the two statements: the key is free again.
   if (!existing) return jobEnqueue(db, p);
-  const { same, ...row } = existing;
+  const { same, k_job_id, ...row } = existing;
+  if (row.id === null) {
+    await run(db, keyFreeSql, [p.idempotencyKey, k_job_id]);
+    return jobEnqueue(db, p);
+  }
   if (same) return duplicate(toJob(row));
   return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
 }
@@ -198,9 +214,9 @@ export interface Canceled {
 const cancelSql = statement(
   'jobCancel',
   `WITH o AS (
-     SELECT * FROM jobs WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
+     SELECT * FROM jobs_live WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
    ), u AS (
-     UPDATE jobs j SET status = 'canceled', current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL,
+     UPDATE jobs_live j SET status = 'canceled', current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL,
        execution_deadline = NULL, claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
      FROM o WHERE j.id = o.id
@@ -261,9 +277,9 @@ export interface RequeueParams {
 const requeueSql = statement(
   'jobRequeue',
   `WITH o AS (
-     SELECT * FROM jobs WHERE id = $1 AND status IN ('dead', 'failed', 'canceled') FOR UPDATE
+     SELECT * FROM jobs_live WHERE id = $1 AND status IN ('dead', 'failed', 'canceled') FOR UPDATE
    ), u AS (
-     UPDATE jobs j SET status = 'queued', run_at = coalesce($2::timestamptz, now()), attempts_started = 0,
+     UPDATE jobs_live j SET status = 'queued', run_at = coalesce($2::timestamptz, now()), attempts_started = 0,
        finished_at = NULL, updated_at = coalesce($2::timestamptz, now())
      FROM o WHERE j.id = o.id
      RETURNING j.*

@@ -8,6 +8,7 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import type pg from 'pg';
 import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
+import { daysEnsure } from './days.js';
 
 /** The folder drizzle-kit writes to (`server/store/migrations`). */
 export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
@@ -34,6 +35,8 @@ export async function migrateDatabase(pool: pg.Pool): Promise<number> {
     await migrate(drizzle(client), { migrationsFolder });
     await buildOnline(client);
     await fillInOnline(client);
+    // The partitions of today and the next days, for the successes to move to (days.ts).
+    await daysEnsure(client);
     return (await count()) - before;
   } finally {
     await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
@@ -52,11 +55,11 @@ export async function migrateDatabase(pool: pg.Pool): Promise<number> {
 export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
   {
     name: 'jobs_finished_queue_idx',
-    sql: `CREATE INDEX CONCURRENTLY "jobs_finished_queue_idx" ON "jobs" USING btree ("queue", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL`,
+    sql: `CREATE INDEX CONCURRENTLY "jobs_finished_queue_idx" ON "jobs_live" USING btree ("queue", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL`,
   },
   {
     name: 'jobs_unsucceeded_idx',
-    sql: `CREATE INDEX CONCURRENTLY "jobs_unsucceeded_idx" ON "jobs" USING btree ("created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL AND "result" IS NULL`,
+    sql: `CREATE INDEX CONCURRENTLY "jobs_unsucceeded_idx" ON "jobs_live" USING btree ("created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "finished_at" IS NOT NULL AND "result" IS NULL`,
   },
   {
     name: 'attempts_created_missing_idx',
@@ -64,11 +67,11 @@ export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
   },
   {
     name: 'jobs_final_attempt_uq',
-    sql: `CREATE UNIQUE INDEX CONCURRENTLY "jobs_final_attempt_uq" ON "jobs" USING btree ("final_attempt_id") WHERE "final_attempt_id" IS NOT NULL`,
+    sql: `CREATE UNIQUE INDEX CONCURRENTLY "jobs_final_attempt_uq" ON "jobs_live" USING btree ("final_attempt_id") WHERE "final_attempt_id" IS NOT NULL`,
   },
   {
     name: 'jobs_final_agent_idx',
-    sql: `CREATE INDEX CONCURRENTLY "jobs_final_agent_idx" ON "jobs" USING btree ("final_agent_id", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "final_attempt_id" IS NOT NULL`,
+    sql: `CREATE INDEX CONCURRENTLY "jobs_final_agent_idx" ON "jobs_live" USING btree ("final_agent_id", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "final_attempt_id" IS NOT NULL`,
   },
   {
     name: 'attempts_agent_idx',

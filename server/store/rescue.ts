@@ -56,7 +56,7 @@ const rescueSql = statement(
      FROM (
        SELECT id, queue, status, current_attempt_id, agent_id, attempt_no, attempts_started, max_attempts, lease_expires_at,
          execution_deadline, claimed_at, claim_deadline, started_at, suspect_since, created_at
-       FROM jobs
+       FROM jobs_live
        WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
        ORDER BY lease_expires_at
        LIMIT $1
@@ -77,7 +77,7 @@ const rescueSql = statement(
    ), u AS (
      -- By id, no join: what each job becomes follows from its row as it was (the same
      -- expressions as in d, on the same locked row).
-     UPDATE jobs j SET status = ${nextSql('j')},
+     UPDATE jobs_live j SET status = ${nextSql('j')},
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        run_at = coalesce(((SELECT retry FROM m) ->> j.id::text)::timestamptz, j.run_at),

@@ -9,10 +9,13 @@ import type { CurrentState } from '../core/outcomes.js';
  * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its
  * attempts ended with (a reported failure, an expired lease, a timeout), none once it succeeded.
  */
-export type Job = Omit<JobRow, FinalAttemptColumns> & { error: unknown };
+export type Job = Omit<JobRow, StorageColumns> & { error: unknown };
 
-/** The columns that keep a success's attempt on its job's row: read as an attempt (`attempt_log`), not as the job. */
-type FinalAttemptColumns = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince';
+/**
+ * Columns of the row that are not the job as the API shows it: a success's attempt kept on its
+ * job's row (read as an attempt, `attempt_log`), and the partition the row is kept in.
+ */
+type StorageColumns = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince' | 'doneDay';
 
 /**
  * What the batched transitions (the agent stream's starts and reports) return about a job:

@@ -23,6 +23,7 @@ import {
   bigint,
   boolean,
   check,
+  date,
   index,
   integer,
   jsonb,
@@ -157,6 +158,12 @@ export const jobs = pgTable(
     finalClaimDeadline: tsz('final_claim_deadline'),
     finalStartedAt: tsz('final_started_at'),
     finalSuspectSince: tsz('final_suspect_since'),
+    /**
+     * The partition it is kept in (`jobs` is partitioned by LIST on this, migration 0019): NULL in
+     * `jobs_live` (live jobs, and finished ones that did not move), else the UTC day a success
+     * moved it to its day's partition, which the purger drops whole (server/store/days.ts).
+     */
+    doneDay: date('done_day', { mode: 'string' }),
   },
   (t) => [
     // Serves jobClaim: the next queued jobs of the agent's queues in priority order. Partial,
@@ -314,6 +321,19 @@ export const attempts = pgTable(
     check('attempts_ended', sql`${t.status} not in ('claimed', 'running')`),
   ],
 );
+
+/**
+ * Idempotency keys, one row per keyed job for as long as the job is kept (migration 0019): the
+ * enqueue inserts the key here and the job only if the key was free, in one statement. A key
+ * cannot be kept unique by an index on `jobs` once finished jobs are in partitions of their own
+ * (PostgreSQL's unique indexes on a partitioned table must hold the partition key). The purge
+ * deletes a key with its job.
+ */
+export const jobKeys = pgTable('job_keys', {
+  key: text('key').primaryKey(),
+  /** Its job. No foreign key: see `JOB_REFERENCES` (written by the enqueue that inserts the job). */
+  jobId: uuid('job_id').notNull(),
+});
 
 /** Agents that may connect: the token is shown once at creation and stored as a SHA-256 hash. */
 export const agents = pgTable(

@@ -14,7 +14,7 @@ const ids = z.array(schemas.id).max(limits.heartbeatBatch, `must hold at most ${
 // indexed, so marking is a HOT update.
 const suspectSql = statement(
   'attemptsMarkSuspect',
-  `UPDATE jobs SET suspect_since = coalesce(suspect_since, coalesce($2::timestamptz, now()))
+  `UPDATE jobs_live SET suspect_since = coalesce(suspect_since, coalesce($2::timestamptz, now()))
    WHERE current_attempt_id = ANY($1::uuid[])
    RETURNING current_attempt_id AS id`,
 );
@@ -30,7 +30,7 @@ export async function attemptsMarkSuspect(db: Queryable, p: { attemptIds: string
 
 const resumeSql = statement(
   'attemptsResume',
-  `UPDATE jobs SET suspect_since = NULL
+  `UPDATE jobs_live SET suspect_since = NULL
    WHERE current_attempt_id = ANY($1::uuid[]) AND agent_id = $2
    RETURNING current_attempt_id AS id, status::text, id AS job_id`,
 );

@@ -39,7 +39,7 @@ export type StepReservation =
 const reserveSql = statement(
   'stepReserve',
   `WITH f AS (
-     SELECT id FROM jobs
+     SELECT id FROM jobs_live
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'running' AND ($3::uuid IS NULL OR id = $3)
      FOR SHARE
    )
@@ -149,7 +149,7 @@ export interface StepRecordParams extends StepRef {
 const recordSql = statement(
   'stepRecord',
   `WITH f AS (
-     SELECT id FROM jobs
+     SELECT id FROM jobs_live
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'running' AND ($3::uuid IS NULL OR id = $3)
      FOR SHARE
    )

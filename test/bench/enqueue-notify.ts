@@ -45,7 +45,7 @@ const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(
 const median = (xs: number[]) => pct(xs, 50);
 
 async function rep(mode: Mode) {
-  await pool.query('TRUNCATE jobs, attempts');
+  await pool.query('TRUNCATE jobs, job_keys, attempts');
   await pool.query('CHECKPOINT');
   heard = 0;
   const waker = new QueueWaker(hot, log, () => undefined);

@@ -167,7 +167,7 @@ export async function leasehold(
       // side, and a failed TRUNCATE is simply tried again (seen once in a latency run).
       for (let attempt = 1; ; attempt++) {
         try {
-          await pool.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports, notify_headers, webhook_events, job_counts, ended_counts CASCADE');
+          await pool.query('TRUNCATE jobs, job_keys, attempts, job_events, steps, stale_reports, notify_headers, webhook_events, job_counts, ended_counts CASCADE');
           return;
         } catch (err) {
           if ((err as { code?: string }).code !== '40P01' || attempt >= 5) throw err;

@@ -66,7 +66,7 @@ export function useTestDb(): TestDb {
     url,
     newPool,
     truncate: async () => {
-      await main!.query('TRUNCATE jobs, attempts, job_events, steps, stale_reports, webhook_events, webhook_deliveries, notify_headers, job_counts, ended_counts');
+      await main!.query('TRUNCATE jobs, job_keys, attempts, job_events, steps, stale_reports, webhook_events, webhook_deliveries, notify_headers, job_counts, ended_counts');
     },
   };
 }

@@ -1,0 +1,163 @@
+/**
+ * The table of days (server/store/days.ts, migration 0019): a success moves its job's row to the
+ * partition of its UTC day; readers see it where they saw it; idempotency keys stay unique across
+ * partitions; the purger drops a day whole, with everything that hangs off its jobs, the counts
+ * corrected, a job whose notification is undelivered kept; a drop cut short is finished later.
+ */
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import {
+  attemptComplete,
+  attemptFail,
+  attemptStart,
+  jobClaim,
+  jobCounts,
+  jobEnqueue,
+  jobGet,
+  jobSearch,
+  type Claimed,
+} from '../server/store/index.js';
+import { daysDrop, daysEnsure, dayTable } from '../server/store/days.js';
+import type { Outcome } from '../server/core/outcomes.js';
+import { useTestDb } from './helpers/db.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const TTL = 30_000;
+
+function value<T>(o: Outcome<T>): T {
+  if (o.outcome !== 'ok' && o.outcome !== 'duplicate') throw new Error(`expected a value, got ${JSON.stringify(o)}`);
+  return o.value;
+}
+
+const today = async () => (await t.pool.query<{ d: string }>(`SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD') AS d`)).rows[0]!.d;
+const partitions = async () =>
+  (
+    await t.pool.query<{ name: string; bound: string }>(
+      `SELECT c.relname AS name, pg_get_expr(c.relpartbound, c.oid) AS bound FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+       WHERE i.inhparent = 'jobs'::regclass ORDER BY 1`,
+    )
+  ).rows;
+const whereIs = async (id: string) => (await t.pool.query<{ p: string }>(`SELECT tableoid::regclass::text AS p FROM jobs WHERE id = $1`, [id])).rows.map((r) => r.p);
+
+async function claimOne(queue = 'd'): Promise<Claimed> {
+  const c = value(await jobClaim(t.pool, { agentId: 'a1', queues: [queue], limit: 1, claimTtlMs: TTL }));
+  expect(c).toHaveLength(1);
+  return c[0]!;
+}
+
+/** A job that failed once and then succeeded: an attempts row, and its success on its row. */
+async function succeeded(extra: Partial<Parameters<typeof jobEnqueue>[1]> = {}) {
+  const job = value(await jobEnqueue(t.pool, { queue: 'd', payload: { n: Math.random() }, ...extra }));
+  const c1 = await claimOne();
+  value(await attemptStart(t.pool, { attemptId: c1.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+  value(await attemptFail(t.pool, { attemptId: c1.attemptId, agentId: 'a1', error: { message: 'once' }, retryable: true, backoff: { baseMs: 0, maxMs: 0 } }));
+  const c2 = await claimOne();
+  value(await attemptStart(t.pool, { attemptId: c2.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+  value(await attemptComplete(t.pool, { attemptId: c2.attemptId, agentId: 'a1', result: { ok: true } }));
+  return { job, first: c1, second: c2 };
+}
+
+beforeEach(async () => {
+  await t.truncate();
+  await daysEnsure(t.pool); // a test before may have dropped some
+});
+afterEach(() => checkInvariants(t.pool));
+
+describe('the table of days', () => {
+  it('jobs is partitioned by done_day: jobs_live for NULL, today and the next two days made ahead', async () => {
+    const d = await today();
+    const parts = await partitions();
+    expect(parts.find((p) => p.name === 'jobs_live')?.bound).toBe('FOR VALUES IN (NULL)');
+    expect(parts.map((p) => p.name)).toContain(dayTable(d));
+    expect(parts.filter((p) => p.name !== 'jobs_live')).toHaveLength(3);
+    // Made again: nothing to do.
+    expect(await daysEnsure(t.pool)).toEqual([]);
+  });
+
+  it("a success moves its job to its day's partition; reads find it there with its whole history", async () => {
+    const { job, first, second } = await succeeded();
+    expect(await whereIs(job.id)).toEqual([dayTable(await today())]);
+    const d = value(await jobGet(t.pool, { jobId: job.id }));
+    expect(d.job).toMatchObject({ id: job.id, status: 'succeeded', result: { ok: true }, attemptNo: 2 });
+    expect(d.attempts.map((a) => [a.id, a.status])).toEqual([
+      [first.attemptId, 'failed'],
+      [second.attemptId, 'succeeded'],
+    ]);
+    expect(d.events.map((e) => e.kind)).toEqual(['enqueued', 'claimed', 'started', 'retry_scheduled', 'claimed', 'started', 'completed']);
+    const page = value(await jobSearch(t.pool, { queue: 'd', statuses: ['succeeded'] }));
+    expect(page.jobs.map((j) => j.id)).toEqual([job.id]);
+    // A repeated report of the success is answered from the moved row.
+    expect(await attemptComplete(t.pool, { attemptId: second.attemptId, agentId: 'a1', result: { ok: true } })).toMatchObject({ outcome: 'duplicate' });
+    expect(await attemptComplete(t.pool, { attemptId: second.attemptId, agentId: 'a1', result: { ok: false } })).toMatchObject({ outcome: 'conflict' });
+  });
+
+  it('an idempotency key stays taken when its job has moved: duplicate, or conflict for another payload', async () => {
+    const { job } = await succeeded({ idempotencyKey: 'k-moved', payload: { same: 1 } });
+    expect(await whereIs(job.id)).toEqual([dayTable(await today())]);
+    expect(await jobEnqueue(t.pool, { queue: 'd', payload: { same: 1 }, idempotencyKey: 'k-moved' })).toMatchObject({ outcome: 'duplicate', value: { id: job.id } });
+    expect(await jobEnqueue(t.pool, { queue: 'd', payload: { same: 2 }, idempotencyKey: 'k-moved' })).toMatchObject({ outcome: 'conflict' });
+    expect(Number((await t.pool.query(`SELECT count(*) FROM jobs WHERE idempotency_key = 'k-moved'`)).rows[0].count)).toBe(1);
+  });
+
+  it('100 rounds of an enqueue racing the completion that moves the job of its key: one job per key', async () => {
+    for (let round = 0; round < 100; round++) {
+      const key = `race-${round}`;
+      const job = value(await jobEnqueue(t.pool, { queue: 'd', payload: { round }, idempotencyKey: key }));
+      const c = await claimOne();
+      value(await attemptStart(t.pool, { attemptId: c.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+      const complete = () => attemptComplete(t.pool, { attemptId: c.attemptId, agentId: 'a1', result: {} });
+      const enqueue = () => jobEnqueue(t.pool, { queue: 'd', payload: { round }, idempotencyKey: key });
+      const [done, again] = round % 2 ? await Promise.all([complete(), enqueue()]) : (await Promise.all([enqueue(), complete()])).reverse();
+      expect(done!.outcome).toBe('ok');
+      expect(again).toMatchObject({ outcome: 'duplicate', value: { id: job.id } });
+    }
+    const keys = (await t.pool.query(`SELECT idempotency_key, count(*)::int AS n FROM jobs GROUP BY 1 HAVING count(*) > 1`)).rows;
+    expect(keys).toEqual([]);
+  });
+
+  it("the purger's drop takes a day whole, with its jobs' attempts, steps and keys, and corrects the counts", async () => {
+    const { job } = await succeeded({ idempotencyKey: 'k-drop' });
+    const kept = await succeeded({ notifyUrl: 'https://example.com/hook' });
+    // Its notification still to deliver: the drop must keep it.
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries WHERE status = 'pending'`)).rows[0].n).toBe(1);
+    const before = (await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count;
+    expect(Number(before)).toBe(2);
+    // Today ends before a cutoff a day from now (tomorrow is not over).
+    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000) });
+    expect(dropped).toEqual({ days: [await today()], jobs: 1, kept: 1 });
+    expect(await whereIs(job.id)).toEqual([]);
+    expect(await whereIs(kept.job.id)).toEqual(['jobs_live']);
+    expect((await t.pool.query(`SELECT done_day FROM jobs WHERE id = $1`, [kept.job.id])).rows[0].done_day).toBeNull();
+    for (const table of ['attempts', 'job_events', 'steps', 'stale_reports', 'webhook_events']) {
+      expect((await t.pool.query(`SELECT count(*)::int AS n FROM ${table} WHERE job_id = $1`, [job.id])).rows[0].n, table).toBe(0);
+    }
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM job_keys WHERE key = 'k-drop'`)).rows[0].n).toBe(0);
+    expect(Number((await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count)).toBe(1);
+    expect((await partitions()).map((p) => p.name)).not.toContain(dayTable(await today()));
+    // The key is free again.
+    expect(await jobEnqueue(t.pool, { queue: 'other', payload: {}, idempotencyKey: 'k-drop' })).toMatchObject({ outcome: 'ok' });
+  });
+
+  it("a completion whose day has no partition makes it and succeeds (the coordinator was stopped for days)", async () => {
+    await t.pool.query(`ALTER TABLE jobs DETACH PARTITION "${dayTable(await today())}"`);
+    await t.pool.query(`DROP TABLE "${dayTable(await today())}"`);
+    const { job } = await succeeded();
+    expect(await whereIs(job.id)).toEqual([dayTable(await today())]);
+  });
+
+  it('a drop cut short after its detach is finished by the next run', async () => {
+    const { job } = await succeeded();
+    const table = dayTable(await today());
+    await t.pool.query(`ALTER TABLE jobs DETACH PARTITION "${table}"`);
+    // The job is gone from jobs, its earlier attempt still there until the drop finishes.
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1`, [job.id])).rows[0].n).toBe(1);
+    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() - 30 * 86_400_000) });
+    expect(dropped.jobs).toBe(1);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1`, [job.id])).rows[0].n).toBe(0);
+    expect((await t.pool.query(`SELECT to_regclass($1) AS r`, [table])).rows[0].r).toBeNull();
+    expect(Number((await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count ?? 0)).toBe(0);
+    // And today's partition is made again for the next success.
+    await daysEnsure(t.pool);
+    expect((await partitions()).map((p) => p.name)).toContain(table);
+  });
+});
