@@ -84,15 +84,17 @@ const purgeWhere = `j.finished_at < w.cutoff AND j.status = ANY($2::job_status[]
        AND NOT EXISTS (SELECT 1 FROM webhook_events e WHERE e.job_id = j.id AND e.type = 'job.dead' AND e.alerted_at IS NULL)`;
 const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval(secs => $1::float8 / 1000.0) AS cutoff)`;
 
-// One batch. Candidates come oldest first from jobs_finished_idx and are locked FOR UPDATE SKIP
-// LOCKED, so purgers on several replicas take different jobs, and an operator's requeue of the
-// same job either waits for the delete (and then finds nothing) or commits first (finished_at
-// is NULL then, and the recheck under the lock drops the row). The jobs' attempts and the rows of
-// JOB_REFERENCES (events, steps, stale reports, notify header, webhook events, whose deliveries
-// the events' cascade takes) go in the same statement, none having a foreign key to jobs
-// (schema.ts): each through its job_id index, the batch's ids given as one array so that the
+// One batch. Candidates come oldest first from jobs_finished_idx (of each partition of jobs, or of
+// jobs_live) and are locked FOR UPDATE SKIP LOCKED, so purgers on several replicas take different
+// jobs, and an operator's requeue of the same job either waits for the delete (and then finds
+// nothing) or commits first (finished_at is NULL then, and the recheck under the lock drops the
+// row). The jobs themselves, their keys, their attempts and the rows of JOB_REFERENCES (events,
+// steps, stale reports, notify header, webhook events, whose deliveries the events' cascade
+// takes) go in the same statement, none having a foreign key to jobs (schema.ts): each through
+// its index, the batch's ids (and keys) given as one array so that the
 // plan is an index scan whatever the planner thinks of the table's size (joined with `c`, steps
-// were read whole, a hash join, at 60,000 rows). The kept counts lose what was deleted, and the
+// were read whole, a hash join, at 60,000 rows; the jobs' own delete, joined with `c`, read every
+// partition of ten million finished jobs whole). The kept counts lose what was deleted, and the
 // per-minute counts what ended in the last day: the deleted attempts (their rows, and the
 // successes kept on the jobs' rows) and cancels of queued jobs (job_events) of that day, as a
 // recount of what is kept would find (counts.ts).
@@ -100,16 +102,16 @@ const purgeSqlOf = (name: string, from: 'jobs' | 'jobs_live') =>
   statement(
   name,
   `WITH ${cutoffCte}, c AS (
-     SELECT j.id, j.status, j.finished_at FROM ${from} j, w WHERE ${purgeWhere} AND j.finished_at >= coalesce($6::timestamptz, '-infinity')
+     SELECT j.id, j.status, j.finished_at, j.idempotency_key FROM ${from} j, w WHERE ${purgeWhere} AND j.finished_at >= coalesce($6::timestamptz, '-infinity')
      ORDER BY j.finished_at
      LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
-   ), d AS (
-     DELETE FROM jobs USING c WHERE jobs.id = c.id RETURNING jobs.id, jobs.queue, jobs.status, jobs.finished_at, jobs.final_attempt_id, jobs.idempotency_key
-   ), keys AS (
-     DELETE FROM job_keys k USING d WHERE k.key = d.idempotency_key AND k.job_id = d.id
    ), ids AS (
-     SELECT array_agg(id) AS ids FROM c
+     SELECT array_agg(id) AS ids, array_agg(idempotency_key) FILTER (WHERE idempotency_key IS NOT NULL) AS keys FROM c
+   ), d AS (
+     DELETE FROM ${from} j WHERE j.id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING j.id, j.queue, j.status, j.finished_at, j.final_attempt_id
+   ), keys AS (
+     DELETE FROM job_keys WHERE key = ANY((SELECT keys FROM ids)::text[]) AND job_id = ANY((SELECT ids FROM ids)::uuid[])
    ), a AS (
      DELETE FROM attempts WHERE job_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING ended_at, status, job_status
    ), e AS (

@@ -18,8 +18,8 @@
  *
  * By agent: the jobs it holds now (`jobs_current_attempt_uq`), those of its ended attempts, read
  * newest job first from `attempts_agent_idx` (each attempt carries its job's `created_at`), and
- * those it succeeded (the attempt kept on the job's row), newest first from
- * `jobs_final_agent_idx`; each job once.
+ * those it succeeded (the attempt kept on the job's row), from `jobs_final_agent_idx` of each
+ * partition, newest first; each job once.
  */
 import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import type { JobStatus } from './schema.js';

@@ -141,9 +141,10 @@ export async function leasehold(
       await enqueue(JSON.stringify({ queue: QUEUE, payload }));
     },
     async drained() {
-      // Served by the partial indexes of the queued and of the held jobs.
-      const q = `SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE current_attempt_id IS NULL AND finished_at IS NULL)
-                    AND NOT EXISTS (SELECT 1 FROM jobs WHERE current_attempt_id IS NOT NULL) AS done`;
+      // Served by the partial indexes of the queued and of the held jobs, which jobs_live has
+      // (on jobs, every partition of finished jobs would be read whole).
+      const q = `SELECT NOT EXISTS (SELECT 1 FROM jobs_live WHERE current_attempt_id IS NULL AND finished_at IS NULL)
+                    AND NOT EXISTS (SELECT 1 FROM jobs_live WHERE current_attempt_id IS NOT NULL) AS done`;
       return (await pool.query(q)).rows[0].done as boolean;
     },
     async reset() {
@@ -152,8 +153,11 @@ export async function leasehold(
         // their attempts (rows of attempts, and successes kept on the jobs' rows) added to the
         // per-minute counts, as the purge takes it back.
         await pool.query(
-          `WITH a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM jobs WHERE queue = $1) RETURNING ended_at, status, job_status),
-           d AS (DELETE FROM jobs WHERE queue = $1 RETURNING finished_at, final_attempt_id)
+          `WITH x AS MATERIALIZED (
+             -- Drained: every job of the queue finished (jobs_finished_queue_idx of each partition).
+             SELECT id FROM jobs WHERE queue = $1 AND finished_at IS NOT NULL
+           ), a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM x) RETURNING ended_at, status, job_status),
+           d AS (DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM x)) RETURNING finished_at, final_attempt_id)
            ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}
              UNION ALL SELECT finished_at, 'completed' FROM d WHERE final_attempt_id IS NOT NULL AND finished_at >= ${endedCutoff}`, '-1')}`,
           [QUEUE],
