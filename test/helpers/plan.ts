@@ -4,6 +4,7 @@ export interface PlanNode {
   'Relation Name'?: string;
   'Index Name'?: string;
   'Index Cond'?: string;
+  'Recheck Cond'?: string;
   Plans?: PlanNode[];
 }
 
