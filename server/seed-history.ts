@@ -107,7 +107,7 @@ export async function seedHistory(
   const queueSum = o.queues.reduce((s, q) => s + q.weight, 0);
   const outcomeSum = HISTORY_OUTCOMES.reduce((s, k) => s + o.outcomes[k], 0);
   const rows: HistoryChunkCounts = { jobs: 0, attempts: 0, jobEvents: 0, steps: 0, webhookEvents: 0, webhookDeliveries: 0 };
-  // The partitions of the days the successes finished on (server/store/days.ts).
+  // The partitions of the days the jobs finished on (server/store/days.ts).
   const days: string[] = [];
   for (let t = Date.parse(new Date(end.getTime() - spanMs).toISOString().slice(0, 10)); t <= end.getTime(); t += 86_400_000) days.push(new Date(t).toISOString().slice(0, 10));
   const { daysEnsure } = await import('./store/days.js');

@@ -1,6 +1,7 @@
 /**
- * The table of days (server/store/days.ts, migration 0019): a success moves its job's row to the
- * partition of its UTC day; readers see it where they saw it; idempotency keys stay unique across
+ * The table of days (server/store/days.ts, migration 0019): every end (a success, a failure for
+ * good, a dead letter, a cancel) moves its job's row to the partition of its UTC day, a requeue
+ * moves it back; readers see it where they saw it; idempotency keys stay unique across
  * partitions; the purger drops a day whole, with everything that hangs off its jobs, the counts
  * corrected, a job whose notification is undelivered kept; a drop cut short is finished later.
  */
@@ -10,9 +11,12 @@ import {
   attemptFail,
   attemptStart,
   jobClaim,
+  jobCancel,
   jobCounts,
   jobEnqueue,
   jobGet,
+  jobRequeue,
+  jobRescueExpired,
   jobSearch,
   type Claimed,
 } from '../server/store/index.js';
@@ -89,6 +93,81 @@ describe('the table of days', () => {
     // A repeated report of the success is answered from the moved row.
     expect(await attemptComplete(t.pool, { attemptId: second.attemptId, agentId: 'a1', result: { ok: true } })).toMatchObject({ outcome: 'duplicate' });
     expect(await attemptComplete(t.pool, { attemptId: second.attemptId, agentId: 'a1', result: { ok: false } })).toMatchObject({ outcome: 'conflict' });
+  });
+
+  it('every end moves its job to its day; a retry stays live; repeats answer from the moved row; a requeue moves it back', async () => {
+    const day = dayTable(await today());
+    const live = async () => (await t.pool.query<{ id: string; status: string }>(`SELECT id, status FROM jobs_live ORDER BY created_at`)).rows;
+    // A failure for good, with a key.
+    const failed = value(await jobEnqueue(t.pool, { queue: 'd', payload: { n: 1 }, idempotencyKey: 'k-failed' }));
+    const c1 = await claimOne();
+    value(await attemptStart(t.pool, { attemptId: c1.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+    const retry = { attemptId: c1.attemptId, agentId: 'a1', error: { message: 'again' }, retryable: true, backoff: { baseMs: 0, maxMs: 0 } };
+    // A retry first: the job stays in jobs_live, queued.
+    expect(value(await attemptFail(t.pool, retry)).status).toBe('queued');
+    expect(await whereIs(failed.id)).toEqual(['jobs_live']);
+    const c2 = await claimOne();
+    const bad = { attemptId: c2.attemptId, agentId: 'a1', error: { message: 'bad input' }, retryable: false };
+    expect(value(await attemptFail(t.pool, bad)).status).toBe('failed');
+    expect(await whereIs(failed.id)).toEqual([day]);
+    // Repeats of the report, answered from the moved row; the key stays taken.
+    expect(await attemptFail(t.pool, bad)).toMatchObject({ outcome: 'duplicate', value: { id: failed.id, status: 'failed' } });
+    expect(await attemptFail(t.pool, { ...bad, error: { message: 'other' } })).toMatchObject({ outcome: 'conflict' });
+    expect(await attemptComplete(t.pool, { attemptId: c2.attemptId, agentId: 'a1', result: {} })).toMatchObject({ outcome: 'conflict' });
+    expect(await jobEnqueue(t.pool, { queue: 'd', payload: { n: 1 }, idempotencyKey: 'k-failed' })).toMatchObject({ outcome: 'duplicate', value: { id: failed.id } });
+
+    // A dead letter by the failure at the cap, and one by the reaper.
+    const capped = value(await jobEnqueue(t.pool, { queue: 'd', payload: { n: 2 }, maxAttempts: 1 }));
+    const c3 = await claimOne();
+    value(await attemptStart(t.pool, { attemptId: c3.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+    expect(value(await attemptFail(t.pool, { attemptId: c3.attemptId, agentId: 'a1', error: { message: 'x' }, retryable: true })).status).toBe('dead');
+    const reaped = value(await jobEnqueue(t.pool, { queue: 'd', payload: { n: 3 }, maxAttempts: 1 }));
+    const c4 = await claimOne();
+    value(await attemptStart(t.pool, { attemptId: c4.attemptId, agentId: 'a1', leaseTtlMs: TTL }));
+    const rescued = value(await jobRescueExpired(t.pool, { limit: 10, now: new Date(Date.now() + 2 * TTL) }));
+    expect(rescued.map((r) => [r.jobId, r.reason, r.status])).toEqual([[reaped.id, 'lease_expired', 'dead']]);
+    // A reaped claim goes back to the queue, live.
+    const expiring = value(await jobEnqueue(t.pool, { queue: 'd', payload: { n: 4 } }));
+    await claimOne();
+    expect(value(await jobRescueExpired(t.pool, { limit: 10, now: new Date(Date.now() + 2 * TTL) })).map((r) => r.status)).toEqual(['queued']);
+    // Cancels of a queued job and of a held one.
+    const canceledHeld = value(await jobEnqueue(t.pool, { queue: 'e', payload: { n: 5 } }));
+    const c6 = await claimOne('e');
+    const cancel = value(await jobCancel(t.pool, { jobId: canceledHeld.id }));
+    expect(cancel.canceledAttempt).toEqual({ attemptId: c6.attemptId, agentId: 'a1' });
+    expect(await jobCancel(t.pool, { jobId: expiring.id })).toMatchObject({ outcome: 'ok' });
+    expect(await jobCancel(t.pool, { jobId: expiring.id })).toMatchObject({ outcome: 'duplicate' });
+    // A late heartbeat and start of the canceled attempt: stale.
+    expect(await attemptStart(t.pool, { attemptId: c6.attemptId, agentId: 'a1', leaseTtlMs: TTL })).toMatchObject({ outcome: 'stale' });
+
+    for (const id of [failed.id, capped.id, reaped.id, canceledHeld.id, expiring.id]) expect(await whereIs(id), id).toEqual([day]);
+    expect(await live()).toEqual([]);
+    // Reads find them where they are, with their history.
+    const got = value(await jobGet(t.pool, { jobId: failed.id }));
+    expect(got.job).toMatchObject({ status: 'failed', error: { message: 'bad input' }, attemptNo: 2 });
+    expect(got.attempts.map((a) => a.status)).toEqual(['failed', 'failed']);
+    expect(value(await jobGet(t.pool, { jobId: reaped.id })).job).toMatchObject({ status: 'dead', error: { reason: 'lease_expired' } });
+    expect(value(await jobSearch(t.pool, { statuses: ['dead'] })).jobs.map((j) => j.id).sort()).toEqual([capped.id, reaped.id].sort());
+    expect(value(await jobSearch(t.pool, { queue: 'd', statuses: ['canceled'] })).jobs.map((j) => j.id)).toEqual([expiring.id]);
+    expect(value(await jobSearch(t.pool, { statuses: ['failed'] })).jobs.map((j) => j.id)).toEqual([failed.id]);
+
+    // A requeue moves the job back to jobs_live, queued; its event says what changed, not where it is kept.
+    const back = value(await jobRequeue(t.pool, { jobId: failed.id }));
+    expect(back).toMatchObject({ id: failed.id, status: 'queued', attemptsStarted: 0, finishedAt: null });
+    expect(await whereIs(failed.id)).toEqual(['jobs_live']);
+    const events = value(await jobGet(t.pool, { jobId: failed.id })).events;
+    const requeued = events.find((e) => e.kind === 'requeued')!;
+    expect(Object.keys(requeued.data as object).sort()).toEqual(['attempts_started', 'finished_at', 'run_at', 'status']);
+    expect(await jobRequeue(t.pool, { jobId: failed.id })).toMatchObject({ outcome: 'conflict' });
+    const canceledEvent = value(await jobGet(t.pool, { jobId: expiring.id })).events.find((e) => e.kind === 'canceled')!;
+    expect(Object.keys(canceledEvent.data as object)).not.toContain('done_day');
+    // Claimed again, it ends again in its day.
+    const c7 = await claimOne();
+    expect(c7.job.id).toBe(failed.id);
+    expect(c7.attemptNo).toBe(3);
+    value(await attemptComplete(t.pool, { attemptId: c7.attemptId, agentId: 'a1', result: { ok: 3 } }));
+    expect(await whereIs(failed.id)).toEqual([day]);
+    expect(await live()).toEqual([]);
   });
 
   it('an idempotency key stays taken when its job has moved: duplicate, or conflict for another payload', async () => {

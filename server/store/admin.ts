@@ -66,8 +66,9 @@ export interface PurgeParams {
    */
   after?: Date;
   /**
-   * Only finished jobs in `jobs_live` (not those moved to the partitions of their days, which the
-   * purger drops whole: days.ts). The purger's; an operator's purge takes every partition.
+   * Only finished jobs in `jobs_live` (those from before every end moved its job, or kept back by a
+   * day's drop for their undelivered notification; not those in the partitions of their days, which
+   * the purger drops whole: days.ts). The purger's; an operator's purge takes every partition.
    */
   liveOnly?: boolean;
 }

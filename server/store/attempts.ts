@@ -46,7 +46,7 @@ import { getTableColumns } from 'drizzle-orm';
 import pg from 'pg';
 import { z } from 'zod';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
-import { daysEnsure, isNoPartition } from './days.js';
+import { withDays } from './days.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
 import { jobs, type JobStatus } from './schema.js';
@@ -732,11 +732,38 @@ const succeededNotificationSql = `n AS (
        FROM u
        WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}`;
 
-// What a success changes in its job's row as the row moves to its day's partition of jobs: the
-// attempt goes to the final_* columns (its end is finished_at), the live ones are cleared, and
-// done_day is the day of PostgreSQL's clock (not the $5 a test may give: a partition exists for
-// today and the next days, days.ts). Every other column is copied as it was.
+/** The columns of `jobs`, in order: a moved row is inserted with all of them. */
+export const JOB_COLUMNS = Object.values(getTableColumns(jobs)).map((c) => c.name);
+
+/**
+ * What every end (a success, a final failure, a dead letter, a cancel) changes in its job's row as
+ * the row moves from `jobs_live` to its day's partition of `jobs`, `now` being the end's time: the
+ * live attempt's columns are cleared, the job finishes, and done_day is the day of PostgreSQL's
+ * clock (not the time a test may give: a partition exists for today and the next days, days.ts).
+ * Each end adds its own (status, …); every other column is copied as it was.
+ */
+export const endedColumn = (now: string): Record<string, string> => ({
+  current_attempt_id: 'NULL',
+  agent_id: 'NULL',
+  lease_expires_at: 'NULL',
+  execution_deadline: 'NULL',
+  claimed_at: 'NULL',
+  claim_deadline: 'NULL',
+  started_at: 'NULL',
+  suspect_since: 'NULL',
+  finished_at: now,
+  updated_at: now,
+  done_day: "(now() AT TIME ZONE 'UTC')::date",
+});
+
+/** The select list that inserts the moved row `alias` into `jobs` with `changed` applied. */
+export const movedRowSql = (alias: string, changed: Record<string, string>): string =>
+  JOB_COLUMNS.map((c) => changed[c] ?? `${alias}.${c}`).join(', ');
+
+// What a success changes besides (endedColumn): its attempt goes to the final_* columns (its end
+// is finished_at) and its result is stored on the row.
 const movedColumn: Record<string, string> = {
+  ...endedColumn('coalesce($5::timestamptz, now())'),
   status: `'succeeded'`,
   result: '$4::jsonb -> d.current_attempt_id::text',
   attempts_started: "d.attempts_started + (d.status = 'claimed')::int",
@@ -746,19 +773,7 @@ const movedColumn: Record<string, string> = {
   final_claim_deadline: 'd.claim_deadline',
   final_started_at: 'coalesce(d.started_at, coalesce($5::timestamptz, now()))',
   final_suspect_since: 'd.suspect_since',
-  current_attempt_id: 'NULL',
-  agent_id: 'NULL',
-  lease_expires_at: 'NULL',
-  execution_deadline: 'NULL',
-  claimed_at: 'NULL',
-  claim_deadline: 'NULL',
-  started_at: 'NULL',
-  suspect_since: 'NULL',
-  finished_at: 'coalesce($5::timestamptz, now())',
-  updated_at: 'coalesce($5::timestamptz, now())',
-  done_day: "(now() AT TIME ZONE 'UTC')::date",
 };
-const JOB_COLUMNS = Object.values(getTableColumns(jobs)).map((c) => c.name);
 
 // The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
 // implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
@@ -782,7 +797,7 @@ const completeSql = (shape: Shape) =>
        DELETE FROM jobs_live j WHERE j.id = ANY (ARRAY(SELECT id FROM o)) RETURNING j.*
      ), u AS (
        INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
-       SELECT ${JOB_COLUMNS.map((c) => movedColumn[c] ?? `d.${c}`).join(', ')} FROM d
+       SELECT ${movedRowSql('d', movedColumn)} FROM d
        RETURNING *
      ), k AS (
        ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
@@ -834,13 +849,7 @@ async function completeMany(db: Queryable, p: { items: CompleteParams[]; now?: D
     const items = batch.map((k) => p.items[k]!);
     const fence = fenceParams(items);
     const params = [...fence, byAttempt(fence[0], (i) => json[batch[i]!]), p.now ?? null];
-    const rows = await run<Record<string, unknown>>(db, completeSqls[shape], params).catch(async (err: unknown) => {
-      // Today's partition missing (the coordinator was stopped for days, or its clock jumped):
-      // made now, and the statement tried once more.
-      if (!isNoPartition(err) || !(db instanceof pg.Pool)) throw err;
-      await daysEnsure(db);
-      return run<Record<string, unknown>>(db, completeSqls[shape], params);
-    });
+    const rows = await withDays(db, () => run<Record<string, unknown>>(db, completeSqls[shape], params));
     const done = new Map(rows.map(({ reported_by, ...r }) => [reported_by as string, r]));
     for (const k of batch) {
       const row = done.get(p.items[k]!.attemptId.toLowerCase());
@@ -887,7 +896,9 @@ export interface FailParams extends AttemptRef {
 
 // The fence as in attemptComplete. The next state: `failed` when not retryable; `dead` when the
 // started attempts (this one included) reached max_attempts; otherwise `queued` after a backoff.
-// The attempt's row keeps the error (stored once: the job's error is read from its attempts);
+// A retry updates the row in jobs_live (r); a failure for good or a dead letter moves it to its
+// day's partition of jobs as a success does (m deletes it, f inserts it: endedColumn). The
+// attempt's row keeps the error (stored once: the job's error is read from its attempts);
 // job.failed / job.dead go to the outbox in the same statement; a retry notifies nobody.
 const failSql = statement(
   'attemptFail',
@@ -903,17 +914,22 @@ const failSql = statement(
              WHEN o.attempts_started + (o.status = 'claimed')::int >= o.max_attempts THEN 'dead'
              ELSE 'queued' END)::job_status AS next
      FROM o
-   ), u AS (
+   ), r AS (
      UPDATE jobs_live j SET status = d.next, attempts_started = d.started,
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
-       run_at = CASE WHEN d.next = 'queued'
-                     THEN coalesce($8::timestamptz, now()) + ${backoffSql('d.started', '$6', '$7')}
-                     ELSE j.run_at END,
-       finished_at = CASE WHEN d.next = 'queued' THEN NULL ELSE coalesce($8::timestamptz, now()) END,
-       updated_at = coalesce($8::timestamptz, now())
-     FROM d WHERE j.id = d.id
+       run_at = coalesce($8::timestamptz, now()) + ${backoffSql('d.started', '$6', '$7')},
+       finished_at = NULL, updated_at = coalesce($8::timestamptz, now())
+     FROM d WHERE j.id = d.id AND d.next = 'queued'
      RETURNING j.*
+   ), m AS (
+     DELETE FROM jobs_live j USING d WHERE j.id = d.id AND d.next <> 'queued' RETURNING j.*, d.next, d.started
+   ), f AS (
+     INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
+     SELECT ${movedRowSql('m', { ...endedColumn('coalesce($8::timestamptz, now())'), status: 'm.next', attempts_started: 'm.started' })} FROM m
+     RETURNING *
+   ), u AS (
+     SELECT * FROM r UNION ALL SELECT * FROM f
    ), a AS (
      ${attemptEndSql(`SELECT d.current_attempt_id, u.id, d.attempt_no, d.agent_id, d.claimed_at, d.claim_deadline,
        coalesce(d.started_at, u.updated_at), u.updated_at, d.suspect_since, 'failed', $4::jsonb, $5::boolean, u.status,
@@ -941,16 +957,8 @@ export async function attemptFail(db: Queryable, p: FailParams): Promise<Outcome
   const error = checkJson('error', p.error, { maxBytes: limits.errorBytes, object: true });
   if ('failure' in error) return error.failure;
   const backoff = p.backoff ?? DEFAULT_BACKOFF;
-  const [row] = await run<Record<string, unknown>>(db, failSql, [
-    p.attemptId,
-    p.agentId,
-    p.jobId ?? null,
-    error.json,
-    p.retryable,
-    backoff.baseMs,
-    backoff.maxMs,
-    p.now ?? null,
-  ]);
+  const params = [p.attemptId, p.agentId, p.jobId ?? null, error.json, p.retryable, backoff.baseMs, backoff.maxMs, p.now ?? null];
+  const [row] = await withDays(db, () => run<Record<string, unknown>>(db, failSql, params));
   if (row) return ok(toJob(row));
   return repeatOrStale(db, p, 'fail', { json: error.json, retryable: p.retryable }, 'failed');
 }

@@ -1,9 +1,9 @@
 /**
  * The table of days (migration 0019, docs/decisions.md "Finished jobs in a table of days"): `jobs`
  * is partitioned by LIST on `done_day`. `jobs_live`, its partition for NULL, holds the live jobs
- * (and the finished ones that do not move: failures, dead letters, cancels, and whatever finished
- * before 0019). A success moves its job's row, in the statement that completes it, to the
- * partition of the UTC day it finished on: `jobs_done_YYYYMMDD`. This file makes those partitions
+ * (and finished ones from before the move, or kept back by a drop: below). Every end (a success, a
+ * failure for good, a dead letter, a cancel) moves its job's row, in the statement that ends it,
+ * to the partition of the UTC day it finished on: `jobs_done_YYYYMMDD`; a requeue moves it back. This file makes those partitions
  * ahead of their day, and drops a day's partition whole once all of it is past the retention.
  *
  * Making one: a plain table shaped like `jobs` with a CHECK that proves its day, its indexes built
@@ -17,9 +17,10 @@
  * Every step is safe to repeat: a run cut short (a crash, a lost connection) leaves a partition
  * attached, pending detach, or detached, and the next run finishes it.
  */
-import type pg from 'pg';
+import pg from 'pg';
 import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
 import { JOB_REFERENCES } from './schema.js';
+import type { Queryable } from './sql.js';
 
 /** The name of the partition of `day` (`YYYY-MM-DD`). */
 export const dayTable = (day: string): string => `jobs_done_${day.replaceAll('-', '')}`;
@@ -138,6 +139,22 @@ export const isNoPartition = (err: unknown): boolean => {
   const e = (err as { cause?: { code?: string; message?: string } }).cause ?? (err as { code?: string; message?: string });
   return e?.code === '23514' && /no partition of relation/.test(e.message ?? '');
 };
+
+/**
+ * Runs a statement that moves jobs to their day's partition (an end: attempts.ts, rescue.ts,
+ * jobs.ts). When the day's partition is missing (the coordinator was stopped for days, or its
+ * clock jumped), it is made and the statement tried once more; only on a pool, since inside a
+ * caller's transaction the failed statement has aborted it.
+ */
+export async function withDays<T>(db: Queryable, statement: () => Promise<T>): Promise<T> {
+  try {
+    return await statement();
+  } catch (err) {
+    if (!isNoPartition(err) || !(db instanceof pg.Pool)) throw err;
+    await daysEnsure(db);
+    return statement();
+  }
+}
 
 /**
  * Drops the partitions of the days that ended at or before `cutoff` (a success is so kept for the

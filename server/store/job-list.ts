@@ -55,7 +55,7 @@ const PARTS = {
 } as const;
 type Part = keyof typeof PARTS;
 // Parts that only live jobs are in: read from jobs_live, the partition that holds them (the others
-// from jobs, all its partitions: finished jobs are in jobs_live and in the partitions of days).
+// from jobs, all its partitions: finished jobs are in the partitions of their days, and some in jobs_live).
 const LIVE_PARTS = new Set<Part>(['queued', 'held', 'agentHeld']);
 
 const finishedSet = new Set<JobStatus>(FINISHED_STATUSES);

@@ -10,7 +10,8 @@ import pg from 'pg';
 import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
-import { attemptEndSql, notifiedJob } from './attempts.js';
+import { attemptEndSql, endedColumn, JOB_COLUMNS, movedRowSql, notifiedJob } from './attempts.js';
+import { withDays } from './days.js';
 import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
 import {
@@ -209,25 +210,26 @@ export interface Canceled {
   canceledAttempt: { attemptId: string; agentId: string } | null;
 }
 
-// A held job's attempt ends as `canceled` (its row written here); a queued job's cancel is a
-// job_events row (no attempt made it).
+// The job moves to its day's partition of jobs, as every end does (attempts.ts, endedColumn). A
+// held job's attempt ends as `canceled` (its row written here); a queued job's cancel is a
+// job_events row (no attempt made it), without done_day (where the row is kept, not a change).
 const cancelSql = statement(
   'jobCancel',
   `WITH o AS (
      SELECT * FROM jobs_live WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
+   ), m AS (
+     DELETE FROM jobs_live j USING o WHERE j.id = o.id RETURNING j.*
    ), u AS (
-     UPDATE jobs_live j SET status = 'canceled', current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL,
-       execution_deadline = NULL, claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
-       finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
-     FROM o WHERE j.id = o.id
-     RETURNING j.*
+     INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
+     SELECT ${movedRowSql('m', { ...endedColumn('coalesce($2::timestamptz, now())'), status: "'canceled'" })} FROM m
+     RETURNING *
    ), a AS (
      ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline, o.started_at,
        u.finished_at, o.suspect_since, 'canceled', NULL, NULL, 'canceled', NULL, o.created_at
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NOT NULL`)}
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
-     SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u), to_jsonb(o))
+     SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u) - 'done_day', to_jsonb(o))
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NULL
      RETURNING at
    ), k AS (
@@ -252,7 +254,7 @@ const jobStateSql = statement('jobState', `SELECT ${jobColumns('j')} FROM jobs j
 export async function jobCancel(db: Queryable, p: CancelParams): Promise<Outcome<Canceled>> {
   const bad = check('jobId', schemas.id, p.jobId);
   if (bad) return bad;
-  const [row] = await run<Record<string, unknown>>(db, cancelSql, [p.jobId, p.now ?? null]);
+  const [row] = await withDays(db, () => run<Record<string, unknown>>(db, cancelSql, [p.jobId, p.now ?? null]));
   if (row) {
     const { canceled_attempt_id, canceled_agent_id, ...job } = row;
     return ok({
@@ -274,18 +276,39 @@ export interface RequeueParams {
   now?: Date;
 }
 
+// What a requeue changes in the row it moves back to jobs_live.
+const REQUEUED: Record<string, string> = {
+  status: `'queued'`,
+  run_at: 'coalesce($2::timestamptz, now())',
+  attempts_started: '0',
+  finished_at: 'NULL',
+  updated_at: 'coalesce($2::timestamptz, now())',
+  done_day: 'NULL',
+};
+
+// The job moves back from its day's partition to jobs_live (m deletes it, b inserts it queued), or,
+// a row that finished before jobs moved at every end (kept in jobs_live), is updated there (l). Its
+// event leaves out done_day (where the row is kept, not a change of the job).
 const requeueSql = statement(
   'jobRequeue',
   `WITH o AS (
-     SELECT * FROM jobs_live WHERE id = $1 AND status IN ('dead', 'failed', 'canceled') FOR UPDATE
-   ), u AS (
+     SELECT * FROM jobs WHERE id = $1 AND status IN ('dead', 'failed', 'canceled') FOR UPDATE
+   ), m AS (
+     DELETE FROM jobs j USING o WHERE j.id = o.id AND o.done_day IS NOT NULL AND j.done_day = o.done_day RETURNING j.*
+   ), b AS (
+     INSERT INTO jobs_live (${JOB_COLUMNS.join(', ')})
+     SELECT ${JOB_COLUMNS.map((c) => REQUEUED[c] ?? `m.${c}`).join(', ')} FROM m
+     RETURNING *
+   ), l AS (
      UPDATE jobs_live j SET status = 'queued', run_at = coalesce($2::timestamptz, now()), attempts_started = 0,
        finished_at = NULL, updated_at = coalesce($2::timestamptz, now())
-     FROM o WHERE j.id = o.id
+     FROM o WHERE j.id = o.id AND o.done_day IS NULL
      RETURNING j.*
+   ), u AS (
+     SELECT * FROM b UNION ALL SELECT * FROM l
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
-     SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u), to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+     SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u) - 'done_day', to_jsonb(o)) FROM u JOIN o ON o.id = u.id
    ), k AS (
      ${countChangeSql('SELECT o.queue, o.status, -1 FROM o JOIN u ON u.id = o.id')}
    )

@@ -6,7 +6,8 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll } from '../core/validation.js';
-import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, notifiedJob, type Backoff } from './attempts.js';
+import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, endedColumn, JOB_COLUMNS, movedRowSql, notifiedJob, type Backoff } from './attempts.js';
+import { withDays } from './days.js';
 import type { AttemptStatus, JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
@@ -74,17 +75,24 @@ const rescueSql = statement(
          'attempt', ${attemptJson('d.current_attempt_id', 'd.attempt_no', 'd.agent_id', 'd.reason', 'd.claimed_at', 'd.started_at', 'coalesce($4::timestamptz, now())')}))
          FILTER (WHERE d.next = 'dead') AS dead
      FROM d
-   ), u AS (
-     -- By id, no join: what each job becomes follows from its row as it was (the same
-     -- expressions as in d, on the same locked row).
-     UPDATE jobs_live j SET status = ${nextSql('j')},
+   ), r AS (
+     -- A job queued again, by id, no join: updated in jobs_live.
+     UPDATE jobs_live j SET status = 'queued',
        current_attempt_id = NULL, agent_id = NULL, lease_expires_at = NULL, execution_deadline = NULL,
        claimed_at = NULL, claim_deadline = NULL, started_at = NULL, suspect_since = NULL,
        run_at = coalesce(((SELECT retry FROM m) ->> j.id::text)::timestamptz, j.run_at),
-       finished_at = CASE WHEN ${nextSql('j')} = 'dead' THEN coalesce($4::timestamptz, now()) END,
-       updated_at = coalesce($4::timestamptz, now())
-     WHERE j.id = ANY (ARRAY(SELECT id FROM d))
+       finished_at = NULL, updated_at = coalesce($4::timestamptz, now())
+     WHERE j.id = ANY (ARRAY(SELECT id FROM d WHERE next = 'queued'))
      RETURNING j.*
+   ), x AS (
+     -- A dead letter moves to its day's partition of jobs, as every end does (attempts.ts, endedColumn).
+     DELETE FROM jobs_live j WHERE j.id = ANY (ARRAY(SELECT id FROM d WHERE next = 'dead')) RETURNING j.*
+   ), f AS (
+     INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
+     SELECT ${movedRowSql('x', { ...endedColumn('coalesce($4::timestamptz, now())'), status: "'dead'" })} FROM x
+     RETURNING *
+   ), u AS (
+     SELECT * FROM r UNION ALL SELECT * FROM f
    ), k AS (
      ${countChangeSql('SELECT u.queue, u.status, 1 FROM u')}
    ), ec AS (
@@ -126,7 +134,7 @@ export async function jobRescueExpired(db: Queryable, p: RescueParams): Promise<
   const bad = checkAll(check('limit', z.int().min(1).max(10_000), p.limit));
   if (bad) return bad;
   const backoff = p.backoff ?? DEFAULT_BACKOFF;
-  const rows = await run<{
+  const rows = await withDays(db, () => run<{
     job_id: string;
     queue: string;
     attempt_id: string;
@@ -134,7 +142,7 @@ export async function jobRescueExpired(db: Queryable, p: RescueParams): Promise<
     agent_id: string;
     reason: Rescued['reason'];
     status: Rescued['status'];
-  }>(db, rescueSql, [p.limit, backoff.baseMs, backoff.maxMs, p.now ?? null]);
+  }>(db, rescueSql, [p.limit, backoff.baseMs, backoff.maxMs, p.now ?? null]));
   return ok(
     rows.map((r) => ({
       jobId: r.job_id,

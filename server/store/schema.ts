@@ -160,7 +160,8 @@ export const jobs = pgTable(
     finalSuspectSince: tsz('final_suspect_since'),
     /**
      * The partition it is kept in (`jobs` is partitioned by LIST on this, migration 0019): NULL in
-     * `jobs_live` (live jobs, and finished ones that did not move), else the UTC day a success
+     * `jobs_live` (live jobs, and finished ones kept there: from before every end moved its job,
+     * or whose notification was undelivered when their day was dropped), else the UTC day its end
      * moved it to its day's partition, which the purger drops whole (server/store/days.ts).
      */
     doneDay: date('done_day', { mode: 'string' }),
