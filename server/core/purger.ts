@@ -1,10 +1,11 @@
 /**
  * The purger: deletes finished jobs (succeeded, failed, dead, canceled) older than the retention,
  * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
- * bounded. Each run first makes the partitions of today and the next days that successes move to,
- * and drops the partitions of the days that ended before the cutoff, whole (`daysDrop`: a
- * success is so kept for the retention rounded up to the end of its UTC day). Then it deletes the
- * finished jobs left in `jobs_live` (failures, dead letters, cancels) by rows: each statement takes
+ * bounded. Each run first makes the partitions of today and the next days that ending jobs move
+ * to, and drops the partitions of the days that ended before the cutoff, whole (`daysDrop`: a
+ * job is so kept for the retention rounded up to the end of its UTC day). Then it deletes the
+ * finished jobs left in `jobs_live` (from before every end moved its job, or kept back by a drop
+ * for an undelivered notification) by rows: each statement takes
  * a batch FOR UPDATE SKIP LOCKED (`jobPurge`), so purgers on several replicas take different jobs
  * and never wait for each other or for a transition; a full batch runs again at once. Runs are
  * chained with a jittered `setTimeout`, so two runs never overlap. Jobs with a notification still
