@@ -43,7 +43,6 @@ import {
 } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
 import { getTableColumns } from 'drizzle-orm';
-import pg from 'pg';
 import { z } from 'zod';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { withDays } from './days.js';

@@ -297,7 +297,7 @@ const requeueSql = statement(
      DELETE FROM jobs j USING o WHERE j.id = o.id AND o.done_day IS NOT NULL AND j.done_day = o.done_day RETURNING j.*
    ), b AS (
      INSERT INTO jobs_live (${JOB_COLUMNS.join(', ')})
-     SELECT ${JOB_COLUMNS.map((c) => REQUEUED[c] ?? `m.${c}`).join(', ')} FROM m
+     SELECT ${movedRowSql('m', REQUEUED)} FROM m
      RETURNING *
    ), l AS (
      UPDATE jobs_live j SET status = 'queued', run_at = coalesce($2::timestamptz, now()), attempts_started = 0,
