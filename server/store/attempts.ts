@@ -42,13 +42,12 @@ import {
   type Outcome,
 } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
-import { getTableColumns } from 'drizzle-orm';
 import { z } from 'zod';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { withDays } from './days.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
-import { jobs, type JobStatus } from './schema.js';
+import { JOB_COLUMNS, type JobStatus } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */
@@ -730,9 +729,6 @@ const succeededNotificationSql = `n AS (
          ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
        FROM u
        WHERE u.notify_url IS NOT NULL OR EXISTS (SELECT 1 FROM subscriptions sub WHERE sub.queue IN (u.queue, '*'))`)}`;
-
-/** The columns of `jobs`, in order: a moved row is inserted with all of them. */
-export const JOB_COLUMNS = Object.values(getTableColumns(jobs)).map((c) => c.name);
 
 /**
  * What every end (a success, a final failure, a dead letter, a cancel) changes in its job's row as

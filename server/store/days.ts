@@ -19,7 +19,7 @@
  */
 import pg from 'pg';
 import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
-import { JOB_REFERENCES } from './schema.js';
+import { JOB_COLUMNS, JOB_REFERENCES } from './schema.js';
 import type { Queryable } from './sql.js';
 
 /** The name of the partition of `day` (`YYYY-MM-DD`). */
@@ -49,14 +49,6 @@ const DAY_INDEXES = [
   (t: string) =>
     `CREATE INDEX "${t}_final_agent_idx" ON "${t}" USING btree ("final_agent_id", "created_at" DESC NULLS LAST, "id" DESC NULLS LAST) WHERE "final_attempt_id" IS NOT NULL`,
 ];
-
-/** The columns of `jobs`, in order. */
-async function jobColumnNames(c: pg.PoolClient | pg.Client): Promise<string[]> {
-  const { rows } = await c.query<{ c: string }>(
-    `SELECT quote_ident(attname) AS c FROM pg_attribute WHERE attrelid = 'jobs'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
-  );
-  return rows.map((r) => r.c);
-}
 
 /** The partitions of `jobs` other than `jobs_live`, with their day and whether a detach is pending. */
 async function dayPartitions(c: pg.PoolClient | pg.Client): Promise<Array<{ table: string; day: string; pending: boolean }>> {
@@ -178,7 +170,6 @@ export async function daysDrop(pool: pg.Pool, p: { cutoff: Date }): Promise<Days
         // The day ended at or before the cutoff: it is before the cutoff's own day.
         if (!part.pending && part.day >= cutoffDay) continue;
         if (!part.pending) {
-          const cols = await jobColumnNames(c);
           const kept = await c.query(
             `WITH open AS (
                SELECT e.job_id FROM webhook_events e JOIN webhook_deliveries d ON d.event_id = e.id WHERE d.status = 'pending' OR d.status = 'sending'
@@ -187,7 +178,7 @@ export async function daysDrop(pool: pg.Pool, p: { cutoff: Date }): Promise<Days
              ), m AS (
                DELETE FROM "${part.table}" x USING open WHERE x.id = open.job_id RETURNING x.*
              )
-             INSERT INTO jobs_live (${cols.join(', ')}) SELECT ${cols.map((k) => (k === 'done_day' ? 'NULL' : k)).join(', ')} FROM m`,
+             INSERT INTO jobs_live (${JOB_COLUMNS.join(', ')}) SELECT ${JOB_COLUMNS.map((k) => (k === 'done_day' ? 'NULL' : k)).join(', ')} FROM m`,
           );
           out.kept += kept.rowCount ?? 0;
           await c.query(`ALTER TABLE jobs DETACH PARTITION "${part.table}" CONCURRENTLY`);

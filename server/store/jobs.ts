@@ -10,11 +10,12 @@ import pg from 'pg';
 import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
-import { attemptEndSql, endedColumn, JOB_COLUMNS, movedRowSql, notifiedJob } from './attempts.js';
+import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './attempts.js';
 import { withDays } from './days.js';
 import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
 import {
+  JOB_COLUMNS,
   jobEvents,
   jobStatus,
   staleReports,

@@ -6,9 +6,9 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll } from '../core/validation.js';
-import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, endedColumn, JOB_COLUMNS, movedRowSql, notifiedJob, type Backoff } from './attempts.js';
+import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, endedColumn, movedRowSql, notifiedJob, type Backoff } from './attempts.js';
 import { withDays } from './days.js';
-import type { AttemptStatus, JobStatus } from './schema.js';
+import { JOB_COLUMNS, type AttemptStatus, type JobStatus } from './schema.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { outboxSql } from './outbox.js';

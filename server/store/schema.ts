@@ -18,7 +18,7 @@
  * a HOT update (no index entries) when the page has room: hence the fillfactor, and no index on
  * `status` or the lease (the reaper walks the held jobs instead, see jobRescueExpired).
  */
-import { sql } from 'drizzle-orm';
+import { getTableColumns, sql } from 'drizzle-orm';
 import {
   bigint,
   boolean,
@@ -220,6 +220,9 @@ export const jobs = pgTable(
     check('jobs_queued_shape', sql`(${t.status} = 'queued') = (${t.currentAttemptId} is null and ${t.finishedAt} is null)`),
   ],
 );
+
+/** The columns of `jobs`, in order: a row moved between its partitions is inserted with all of them. */
+export const JOB_COLUMNS = Object.values(getTableColumns(jobs)).map((c) => c.name);
 
 /**
  * Finished jobs per queue and status, kept rather than counted: every statement that moves jobs
