@@ -35,6 +35,14 @@ async function until(cond: () => boolean, ms: number): Promise<void> {
     await new Promise((r) => setTimeout(r, 50));
   }
 }
+/** Whether `pid` is a postgres running on this file's data directory (its command line names it). */
+function ourPostmaster(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(path.join(dataDir, 'pg'));
+  } catch {
+    return false;
+  }
+}
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0);
@@ -49,8 +57,10 @@ beforeAll(async () => {
 });
 afterEach(() => killAll());
 afterAll(async () => {
+  // A server a failed test left running, stopped only if that pid still is it: the file may be
+  // stale and its pid another process's by now (the whole suite runs in parallel).
   const pid = postmasterPid();
-  if (pid && alive(pid)) process.kill(pid, 'SIGINT');
+  if (pid && alive(pid) && ourPostmaster(pid)) process.kill(pid, 'SIGINT');
   await rm(dataDir, { recursive: true, force: true });
 });
 

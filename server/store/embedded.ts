@@ -13,7 +13,8 @@
  *
  * A server left running by a coordinator that was killed (SIGKILL leaves no chance to stop it)
  * is stopped at the next start and started again; a server whose coordinator is alive is
- * shared, not stopped.
+ * shared, not stopped. Either only once that server has answered for this data directory: a
+ * stale `postmaster.pid` never gets another process signalled.
  *
  * We drive initdb and postgres ourselves rather than through the package's class: it cannot
  * use binaries elsewhere, and it installs process exit handlers that call process.exit on
@@ -28,6 +29,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import pg from 'pg';
 import type { Logger } from '../log.js';
 
 export interface EmbeddedOptions {
@@ -75,8 +77,8 @@ export async function startEmbedded(opts: EmbeddedOptions): Promise<EmbeddedData
   const bin = await binaries(log);
   const pgdata = await clusterDir(dataDir, log);
 
-  const running = await runningServer(pgdata, ownerFile, log);
   const creds = await credentials(dataDir, pgdata, log);
+  const running = await runningServer(pgdata, ownerFile, creds, log);
   const url = (port: number) =>
     `postgres://${encodeURIComponent(creds.user)}:${encodeURIComponent(creds.password)}@127.0.0.1:${port}/postgres`;
   if (running) {
@@ -295,14 +297,25 @@ async function shutdown(child: ChildProcess, bin: Binaries, pgdata: string, runA
   await exited;
 }
 
-/** A server already running on `pgdata`: shared if its coordinator lives, else stopped. */
-async function runningServer(pgdata: string, ownerFile: string, log: Logger): Promise<{ pid: number; port: number } | undefined> {
+/**
+ * A server already running on `pgdata`: shared if its coordinator lives, else stopped.
+ *
+ * The pid in `postmaster.pid` is trusted only once the server on the file's port says it serves
+ * this data directory. After a crash or a reboot the file stays behind, and its pid may by now
+ * belong to any process (pids wrap at 32,768 on a default Linux; Windows reuses them sooner):
+ * that process is left alone, and PostgreSQL decides about the stale file itself.
+ */
+async function runningServer(pgdata: string, ownerFile: string, creds: Credentials, log: Logger): Promise<{ pid: number; port: number } | undefined> {
   const text = await fs.readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').catch(() => undefined);
   if (!text) return undefined;
   const lines = text.split('\n');
   const pid = Number(lines[0]);
   const port = Number(lines[3]);
   if (!Number.isInteger(pid) || !alive(pid)) return undefined; // stale pid file: postgres handles it
+  if (!Number.isInteger(port) || !(await servesDataDir(port, creds, pgdata))) {
+    log.warn({ pid, port, pgdata }, 'postmaster.pid names a live process that is not the PostgreSQL of this data directory (a stale file, its pid reused): leaving that process alone');
+    return undefined;
+  }
   const owner = await fs
     .readFile(ownerFile, 'utf8')
     .then((t) => Number((JSON.parse(t) as { pid: unknown }).pid))
@@ -316,6 +329,22 @@ async function runningServer(pgdata: string, ownerFile: string, log: Logger): Pr
     await new Promise((r) => setTimeout(r, 50));
   }
   return undefined;
+}
+
+/** Whether the server listening on `port` answers with this cluster's credentials and serves `pgdata`. */
+async function servesDataDir(port: number, creds: Credentials, pgdata: string): Promise<boolean> {
+  const client = new pg.Client({ host: '127.0.0.1', port, user: creds.user, password: creds.password, database: 'postgres', connectionTimeoutMillis: 5_000 });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    const { rows } = await client.query<{ dir: string }>(`SELECT current_setting('data_directory') AS dir`);
+    const [theirs, ours] = await Promise.all([fs.realpath(rows[0]!.dir), fs.realpath(pgdata)]);
+    return process.platform === 'win32' ? theirs.toLowerCase() === ours.toLowerCase() : theirs === ours;
+  } catch {
+    return false; // nothing listening, another server, or one that refuses these credentials
+  } finally {
+    await client.end().catch(() => undefined);
+  }
 }
 
 function alive(pid: number): boolean {

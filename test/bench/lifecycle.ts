@@ -35,6 +35,9 @@ const o = new Command()
 const log = pino({ level: 'warn' });
 const embedded = await startEmbedded({ dataDir: await mkdtemp(path.join(os.tmpdir(), 'leasehold-lifecycle-')), log, ephemeral: true });
 const setup = new pg.Pool({ connectionString: embedded.url, max: 1 });
+// An idle connection lost (the server stopped under us, say) is said, not thrown from the pool's
+// event: that would end the process before the error of the statement that failed is printed.
+setup.on('error', (err) => console.error(`setup connection lost: ${err.message}`));
 // The coordinator's pool of the hot transitions: its connections plan generically (HOT_SETTINGS).
 const hot = createPool(embedded.url, 1, log, { hot: true });
 
