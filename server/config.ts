@@ -6,6 +6,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
 import { parseDuration } from './duration.js';
+import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
 
 export interface Config {
   /** `DATABASE_URL`; when absent an embedded PostgreSQL runs with its data under `dataDir`. */
@@ -25,6 +26,12 @@ export interface Config {
   retentionMs: number | undefined;
   /** Time between purger runs (`LEASEHOLD_PURGE_INTERVAL`, default 10 minutes). */
   purgeIntervalMs: number;
+  /**
+   * The vacuumer VACUUMs `jobs_live` once this many of its rows were updated other than HOT or
+   * deleted (each leaving a dead row) since the last VACUUM (`LEASEHOLD_VACUUM_DEAD_ROWS`, default
+   * 50,000: about 25,000 jobs); `undefined` (`off` or `0`) leaves it all to autovacuum.
+   */
+  vacuumDeadRows: number | undefined;
   /**
    * How long a verified API key or agent token is trusted from memory before it is checked in
    * the database again (`LEASEHOLD_AUTH_CACHE_TTL`, default 60 s, at most 1 hour; `0` turns the
@@ -134,6 +141,10 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       ? undefined
       : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, 7 * 86_400_000, 60_000),
     purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
+    vacuumDeadRows:
+      env.LEASEHOLD_VACUUM_DEAD_ROWS?.trim().toLowerCase() === 'off'
+        ? undefined
+        : count('LEASEHOLD_VACUUM_DEAD_ROWS', env.LEASEHOLD_VACUUM_DEAD_ROWS?.trim(), DEFAULT_VACUUM_DEAD_ROWS, 0, 1_000_000_000) || undefined,
     authCacheTtlMs: duration('LEASEHOLD_AUTH_CACHE_TTL', env.LEASEHOLD_AUTH_CACHE_TTL, 60_000, 0),
     webhook: {
       intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10),

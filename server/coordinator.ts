@@ -1,7 +1,7 @@
 /**
  * The coordinator process: opens the database (embedded or `DATABASE_URL`), applies migrations,
  * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer,
- * purger, session registry), the agent hub and dispatcher, the credential cache, the metrics,
+ * purger, vacuumer, session registry), the agent hub and dispatcher, the credential cache, the metrics,
  * and the gRPC and HTTP listeners; stops them in the reverse order.
  */
 import { isLoopback, type Config } from './config.js';
@@ -11,6 +11,7 @@ import { CredentialCache } from './core/credential-cache.js';
 import { Dispatcher } from './core/dispatcher.js';
 import { CountKeeper } from './core/count-keeper.js';
 import { Purger } from './core/purger.js';
+import { Vacuumer } from './core/vacuumer.js';
 import { QueueWaker } from './core/queue-waker.js';
 import { Reaper } from './core/reaper.js';
 import { SessionRegistry } from './core/session-registry.js';
@@ -32,6 +33,8 @@ export interface Coordinator {
   deliverer: WebhookDeliverer;
   /** Purges finished jobs past the retention; undefined when `LEASEHOLD_RETENTION=off`. */
   purger: Purger | undefined;
+  /** VACUUMs `jobs_live` when a drain has left many dead rows; undefined when `LEASEHOLD_VACUUM_DEAD_ROWS=off`. */
+  vacuumer: Vacuumer | undefined;
   counts: CountKeeper;
   /** Keeps `agent_sessions` in step with this process's streams; its `coordinatorId` names this process. */
   registry: SessionRegistry;
@@ -146,8 +149,16 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       cleanups.push(() => p.stop());
     }
 
+    let vacuumer: Vacuumer | undefined;
+    if (config.vacuumDeadRows !== undefined) {
+      vacuumer = new Vacuumer(db.pool, log.child({ component: 'vacuumer' }), { deadRows: config.vacuumDeadRows });
+      vacuumer.start();
+      const v = vacuumer;
+      cleanups.push(() => v.stop());
+    }
+
     const activity = new Activity();
-    const metrics = createMetrics({ db: db.pool, hub, dispatcher, reaper, deliverer, purger, activity, credentials, log: log.child({ component: 'metrics' }) });
+    const metrics = createMetrics({ db: db.pool, hub, dispatcher, reaper, deliverer, purger, vacuumer, activity, credentials, log: log.child({ component: 'metrics' }) });
     cleanups.push(async () => metrics.close());
 
     const deps: Omit<ServerDeps, 'log'> = {
@@ -183,7 +194,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, waker, deliverer, purger, counts, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
+    return { db, reaper, hub, dispatcher, waker, deliverer, purger, vacuumer, counts, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
   } catch (err) {
     await cleanup();
     throw err;

@@ -60,3 +60,15 @@ describe('listening beyond loopback', () => {
     expect(() => loadConfig({}, { LEASEHOLD_TRUST_PROXY: 'yes please' })).toThrow(/LEASEHOLD_TRUST_PROXY/);
   });
 });
+
+describe('the vacuumer setting', () => {
+  it('defaults to 50,000 dead rows, takes a number, turns off with off or 0, and names a bad value', () => {
+    expect(loadConfig({}, {}).vacuumDeadRows).toBe(50_000);
+    expect(loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: '2000' }).vacuumDeadRows).toBe(2000);
+    expect(loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: 'off' }).vacuumDeadRows).toBeUndefined();
+    expect(loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: '0' }).vacuumDeadRows).toBeUndefined();
+    for (const bad of ['lots', '-1', '1.5']) {
+      expect(() => loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: bad })).toThrow(new ConfigError(`LEASEHOLD_VACUUM_DEAD_ROWS=${JSON.stringify(bad)} must be a whole number from 0 to 1000000000`));
+    }
+  });
+});

@@ -3,7 +3,7 @@
  * text format (parsed here line by line), and its numbers move when work happens: a job run by a
  * stream agent (claims, starts, enqueue-to-start latency, outcomes, jobs by state and queue,
  * streams), one run by a stream-less agent, a lease that expires (expiries, revocations, reaper
- * runs) and a webhook delivered.
+ * runs) and a webhook delivered; the vacuumer's VACUUMs.
  */
 import { describe, expect, it } from 'vitest';
 import { jobEnqueue, keyCreate, signingSecretGet } from '../server/store/index.js';
@@ -16,7 +16,7 @@ const t = useTestDb();
 // Claims wait 30 s for their start: on a loaded machine (CI runs the benchmark smoke beside this
 // file) a start can take longer than the usual 1.5 s, and this test is about counting, not that.
 // Leases stay 1.5 s so one expires within the test.
-const lh = useCoordinator(t, { LEASEHOLD_CLAIM_TTL: '30s' });
+const lh = useCoordinator(t, { LEASEHOLD_CLAIM_TTL: '30s', LEASEHOLD_VACUUM_DEAD_ROWS: '500' });
 
 /** One sample: `name{labels} value`. */
 interface Sample {
@@ -67,6 +67,27 @@ describe('/metrics', () => {
     expect(m.types.get('process_cpu_user_seconds_total')).toBe('counter');
     expect(m.types.get('nodejs_eventloop_lag_seconds')).toBe('gauge');
     expect(m.types.get('leasehold_job_start_latency_seconds')).toBe('histogram');
+  });
+
+  it("counts the vacuumer's VACUUMs of jobs_live and the time they took", async () => {
+    const before = await scrape();
+    expect(before.types.get('leasehold_live_vacuums_total')).toBe('counter');
+    const vacuumer = lh.c.vacuumer!;
+    // Changes past its threshold (rows deleted from jobs_live), the statistics flushed at once.
+    await t.pool.query(`INSERT INTO jobs (queue, payload) SELECT 'metrics-vacuum', '{}'::jsonb FROM generate_series(1, $1)`, [vacuumer.config.deadRows]);
+    const c = await t.pool.connect();
+    try {
+      await c.query(`DELETE FROM jobs_live WHERE queue = 'metrics-vacuum'`);
+      await c.query('SELECT pg_stat_force_next_flush()');
+    } finally {
+      c.release();
+    }
+    // Its next look (every second) sees them.
+    const after = await waitFor('a VACUUM counted', async () => {
+      const m = await scrape();
+      return m.get('leasehold_live_vacuums_total') > before.get('leasehold_live_vacuums_total') ? m : undefined;
+    });
+    expect(after.get('leasehold_live_vacuum_seconds_total')).toBeGreaterThan(before.get('leasehold_live_vacuum_seconds_total'));
   });
 
   it('moves when a stream agent runs a job, a stream-less agent runs one, a lease expires and a webhook is delivered', async () => {

@@ -16,3 +16,4 @@ export * from './ping.js';
 export * from './admin.js';
 export { endedCountsReconcile, jobCounts, jobCountsCompact, jobCountsReconcile, type CountDrift } from './counts.js';
 export * from './agent-sessions.js';
+export { liveChurn, liveVacuum, type LiveChurn } from './vacuum.js';

@@ -14,6 +14,7 @@ import type { AgentHub, HubEvents } from '../core/agent-hub.js';
 import type { CredentialCache } from '../core/credential-cache.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { Purger } from '../core/purger.js';
+import type { Vacuumer } from '../core/vacuumer.js';
 import type { Reaper } from '../core/reaper.js';
 import type { WebhookDeliverer } from '../core/webhook-deliverer.js';
 import type { Logger } from '../log.js';
@@ -27,6 +28,7 @@ export interface MetricsSources {
   reaper?: Reaper | undefined;
   deliverer?: WebhookDeliverer | undefined;
   purger?: Purger | undefined;
+  vacuumer?: Vacuumer | undefined;
   activity?: Activity | undefined;
   /** The credential cache, for its counts. */
   credentials?: Pick<CredentialCache<unknown>, 'stats' | 'size'> | undefined;
@@ -250,6 +252,12 @@ export function createMetrics(src: MetricsSources): Metrics {
   on(src.deliverer, 'alert', () => alerts.inc());
   const purged = new Counter({ name: 'leasehold_jobs_purged_total', help: 'Finished jobs deleted by the purger and by operators.', registers: r });
   on(src.purger, 'purger:run', (x: { purged: number }) => purged.inc(x.purged));
+  const vacuums = new Counter({ name: 'leasehold_live_vacuums_total', help: 'VACUUMs of jobs_live run by the vacuumer (LEASEHOLD_VACUUM_DEAD_ROWS).', registers: r });
+  const vacuumSeconds = new Counter({ name: 'leasehold_live_vacuum_seconds_total', help: 'Time spent in those VACUUMs.', registers: r });
+  on(src.vacuumer, 'vacuumer:run', (x: { ms: number }) => {
+    vacuums.inc();
+    vacuumSeconds.inc(x.ms / 1000);
+  });
   on(src.activity, 'jobs:purged', (x: { purged: number }) => purged.inc(x.purged));
 
   return {
