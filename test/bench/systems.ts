@@ -82,6 +82,8 @@ export async function leasehold(
       LEASEHOLD_HEARTBEAT_INTERVAL: `${Math.round(opts.leaseMs / 5)}ms`,
       LEASEHOLD_REAPER_INTERVAL: '250ms',
       LEASEHOLD_LOG_LEVEL: 'warn',
+      // To compare the vacuumer off (`off`) or at another threshold: passed through.
+      ...(process.env.LEASEHOLD_VACUUM_DEAD_ROWS ? { LEASEHOLD_VACUUM_DEAD_ROWS: process.env.LEASEHOLD_VACUUM_DEAD_ROWS } : {}),
     },
   );
   const c: Coordinator = await startCoordinator(config, pino({ level: "warn" }));
