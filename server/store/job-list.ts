@@ -101,9 +101,10 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
     const v = param(f.statuses, 'job_status[]');
     where('s', () => `j.status = ANY (${v})`);
   }
+  let queue: string | undefined;
   if (f.queue !== undefined) {
-    const v = param(f.queue, 'text');
-    where('q', () => `j.queue = ${v}`);
+    queue = param(f.queue, 'text');
+    where('q', () => `j.queue = ${queue}`);
   }
   const agent = f.agentId === undefined ? undefined : param(f.agentId, 'text');
   if (agent) shape += 'a';
@@ -128,9 +129,23 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
   if (!stmt) {
     // NULLS LAST as the indexes are built (drizzle's desc()): the columns are NOT NULL, so the
     // order is the same, but only an ORDER BY spelled like the index is read in index order.
-    const order = (c: string, i: string) => `ORDER BY ${c} DESC NULLS LAST, ${i} DESC NULLS LAST LIMIT ${n}`;
+    const order = (c: string, i: string, lead?: string) => `ORDER BY ${lead ? `${lead}, ` : ''}${c} DESC NULLS LAST, ${i} DESC NULLS LAST LIMIT ${n}`;
+    // The parts read from an index led by the value they filter on (a queue's finished jobs,
+    // an agent's succeeded ones), each partition's own: that value as a range and a first sort
+    // key, which no other index has. Written as an equality the key is dropped (an equality to a
+    // parameter sorts nothing), and the planner may read `_created_idx` newest first instead,
+    // filtering: it expects the value spread evenly, but a burst of another queue's jobs (a drain
+    // of 60,000) put 60,319 rows before the first match in today's partition, 15 ms against 0.4.
+    const led = (p: Part): { conds: string[]; lead: string } | undefined => {
+      const [column, value] = p === 'finished' && queue ? ['j.queue', queue] : p === 'agentSucceeded' && agent ? ['j.final_agent_id', agent] : [];
+      if (!column) return undefined;
+      const conds = [PARTS[p].replace(` AND j.final_agent_id = $A`, ''), `${column} >= ${value}`, `${column} <= ${value}`];
+      return { conds: [...conds, ...onJob.filter((c) => c !== `j.queue = ${queue}`)], lead: column };
+    };
     const one = (p: Part) =>
-      p === 'agentEnded'
+      led(p)
+        ? `SELECT j.* FROM jobs j WHERE ${led(p)!.conds.join(' AND ')} ${order('j.created_at', 'j.id', led(p)!.lead)}`
+        : p === 'agentEnded'
         ? // Its attempts from attempts_agent_idx, newest job first, each job once (its latest
           // attempt by the agent), and not one it holds now or succeeded (the other parts have
           // those).
