@@ -36,14 +36,21 @@ export async function seedFinished(pool: pg.Pool, n: number): Promise<void> {
 export const HISTORY_DAYS = 6;
 
 /**
- * Purges the oldest day of the seeded history as the coordinator's purger does (batches of
- * 1,000, FOR UPDATE SKIP LOCKED) and says how long it took and how many jobs it deleted.
+ * Purges the oldest whole UTC day of the seeded history, as the coordinator's purger does (a
+ * drop of each day's partition, its attempts, events and keys deleted by rows), and says how long
+ * it took, how many jobs went and which days. The history starts `HISTORY_DAYS` ago at this time
+ * of day, so its first day is only the part after that: it goes too (the purger drops every day
+ * ended before its cutoff), and the figure is a whole day's at any hour (the first day alone held
+ * 53,197 jobs at 23:17 and 390,113 in the evening).
  */
-export async function purgeOldestDay(pool: pg.Pool): Promise<{ ms: number; purged: number; batches: number }> {
-  const purger = new Purger(pool, pino({ level: 'silent' }), { retentionMs: (HISTORY_DAYS - 1) * 86_400_000 });
+export async function purgeOldestDay(pool: pg.Pool): Promise<{ ms: number; purged: number; batches: number; days: string[] }> {
+  const day = 86_400_000;
+  const start = Date.now() - HISTORY_DAYS * day;
+  const cutoff = Math.floor(start / day) * day + 2 * day; // the end of the first whole day
+  const purger = new Purger(pool, pino({ level: 'silent' }), { retentionMs: Date.now() - cutoff });
   const t0 = performance.now();
   const run = await purger.runOnce();
-  return { ms: performance.now() - t0, purged: run.purged, batches: run.batches };
+  return { ms: performance.now() - t0, purged: run.purged, batches: run.batches, days: run.days };
 }
 
 /** A read's times (ms, `CALLS - 1` of them) and, for a list, how many jobs its page held. */

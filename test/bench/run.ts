@@ -676,8 +676,9 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         await seedFinished(h.pool, o.historyJobs);
         log(`history: ${o.historyJobs} finished jobs seeded in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
         const full = await measure(`${o.historyJobs + HISTORY_EMPTY_JOBS} finished jobs`);
-        // The oldest day purged while throughput drains run (as many as fit in the purge, at
-        // least one): how long the purge takes, and what it costs the hot path meanwhile.
+        // The oldest whole day purged (with the part of a day before it) while throughput drains
+        // run (as many as fit in the purge, at least one): how long the purge takes, and what it
+        // costs the hot path meanwhile.
         const purge = purgeOldestDay(h.pool);
         let purging = true;
         void purge.finally(() => (purging = false));
@@ -685,7 +686,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         // Every drain that starts while the purge runs (the first one always does).
         while ((purging || during.length === 0) && during.length < 10) during.push((await throughputRep(h, o, o.jobs)).jobsPerSec);
         const purged = await purge;
-        log(`history: purged the oldest day (${purged.purged} jobs, ${purged.batches} statements) in ${(purged.ms / 1000).toFixed(1)} s; throughput meanwhile ${during.map((x) => x.toFixed(0)).join(', ')} jobs/s`);
+        log(`history: purged the oldest whole day (${purged.days.join(', ')}: ${purged.purged} jobs, ${purged.batches} statements) in ${(purged.ms / 1000).toFixed(1)} s; throughput meanwhile ${during.map((x) => x.toFixed(0)).join(', ')} jobs/s`);
         const scenario = `history: operator reads and the hot path, ${HISTORY_EMPTY_JOBS} finished jobs kept, then ${(o.historyJobs + HISTORY_EMPTY_JOBS).toLocaleString('en-US')}`;
         const ratios = [...empty.reads].map(([k, e]) => [k, median(full.reads.get(k)!.ms) / median(e.ms)] as const);
         const worst = ratios.reduce((a, b) => (b[1] > a[1] ? b : a));
@@ -701,7 +702,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
             { ...fig([purged.ms], 0), unit: 'ms to purge the oldest day', metric: 'purge_ms' },
             { ...fig([median(during) / median(full.tp)], 2), unit: 'jobs/s while purging / full', metric: 'purge_jobs_per_s_ratio' },
           ],
-          note: `worst read: ${worst[0]}; throughput ${Math.round(median(empty.tp)).toLocaleString('en-US')} → ${Math.round(median(full.tp)).toLocaleString('en-US')} jobs/s, p50 ${median(empty.p50).toFixed(1)} → ${median(full.p50).toFixed(1)} ms; purge of the oldest day: ${purged.purged.toLocaleString('en-US')} jobs, throughput meanwhile ${during.map((x) => Math.round(x).toLocaleString('en-US')).join(', ')} jobs/s`,
+          note: `worst read: ${worst[0]}; throughput ${Math.round(median(empty.tp)).toLocaleString('en-US')} → ${Math.round(median(full.tp)).toLocaleString('en-US')} jobs/s, p50 ${median(empty.p50).toFixed(1)} → ${median(full.p50).toFixed(1)} ms; purge of the oldest whole day (${purged.days.join(', ')}): ${purged.purged.toLocaleString('en-US')} jobs, throughput meanwhile ${during.map((x) => Math.round(x).toLocaleString('en-US')).join(', ')} jobs/s`,
         });
         for (const [k, e] of empty.reads) {
           const f = full.reads.get(k)!;
