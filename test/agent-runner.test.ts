@@ -19,6 +19,7 @@ import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { rawClient, unary } from './helpers/raw-agent.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
+import { alive } from './helpers/pids.js';
 
 const run = promisify(execFile);
 const root = path.resolve(import.meta.dirname, '..');
@@ -78,14 +79,6 @@ async function enqueue(queue: string, payload: Record<string, unknown>, extra: R
   return o.value;
 }
 const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, job_error(id, status) AS error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 const node = (script: string) => [process.execPath, path.join(fixtures, script)];
 
 afterEach(async () => {

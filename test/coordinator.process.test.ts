@@ -13,6 +13,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { killAll, serve as spawnServe, type Proc } from './helpers/serve.js';
+import { alive } from './helpers/pids.js';
 
 const root = path.resolve(import.meta.dirname, '..');
 const run = promisify(execFile);
@@ -43,14 +44,6 @@ function ourPostmaster(pid: number): boolean {
     return false;
   }
 }
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 beforeAll(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-serve-'));

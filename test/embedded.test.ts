@@ -13,15 +13,8 @@ import pg from 'pg';
 import pino from 'pino';
 import { expect, it } from 'vitest';
 import { startEmbedded } from '../server/store/embedded.js';
+import { alive } from './helpers/pids.js';
 
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 it.skipIf(process.platform === 'win32')('leaves alone a live process named by a stale postmaster.pid, and starts', async () => {
   const dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-embedded-'));
