@@ -142,10 +142,10 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
       const conds = [PARTS[p].replace(` AND j.final_agent_id = $A`, ''), `${column} >= ${value}`, `${column} <= ${value}`];
       return { conds: [...conds, ...onJob.filter((c) => c !== `j.queue = ${queue}`)], lead: column };
     };
-    const one = (p: Part) =>
-      led(p)
-        ? `SELECT j.* FROM jobs j WHERE ${led(p)!.conds.join(' AND ')} ${order('j.created_at', 'j.id', led(p)!.lead)}`
-        : p === 'agentEnded'
+    const one = (p: Part): string => {
+      const l = led(p);
+      if (l) return `SELECT j.* FROM jobs j WHERE ${l.conds.join(' AND ')} ${order('j.created_at', 'j.id', l.lead)}`;
+      return p === 'agentEnded'
         ? // Its attempts from attempts_agent_idx, newest job first, each job once (its latest
           // attempt by the agent), and not one it holds now or succeeded (the other parts have
           // those).
@@ -162,6 +162,7 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
            ].join(' AND ')}
            ${order('a.job_created_at', 'a.job_id')}`
         : `SELECT j.* FROM ${LIVE_PARTS.has(p) ? 'jobs_live' : 'jobs'} j WHERE ${[PARTS[p].replace('$A', agent ?? ''), ...onJob].join(' AND ')} ${order('j.created_at', 'j.id')}`;
+    };
     const inner =
       parts.length === 1
         ? one(parts[0]!)
