@@ -51,7 +51,8 @@ const PARTS = {
   // of attempts), and those it succeeded (the attempt kept on the job's row).
   agentHeld: 'j.current_attempt_id IS NOT NULL AND j.agent_id = $A',
   agentEnded: '',
-  agentSucceeded: 'j.final_attempt_id IS NOT NULL AND j.final_agent_id = $A',
+  // (the agent's own condition added as a range: see `led` in jobListQuery)
+  agentSucceeded: 'j.final_attempt_id IS NOT NULL',
 } as const;
 type Part = keyof typeof PARTS;
 // Parts that only live jobs are in: read from jobs_live, the partition that holds them (the others
@@ -139,7 +140,7 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
     const led = (p: Part): { conds: string[]; lead: string } | undefined => {
       const [column, value] = p === 'finished' && queue ? ['j.queue', queue] : p === 'agentSucceeded' && agent ? ['j.final_agent_id', agent] : [];
       if (!column) return undefined;
-      const conds = [PARTS[p].replace(` AND j.final_agent_id = $A`, ''), `${column} >= ${value}`, `${column} <= ${value}`];
+      const conds = [PARTS[p], `${column} >= ${value}`, `${column} <= ${value}`];
       return { conds: [...conds, ...onJob.filter((c) => c !== `j.queue = ${queue}`)], lead: column };
     };
     const one = (p: Part): string => {
