@@ -6,6 +6,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
 import { parseDuration } from './duration.js';
+import { DEFAULT_SWEEP_SHARE } from './core/purger.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
 
 export interface Config {
@@ -26,6 +27,11 @@ export interface Config {
   retentionMs: number | undefined;
   /** Time between purger runs (`LEASEHOLD_PURGE_INTERVAL`, default 10 minutes). */
   purgeIntervalMs: number;
+  /**
+   * The share of its time the purger's sweep of a dropped day's rows spends working, the rest
+   * left to the transitions (`LEASEHOLD_PURGE_SWEEP_SHARE`, default 0.1; 1: no pause).
+   */
+  purgeSweepShare: number;
   /**
    * The vacuumer VACUUMs `jobs_live` once this many of its rows were updated other than HOT or
    * deleted (each leaving a dead row) since the last VACUUM (`LEASEHOLD_VACUUM_DEAD_ROWS`, default
@@ -96,6 +102,13 @@ function count(name: string, raw: string | undefined, fallback: number, min: num
   return n;
 }
 
+function fraction(name: string, raw: string | undefined, fallback: number): number {
+  if (raw === undefined || raw.trim() === '') return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n <= 0 || n > 1) throw new ConfigError(`${name}=${JSON.stringify(raw)} must be a number above 0 and at most 1, e.g. 0.1`);
+  return n;
+}
+
 function flag(name: string, raw: string | undefined): boolean {
   const v = raw?.trim().toLowerCase() ?? '';
   if (['', '0', 'false', 'no', 'off'].includes(v)) return false;
@@ -141,6 +154,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       ? undefined
       : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, 7 * 86_400_000, 60_000),
     purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
+    purgeSweepShare: fraction('LEASEHOLD_PURGE_SWEEP_SHARE', env.LEASEHOLD_PURGE_SWEEP_SHARE, DEFAULT_SWEEP_SHARE),
     vacuumDeadRows:
       env.LEASEHOLD_VACUUM_DEAD_ROWS?.trim().toLowerCase() === 'off'
         ? undefined

@@ -143,7 +143,11 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
 
     let purger: Purger | undefined;
     if (config.retentionMs !== undefined) {
-      purger = new Purger(db.pool, log.child({ component: 'purger' }), { retentionMs: config.retentionMs, intervalMs: config.purgeIntervalMs });
+      purger = new Purger(db.pool, log.child({ component: 'purger' }), {
+        retentionMs: config.retentionMs,
+        intervalMs: config.purgeIntervalMs,
+        sweepShare: config.purgeSweepShare,
+      });
       purger.start();
       const p = purger;
       cleanups.push(() => p.stop());

@@ -63,6 +63,14 @@ describe('listening beyond loopback', () => {
 
 describe('the vacuumer setting', () => {
   it('defaults to 50,000 dead rows, takes a number, turns off with off or 0, and names a bad value', () => {
+    expect(loadConfig({}, {}).purgeSweepShare).toBe(0.1);
+    expect(loadConfig({}, { LEASEHOLD_PURGE_SWEEP_SHARE: '0.5' }).purgeSweepShare).toBe(0.5);
+    expect(loadConfig({}, { LEASEHOLD_PURGE_SWEEP_SHARE: '1' }).purgeSweepShare).toBe(1);
+    for (const bad of ['0', '-0.1', '1.5', 'half', 'NaN']) {
+      expect(() => loadConfig({}, { LEASEHOLD_PURGE_SWEEP_SHARE: bad })).toThrow(
+        new ConfigError(`LEASEHOLD_PURGE_SWEEP_SHARE=${JSON.stringify(bad)} must be a number above 0 and at most 1, e.g. 0.1`),
+      );
+    }
     expect(loadConfig({}, {}).vacuumDeadRows).toBe(50_000);
     expect(loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: '2000' }).vacuumDeadRows).toBe(2000);
     expect(loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: 'off' }).vacuumDeadRows).toBeUndefined();

@@ -114,6 +114,21 @@ describe('README command lines', () => {
     expect(json('AdminService/DeleteSubscription')).toEqual({ id: sub.id });
   }, 180_000);
 
+  it("the retention section's two `node -e` lines list the day partitions and the dropped days still being swept", async () => {
+    const [partitions, gone] = blocks.filter((b) => b.length === 1 && b[0]!.startsWith("node -e 'const pg=require(\"pg\")")).map((b) => b[0]!);
+    expect(partitions).toContain('jobs_about');
+    expect(gone).toContain('jobs_gone_');
+    const day = (await t.pool.query<{ d: string }>(`SELECT to_char((now() AT TIME ZONE 'UTC')::date, 'YYYYMMDD') AS d`)).rows[0]!.d;
+    expect((await sh(partitions!, { DATABASE_URL: t.url })).stdout).toContain(`jobs_done_${day}`);
+    // A dropped day whose sweep has not run: a gone table, as the purger leaves it when stopped.
+    await t.pool.query(`CREATE TABLE "jobs_gone_20000101" (LIKE jobs)`);
+    try {
+      expect((await sh(gone!, { DATABASE_URL: t.url })).stdout).toContain('jobs_gone_20000101');
+    } finally {
+      await t.pool.query(`DROP TABLE "jobs_gone_20000101"`);
+    }
+  });
+
   it.skipIf(!grpcurl)('every grpcurl line works as pasted', async () => {
     for (const l of block('grpcurl ')) await sh(l);
     await runBlock(block('grpcurl ', 'AdminService'));

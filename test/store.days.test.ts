@@ -21,6 +21,7 @@ import {
   type Claimed,
 } from '../server/store/index.js';
 import { daysDrop, daysEnsure, dayTable } from '../server/store/days.js';
+import { endedCountsReconcile } from '../server/store/counts.js';
 import type { Outcome } from '../server/core/outcomes.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -203,7 +204,7 @@ describe('the table of days', () => {
     expect(Number(before)).toBe(2);
     // Today ends before a cutoff a day from now (tomorrow is not over).
     const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000) });
-    expect(dropped).toEqual({ days: [await today()], jobs: 1, kept: 1 });
+    expect(dropped).toMatchObject({ days: [await today()], jobs: 1, kept: 1, swept: 0, unswept: false });
     expect(await whereIs(job.id)).toEqual([]);
     expect(await whereIs(kept.job.id)).toEqual(['jobs_live']);
     expect((await t.pool.query(`SELECT done_day FROM jobs WHERE id = $1`, [kept.job.id])).rows[0].done_day).toBeNull();
@@ -215,6 +216,67 @@ describe('the table of days', () => {
     expect((await partitions()).map((p) => p.name)).not.toContain(dayTable(await today()));
     // The key is free again.
     expect(await jobEnqueue(t.pool, { queue: 'other', payload: {}, idempotencyKey: 'k-drop' })).toMatchObject({ outcome: 'ok' });
+  });
+
+  /**
+   * Jobs of today, made to look as if they had ended three days ago (before the per-minute counts'
+   * window), so that the drop takes the path of a day past the retention: gone at once, swept after.
+   */
+  async function endedDaysAgo(n: number) {
+    const jobs = [];
+    for (let i = 0; i < n; i++) jobs.push(await succeeded({ idempotencyKey: `k-old-${i}` }));
+    const ids = jobs.map((j) => j.job.id);
+    await t.pool.query(`UPDATE jobs SET finished_at = finished_at - interval '3 days' WHERE id = ANY($1::uuid[])`, [ids]);
+    await t.pool.query(`UPDATE attempts SET ended_at = ended_at - interval '3 days' WHERE job_id = ANY($1::uuid[])`, [ids]);
+    await t.pool.query(`INSERT INTO steps (job_id, step, status, attempt_id, output, started_at, finished_at)
+                        SELECT id, 'fetch', 'done', final_attempt_id, '{}', finished_at, finished_at FROM jobs WHERE id = ANY($1::uuid[])`, [ids]);
+    await endedCountsReconcile(t.pool);
+    return ids;
+  }
+  const rowsOf = async (ids: string[]) => {
+    const out: Record<string, number> = {};
+    for (const table of ['attempts', 'steps']) {
+      out[table] = (await t.pool.query(`SELECT count(*)::int AS n FROM ${table} WHERE job_id = ANY($1::uuid[])`, [ids])).rows[0].n;
+    }
+    out.job_keys = (await t.pool.query(`SELECT count(*)::int AS n FROM job_keys WHERE job_id = ANY($1::uuid[])`, [ids])).rows[0].n;
+    return out;
+  };
+
+  it('a day past the per-minute window leaves the reads and the counts at once, and is swept after in batches', async () => {
+    const ids = await endedDaysAgo(5);
+    expect(await rowsOf(ids)).toEqual({ attempts: 5, steps: 5, job_keys: 5 });
+    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), batch: 2 });
+    expect(dropped).toMatchObject({ days: [await today()], jobs: 5, kept: 0, swept: 5, unswept: false });
+    expect(await rowsOf(ids)).toEqual({ attempts: 0, steps: 0, job_keys: 0 });
+    expect((await t.pool.query(`SELECT relname FROM pg_class WHERE relname ~ '^jobs_(done|gone)_'`)).rows.map((r) => r.relname)).not.toContain(
+      `jobs_gone_${(await today()).replaceAll('-', '')}`,
+    );
+    expect(Number((await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count ?? 0)).toBe(0);
+  });
+
+  it('a sweep stopped before it ends leaves the day gone, its rows for the next run, every invariant holding', async () => {
+    const ids = await endedDaysAgo(3);
+    const stop = new AbortController();
+    stop.abort();
+    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), signal: stop.signal });
+    expect(dropped).toMatchObject({ jobs: 3, swept: 0, unswept: true });
+    // Gone from every read and from the counts; the rows wait in jobs_gone_* for the sweep.
+    expect(await whereIs(ids[0]!)).toEqual([]);
+    expect(value(await jobSearch(t.pool, { queue: 'd' })).jobs).toEqual([]);
+    expect(Number((await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count ?? 0)).toBe(0);
+    expect(await rowsOf(ids)).toEqual({ attempts: 3, steps: 3, job_keys: 3 });
+    await checkInvariants(t.pool);
+    // A key of a gone job is free already.
+    expect(await jobEnqueue(t.pool, { queue: 'other', payload: {}, idempotencyKey: 'k-old-0' })).toMatchObject({ outcome: 'ok' });
+    // The day's partition can be made again meanwhile (its indexes' names are free).
+    expect(await daysEnsure(t.pool)).toEqual([await today()]);
+    const next = await daysDrop(t.pool, { cutoff: new Date(Date.now() - 30 * 86_400_000) });
+    expect(next).toMatchObject({ days: [], jobs: 0, swept: 3, unswept: false });
+    expect(await rowsOf(ids)).toEqual({ attempts: 0, steps: 0, job_keys: 0 });
+    // The key taken again meanwhile stays with its new job.
+    expect((await t.pool.query(`SELECT job_id FROM job_keys WHERE key = 'k-old-0'`)).rows.map((r) => r.job_id)).toEqual([
+      (await t.pool.query(`SELECT id FROM jobs WHERE idempotency_key = 'k-old-0'`)).rows[0].id,
+    ]);
   });
 
   it("a completion whose day has no partition makes it and succeeds (the coordinator was stopped for days)", async () => {

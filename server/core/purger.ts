@@ -3,7 +3,9 @@
  * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
  * bounded. Each run first makes the partitions of today and the next days that ending jobs move
  * to, and drops the partitions of the days that ended before the cutoff, whole (`daysDrop`: a
- * job is so kept for the retention rounded up to the end of its UTC day). Then it deletes the
+ * job is so kept for the retention rounded up to the end of its UTC day), then sweeps those days'
+ * rows in the other tables at `sweepShare` of its time, a stop cutting the sweep short for the
+ * next run to finish. Then it deletes the
  * finished jobs left in `jobs_live` (from before every end moved its job, or kept back by a drop
  * for an undelivered notification) by rows: each statement takes
  * a batch FOR UPDATE SKIP LOCKED (`jobPurge`), so purgers on several replicas take different jobs
@@ -28,6 +30,12 @@ export interface PurgerConfig {
   batchSize?: number;
   /** Fraction of the interval added or removed at random; default 0.1. */
   jitter?: number;
+  /**
+   * The share of its time the sweep of a dropped day spends working (days.ts, `daysDrop`): the
+   * rest it waits, leaving the transitions the cores; default 0.1 (`LEASEHOLD_PURGE_SWEEP_SHARE`). 1
+   * sweeps without pausing.
+   */
+  sweepShare?: number;
 }
 
 /** Counts of one run. */
@@ -40,6 +48,12 @@ export interface PurgerRun {
   cutoff: Date | undefined;
   /** Statements run. */
   batches: number;
+  /** Milliseconds until the dropped days were gone from every read and count. */
+  goneMs: number;
+  /** Jobs whose other rows the sweep deleted. */
+  swept: number;
+  /** Whether a sweep was left for the next run (the purger stopped). */
+  unswept: boolean;
 }
 
 export interface PurgerEvents {
@@ -48,18 +62,21 @@ export interface PurgerEvents {
 }
 
 export const DEFAULT_RETENTION_MS = 7 * 86_400_000;
+export const DEFAULT_SWEEP_SHARE = 0.1;
 
 const configSchema = z.object({
   retentionMs: z.int().min(1000).default(DEFAULT_RETENTION_MS),
   intervalMs: z.int().min(10).default(600_000),
   batchSize: z.int().min(1).max(100_000).default(1000),
   jitter: z.number().min(0).max(0.9).default(0.1),
+  sweepShare: z.number().gt(0).max(1).default(DEFAULT_SWEEP_SHARE),
 });
 
 /** Purges old finished jobs on a schedule; `runOnce()` for tests and tools. */
 export class Purger extends EventEmitter<PurgerEvents> {
   readonly config: z.output<typeof configSchema>;
   private readonly schedule: Schedule<PurgerRun>;
+  private stopping = new AbortController();
 
   constructor(
     private readonly db: Queryable,
@@ -82,11 +99,16 @@ export class Purger extends EventEmitter<PurgerEvents> {
 
   /** Starts the schedule (the first run comes after one interval). Calling it twice is harmless. */
   start(): void {
+    if (this.stopping.signal.aborted) this.stopping = new AbortController();
     this.schedule.start();
   }
 
-  /** Stops the schedule and waits for a run in progress. Calling it twice is harmless. */
+  /**
+   * Stops the schedule and waits for a run in progress, whose sweep stops after its current batch
+   * (the next run goes on with it). Calling it twice is harmless.
+   */
   stop(): Promise<void> {
+    this.stopping.abort();
     return this.schedule.stop();
   }
 
@@ -96,13 +118,21 @@ export class Purger extends EventEmitter<PurgerEvents> {
   }
 
   private async drain(now: Date | undefined): Promise<PurgerRun> {
-    const run: PurgerRun = { purged: 0, days: [], cutoff: undefined, batches: 0 };
+    const run: PurgerRun = { purged: 0, days: [], cutoff: undefined, batches: 0, goneMs: 0, swept: 0, unswept: false };
     if (this.db instanceof pg.Pool) {
       await daysEnsure(this.db);
-      const dropped = await daysDrop(this.db, { cutoff: new Date((now ?? new Date()).getTime() - this.config.retentionMs) });
+      const dropped = await daysDrop(this.db, {
+        cutoff: new Date((now ?? new Date()).getTime() - this.config.retentionMs),
+        share: this.config.sweepShare,
+        signal: this.stopping.signal,
+      });
       run.purged += dropped.jobs;
       run.days = dropped.days;
-      if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept }, 'days of finished jobs dropped');
+      run.goneMs = dropped.goneMs;
+      run.swept = dropped.swept;
+      run.unswept = dropped.unswept;
+      if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept, goneMs: Math.round(dropped.goneMs) }, 'days of finished jobs dropped');
+      if (dropped.swept) this.log.info({ jobs: dropped.swept, unswept: dropped.unswept }, 'rows of dropped days swept');
     }
     // Each batch starts at the finish time the last one reached (jobPurge's `after`).
     let after: Date | undefined;

@@ -10,7 +10,8 @@ import { invalid, ok, type Outcome } from '../core/outcomes.js';
 import { check, checkAll, schemas } from '../core/validation.js';
 import { camelRow, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
-import { JOB_REFERENCES, jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
+import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
+import { referencesDeleteSql } from './references.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 import { FINISHED_STATUSES } from './constants.js';
 import { countChangeSql, ENDED_MINUTES_KEPT, endedCountSql, endedCutoff, endedKindSql, jobCounts, type QueueDepth } from './counts.js';
@@ -91,7 +92,7 @@ const cutoffCte = `w AS (SELECT coalesce($4::timestamptz, now()) - make_interval
 // nothing) or commits first (finished_at is NULL then, and the recheck under the lock drops the
 // row). The jobs themselves, their keys, their attempts and the rows of JOB_REFERENCES (events,
 // steps, stale reports, notify header, webhook events, whose deliveries the events' cascade
-// takes) go in the same statement, none having a foreign key to jobs (schema.ts): each through
+// takes) go in the same statement (references.ts), none having a foreign key to jobs (schema.ts): each through
 // its index, the batch's ids (and keys) given as one array so that the
 // plan is an index scan whatever the planner thinks of the table's size (joined with `c`, steps
 // were read whole, a hash join, at 60,000 rows; the jobs' own delete, joined with `c`, read every
@@ -111,17 +112,7 @@ const purgeSqlOf = (name: string, from: 'jobs' | 'jobs_live') =>
      SELECT array_agg(id) AS ids, array_agg(idempotency_key) FILTER (WHERE idempotency_key IS NOT NULL) AS keys FROM c
    ), d AS (
      DELETE FROM ${from} j WHERE j.id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING j.id, j.queue, j.status, j.finished_at, j.final_attempt_id
-   ), keys AS (
-     DELETE FROM job_keys WHERE key = ANY((SELECT keys FROM ids)::text[]) AND job_id = ANY((SELECT ids FROM ids)::uuid[])
-   ), a AS (
-     DELETE FROM attempts WHERE job_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING ended_at, status, job_status
-   ), e AS (
-     DELETE FROM job_events WHERE job_id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING kind, at
-   ), ${JOB_REFERENCES.filter((t) => t !== 'job_events')
-     .map((t) => `del_${t} AS (
-     DELETE FROM ${t} WHERE job_id = ANY((SELECT ids FROM ids)::uuid[])
-   )`)
-     .join(', ')}, k AS (
+   ), ${referencesDeleteSql('(SELECT ids FROM ids)::uuid[]', '(SELECT keys FROM ids)::text[]')}, k AS (
      ${countChangeSql('SELECT queue, status, -1 FROM d')}
    ), ec AS (
      ${endedCountSql(`SELECT ended_at, ${endedKindSql('status', 'job_status')} FROM a WHERE ended_at >= ${endedCutoff}

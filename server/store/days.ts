@@ -19,6 +19,7 @@
  */
 import pg from 'pg';
 import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
+import { referencesDeleteSql } from './references.js';
 import { JOB_COLUMNS, JOB_REFERENCES } from './schema.js';
 import type { Queryable } from './sql.js';
 
@@ -124,6 +125,27 @@ export interface DaysDropped {
   jobs: number;
   /** Jobs of those days kept (moved back to `jobs_live`) because their notification is still to be delivered. */
   kept: number;
+  /** Milliseconds until the days were gone from `jobs` and from the counts (the rest is the sweep). */
+  goneMs: number;
+  /** Jobs whose other rows the sweep deleted (of these days, and of days a run before left to sweep). */
+  swept: number;
+  /** Whether a sweep is left for the next run (`signal` aborted it). */
+  unswept: boolean;
+}
+
+/** How `daysDrop` runs. */
+export interface DaysDropOptions {
+  /** Days that ended at or before this are dropped. */
+  cutoff: Date;
+  /**
+   * The share of its time the sweep spends working: after a batch that took t ms it waits
+   * t × (1 − share) / share ms. Default 1 (no pause).
+   */
+  share?: number;
+  /** Jobs per sweep batch; default 1000. */
+  batch?: number;
+  /** Stops the sweep between two batches (the coordinator stopping); the next run finishes it. */
+  signal?: AbortSignal;
 }
 
 /** Whether `SQLSTATE` says a row found no partition of `jobs` (its day's partition is missing). */
@@ -154,9 +176,21 @@ export async function withDays<T>(db: Queryable, statement: () => Promise<T>): P
  * undone. The jobs of such a day whose notification is still to be delivered (or whose dead-letter
  * alert is not raised) go back to `jobs_live` first, for the row purge to take later, as it keeps
  * such jobs today.
+ *
+ * A day leaves in two steps. First, at once, its partition is detached (gone from every read),
+ * the kept counts lose its jobs, and the table is renamed `jobs_gone_YYYYMMDD`: under a second
+ * for a day of 1.7 million jobs. Then the sweep deletes its jobs' rows in the other tables
+ * (attempts, events, steps, keys, …: references.ts), a batch at a time, pausing so that it works
+ * `share` of its time, and drops the table. Those rows belong to no job any read can reach (a key
+ * of a gone job is free: jobs.ts, `keyFreeSql`), so the sweep may take minutes and leave the hot
+ * path its cores; deleting them in one statement made a drain run at half its speed meanwhile
+ * (docs/performance.md, "Cost as the work grows"). A day whose jobs ended within the per-minute
+ * counts' window (a retention under a day) is dropped in one transaction instead, as the counts of
+ * what ended lose its attempts with the rows.
  */
-export async function daysDrop(pool: pg.Pool, p: { cutoff: Date }): Promise<DaysDropped> {
-  const out: DaysDropped = { days: [], jobs: 0, kept: 0 };
+export async function daysDrop(pool: pg.Pool, p: DaysDropOptions): Promise<DaysDropped> {
+  const out: DaysDropped = { days: [], jobs: 0, kept: 0, goneMs: 0, swept: 0, unswept: false };
+  const t0 = performance.now();
   const c = await pool.connect();
   try {
     // One dropper at a time, across coordinators: a session lock, since DETACH CONCURRENTLY
@@ -185,19 +219,23 @@ export async function daysDrop(pool: pg.Pool, p: { cutoff: Date }): Promise<Days
         } else {
           await c.query(`ALTER TABLE jobs DETACH PARTITION "${part.table}" FINALIZE`);
         }
-        out.jobs += await dropDetached(c, part.table);
+        out.jobs += await retire(c, part.table);
         out.days.push(part.day);
       }
-      // Tables detached by a run that stopped before dropping them.
-      const { rows: left } = await c.query<{ table: string }>(
-        `SELECT c.relname AS table FROM pg_class c
-         WHERE c.relkind = 'r' AND c.relname ~ '^jobs_done_[0-9]{8}$' AND c.relnamespace = 'public'::regnamespace
-           AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)`,
-      );
-      for (const { table } of left) {
-        const n = await dropDetached(c, table);
+      // Tables detached by a run that stopped before retiring them.
+      for (const table of await unattached(c, 'jobs_done_')) {
+        const n = await retire(c, table);
         out.jobs += n;
-        if (n) out.days.push(table.slice('jobs_done_'.length));
+        if (n) out.days.push(dayOf(table));
+      }
+      out.goneMs = performance.now() - t0;
+      for (const table of await unattached(c, 'jobs_gone_')) {
+        const swept = await sweep(c, table, p);
+        out.swept += swept.jobs;
+        if (!swept.done) {
+          out.unswept = true;
+          break;
+        }
       }
     } finally {
       await c.query('SELECT pg_advisory_unlock($1)', [DAYS_LOCK + 1]).catch(() => undefined);
@@ -206,6 +244,109 @@ export async function daysDrop(pool: pg.Pool, p: { cutoff: Date }): Promise<Days
   } finally {
     c.release();
   }
+}
+
+const dayOf = (table: string) => table.replace(/^jobs_(done|gone)_(\d{4})(\d{2})(\d{2})$/, '$2-$3-$4');
+const goneTable = (table: string) => table.replace(/^jobs_done_/, 'jobs_gone_');
+
+/** Tables named `<prefix>YYYYMMDD` that are not a partition of `jobs`, oldest first. */
+async function unattached(c: pg.PoolClient | pg.Client, prefix: 'jobs_done_' | 'jobs_gone_'): Promise<string[]> {
+  const { rows } = await c.query<{ table: string }>(
+    `SELECT c.relname AS table FROM pg_class c
+     WHERE c.relkind = 'r' AND c.relname ~ ('^' || $1 || '[0-9]{8}$') AND c.relnamespace = 'public'::regnamespace
+       AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
+     ORDER BY c.relname`,
+    [prefix],
+  );
+  return rows.map((r) => r.table);
+}
+
+/**
+ * A detached day table leaves the counts: the kept counts lose its jobs and the table becomes
+ * `jobs_gone_YYYYMMDD` (its indexes but the id's dropped, the id's renamed, so that the day's
+ * partition can be made again), for the sweep; in one transaction. A table holding jobs that ended
+ * within the per-minute counts' window goes whole instead (`dropDetached`). Returns its jobs.
+ */
+async function retire(c: pg.PoolClient | pg.Client, table: string): Promise<number> {
+  const gone = goneTable(table);
+  // A table of the same day still being swept (the day's partition made again and dropped again).
+  if ((await unattached(c, 'jobs_gone_')).includes(gone)) await sweep(c, gone, {});
+  await c.query('BEGIN');
+  try {
+    // The last finish, from the table's finished_idx; then the counts, read once.
+    const { rows } = await c.query<{ recent: boolean }>(`SELECT coalesce(max(finished_at) >= ${endedCutoff}, false) AS recent FROM "${table}"`);
+    if (rows[0]!.recent) {
+      await c.query('COMMIT');
+      return dropDetached(c, table);
+    }
+    const { rows: counted } = await c.query<{ n: number }>(
+      `WITH g AS (SELECT queue, status, count(*) AS n FROM "${table}" GROUP BY 1, 2),
+       k AS (${countChangeSql('SELECT queue, status, -n FROM g')})
+       SELECT coalesce(sum(n), 0)::int AS n FROM g`,
+    );
+    const n = counted[0]!.n;
+    const { rows: ix } = await c.query<{ name: string }>(`SELECT indexrelid::regclass::text AS name FROM pg_index WHERE indrelid = $1::regclass`, [`"${table}"`]);
+    for (const { name } of ix) {
+      if (name.replaceAll('"', '') === `${table}_id_uq`) await c.query(`ALTER INDEX ${name} RENAME TO "${gone}_id_uq"`);
+      else await c.query(`DROP INDEX ${name}`);
+    }
+    await c.query(`ALTER TABLE "${table}" RENAME TO "${gone}"`);
+    await c.query('COMMIT');
+    return n;
+  } catch (err) {
+    await c.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  }
+}
+
+/**
+ * Deletes the rows the jobs of a `jobs_gone_*` table left in other tables, `batch` jobs at a time
+ * (each batch one statement: its jobs leave the table with their rows, so a sweep cut short goes on
+ * where it stopped), pausing after each as `share` says; drops the table when it is empty. Returns
+ * the jobs swept and whether it finished.
+ */
+async function sweep(c: pg.PoolClient | pg.Client, table: string, p: Omit<DaysDropOptions, 'cutoff'>): Promise<{ jobs: number; done: boolean }> {
+  const share = p.share ?? 1;
+  const batch = p.batch ?? 1000;
+  let jobs = 0;
+  // Each batch starts after the last id of the one before: the index entries of the jobs swept
+  // stay until the table goes, and a scan from the start would step over all of them every time.
+  let after: string | null = null;
+  for (;;) {
+    if (p.signal?.aborted) return { jobs, done: false };
+    const t = performance.now();
+    const res: pg.QueryResult<{ n: number; last: string | null }> = await c.query(
+      `WITH c AS (
+         SELECT id, idempotency_key FROM "${table}" WHERE $2::uuid IS NULL OR id > $2::uuid ORDER BY id LIMIT $1
+       ), ids AS (
+         SELECT array_agg(id) AS ids, array_agg(idempotency_key) FILTER (WHERE idempotency_key IS NOT NULL) AS keys FROM c
+       ), d AS (
+         DELETE FROM "${table}" WHERE id = ANY((SELECT ids FROM ids)::uuid[]) RETURNING 1
+       ), ${referencesDeleteSql('(SELECT ids FROM ids)::uuid[]', '(SELECT keys FROM ids)::text[]')}
+       SELECT (SELECT count(*) FROM d)::int AS n, (SELECT id FROM c ORDER BY id DESC LIMIT 1)::text AS last`,
+      [batch, after],
+    );
+    const { n, last } = res.rows[0]!;
+    jobs += n;
+    after = last;
+    if (n < batch) break;
+    if (share < 1) await pause(((performance.now() - t) * (1 - share)) / share, p.signal);
+  }
+  await c.query(`DROP TABLE "${table}"`);
+  return { jobs, done: true };
+}
+
+/** Waits `ms`, or less if `signal` aborts. */
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+  });
 }
 
 /**

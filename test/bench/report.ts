@@ -19,6 +19,7 @@ export type MetricKey =
   | 'read_ms'
   | 'read_ms_ratio'
   | 'jobs_per_s_ratio'
+  | 'purge_gone_ms'
   | 'purge_ms'
   | 'purge_jobs_per_s_ratio';
 

@@ -255,20 +255,44 @@ function cpuPerJob(c0: ReturnType<typeof cpuNow>, worker: Worker, pm: number | u
  * (so the hot path is compared with itself in the same drain). `after` is undefined when the
  * drain ended first (too few jobs to outlast the purge).
  */
-async function drainAcrossPurge<P>(s: System, o: BenchOptions, n: number, purge: () => Promise<P>): Promise<{ during: number; after: number | undefined; purged: P }> {
+/**
+ * The hot path's rate while `purge` runs against its rate without: three drains of `n` jobs, then
+ * drains one after another while the purge runs, then three more after it. "During" are the
+ * drains that ended before the purge did (if the purge ended inside the first, that one, marked
+ * `overlapped`); "without" the three before and the three after (the worker's rate still creeps
+ * up over its first minutes, which the ones before balance).
+ */
+async function drainsAcrossPurge<P>(s: System, o: BenchOptions, n: number, purge: () => Promise<P>): Promise<{ during: number[]; without: number[]; overlapped: boolean; purged: P }> {
   await s.reset();
   const w = await forkWorker(await s.worker('drain', concurrencyOf(s, o)));
   try {
     await s.bulkEnqueue(WARM_JOBS);
     if (!(await until('warm drain', () => s.drained(), 60_000, 25))) throw new Error(`${s.label}: warm-up jobs not drained within 60 s`);
-    const left = async () => Number((await s.pool.query(`SELECT count(*) AS n FROM jobs_live WHERE queue = $1 AND finished_at IS NULL`, [QUEUE])).rows[0].n);
-    await s.bulkEnqueue(n);
-    const [left0, t0] = [await left(), performance.now()];
-    const purged = await purge();
-    const [left1, t1] = [await left(), performance.now()];
-    if (!(await until('drained', () => s.drained(), 300_000, 100))) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
-    const t2 = performance.now();
-    return { during: ((left0 - left1) / (t1 - t0)) * 1000, after: left1 > 0 ? (left1 / (t2 - t1)) * 1000 : undefined, purged };
+    const drain = async () => {
+      const t0 = performance.now();
+      await s.bulkEnqueue(n);
+      if (!(await until('drained', () => s.drained(), 300_000, 25))) throw new Error(`${s.label}: ${n} jobs not drained within 300 s`);
+      return (n / (performance.now() - t0)) * 1000;
+    };
+    const without = [await drain(), await drain(), await drain()];
+    let ended = false;
+    const purging = purge().finally(() => {
+      ended = true;
+    });
+    purging.catch(() => undefined); // awaited below
+    const during: number[] = [];
+    let overlapped = false;
+    while (!ended) {
+      const rate = await drain();
+      if (!ended) during.push(rate);
+      else if (!during.length) {
+        during.push(rate);
+        overlapped = true;
+      }
+    }
+    const purged = await purging;
+    without.push(await drain(), await drain(), await drain());
+    return { during, without, overlapped, purged };
   } finally {
     await stopWorker(w);
   }
@@ -701,14 +725,16 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         await seedFinished(h.pool, o.historyJobs);
         log(`history: ${o.historyJobs} finished jobs seeded in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
         const full = await measure(`${o.historyJobs + HISTORY_EMPTY_JOBS} finished jobs`);
-        // The oldest whole day purged (with the part of a day before it) while throughput drains
-        // run (as many as fit in the purge, at least one): how long the purge takes, and what it
-        // costs the hot path meanwhile.
-        // The drain's own rate while the purge runs against its rate after it: enough jobs to
-        // outlast the purge (ten times the throughput drain's).
-        const across = await drainAcrossPurge(h, o, o.jobs * 10, () => purgeOldestDay(h.pool));
+        // The oldest whole day purged (with the part of a day before it) as the purger does it,
+        // while throughput drains run one after another: how long until the day is gone from the
+        // reads, how long until its rows are swept, and the drains' rate meanwhile against after.
+        const across = await drainsAcrossPurge(h, o, o.jobs, () => purgeOldestDay(h.pool));
         const purged = across.purged;
-        log(`history: purged the oldest whole day (${purged.days.join(', ')}: ${purged.purged} jobs, ${purged.batches} statements) in ${(purged.ms / 1000).toFixed(1)} s; drain meanwhile ${across.during.toFixed(0)} jobs/s, after it ${across.after?.toFixed(0) ?? '– (the drain ended first)'} jobs/s`);
+        const purgeRatio = median(across.during) / median(across.without);
+        log(
+          `history: purged the oldest whole day (${purged.days.join(', ')}: ${purged.purged} jobs, ${purged.batches} statements): gone from the reads in ${(purged.goneMs / 1000).toFixed(1)} s, swept in ${(purged.ms / 1000).toFixed(1)} s; ` +
+            `drains of ${o.jobs} meanwhile ${across.during.map((x) => x.toFixed(0)).join(', ')} jobs/s${across.overlapped ? ' (one drain, the purge ended inside it)' : ''}; before and after it ${across.without.map((x) => x.toFixed(0)).join(', ')} jobs/s`,
+        );
         const scenario = `history: operator reads and the hot path, ${HISTORY_EMPTY_JOBS} finished jobs kept, then ${(o.historyJobs + HISTORY_EMPTY_JOBS).toLocaleString('en-US')}`;
         const ratios = [...empty.reads].map(([k, e]) => [k, median(full.reads.get(k)!.ms) / median(e.ms)] as const);
         const worst = ratios.reduce((a, b) => (b[1] > a[1] ? b : a));
@@ -721,12 +747,11 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
             { ...fig([worst[1]], 2), unit: 'worst read: full / empty', metric: 'read_ms_ratio' },
             { ...fig([median(full.tp) / median(empty.tp)], 2), unit: 'jobs/s: full / empty', metric: 'jobs_per_s_ratio' },
             { ...fig([median(full.p50) / median(empty.p50)], 2), unit: 'latency p50: full / empty' },
-            { ...fig([purged.ms], 0), unit: 'ms to purge the oldest day', metric: 'purge_ms' },
-            // The drain's rate during the purge against its rate after it (against the full
-            // round's drains if it ended first).
-            { ...fig([across.during / (across.after ?? median(full.tp))], 2), unit: 'jobs/s while purging / after', metric: 'purge_jobs_per_s_ratio' },
+            { ...fig([purged.goneMs], 0), unit: 'ms until the oldest day is gone from the reads', metric: 'purge_gone_ms' },
+            { ...fig([purged.ms], 0), unit: 'ms to purge the oldest day, its rows swept', metric: 'purge_ms' },
+            { ...fig([purgeRatio], 2), unit: 'jobs/s while purging / without', metric: 'purge_jobs_per_s_ratio' },
           ],
-          note: `worst read: ${worst[0]}; throughput ${Math.round(median(empty.tp)).toLocaleString('en-US')} → ${Math.round(median(full.tp)).toLocaleString('en-US')} jobs/s, p50 ${median(empty.p50).toFixed(1)} → ${median(full.p50).toFixed(1)} ms; purge of the oldest whole day (${purged.days.join(', ')}): ${purged.purged.toLocaleString('en-US')} jobs, a drain of ${(o.jobs * 10).toLocaleString('en-US')} jobs ran at ${Math.round(across.during).toLocaleString('en-US')} jobs/s during it and ${across.after === undefined ? '– (it ended first)' : Math.round(across.after).toLocaleString('en-US')} after`,
+          note: `worst read: ${worst[0]}; throughput ${Math.round(median(empty.tp)).toLocaleString('en-US')} → ${Math.round(median(full.tp)).toLocaleString('en-US')} jobs/s, p50 ${median(empty.p50).toFixed(1)} → ${median(full.p50).toFixed(1)} ms; purge of the oldest whole day (${purged.days.join(', ')}): ${purged.purged.toLocaleString('en-US')} jobs, gone from the reads in ${(purged.goneMs / 1000).toFixed(1)} s, swept in ${(purged.ms / 1000).toFixed(1)} s; ${across.during.length} drains of ${o.jobs.toLocaleString('en-US')} jobs ran at ${Math.round(median(across.during)).toLocaleString('en-US')} jobs/s (median) during it${across.overlapped ? ' (the purge ended inside the one drain)' : ''}, ${Math.round(median(across.without)).toLocaleString('en-US')} in the three before and three after`,
         });
         for (const [k, e] of empty.reads) {
           const f = full.reads.get(k)!;
