@@ -83,12 +83,8 @@ export async function daysEnsure(db: pg.Pool | pg.PoolClient, days?: string[]): 
     const missing = wanted.filter((d) => !have.has(d));
     if (!missing.length) return [];
     // A table of one of those days left detached by a drop cut short: its drop is finished first.
-    const { rows: left } = await c.query<{ table: string }>(
-      `SELECT relname AS table FROM pg_class c WHERE relname = ANY ($1::text[]) AND relkind = 'r'
-         AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)`,
-      [missing.map(dayTable)],
-    );
-    for (const { table } of left) await dropDetached(c, table);
+    const names = new Set(missing.map(dayTable));
+    for (const table of await unattached(c, 'jobs_done_')) if (names.has(table)) await dropDetached(c, table);
     const made: string[] = [];
     await c.query('BEGIN');
     try {
