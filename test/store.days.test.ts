@@ -5,7 +5,8 @@
  * partitions; the purger drops a day whole, with everything that hangs off its jobs, the counts
  * corrected, a job whose notification is undelivered kept; a drop cut short is finished later.
  */
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import pg from 'pg';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import {
   attemptComplete,
   attemptFail,
@@ -21,6 +22,7 @@ import {
   type Claimed,
 } from '../server/store/index.js';
 import { daysDrop, daysEnsure, dayTable } from '../server/store/days.js';
+import { REFERENCE_TABLES } from '../server/store/references.js';
 import { endedCountsReconcile } from '../server/store/counts.js';
 import type { Outcome } from '../server/core/outcomes.js';
 import { useTestDb } from './helpers/db.js';
@@ -252,6 +254,45 @@ describe('the table of days', () => {
       `jobs_gone_${(await today()).replaceAll('-', '')}`,
     );
     expect(Number((await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count ?? 0)).toBe(0);
+    // And the tables it deleted from were vacuumed: their dead rows would stay for a day.
+    expect(dropped.vacuumMs).toBeGreaterThan(0);
+    expect(await vacuumsSince(before)).toEqual(REFERENCE_TABLES.map((table) => [table, 1]));
+  });
+
+  /** VACUUMs each table of `REFERENCE_TABLES` had since `before` (a `vacuumCounts()`), in its order. */
+  const vacuumCounts = async () =>
+    new Map((await t.pool.query(`SELECT relname, vacuum_count::int AS n FROM pg_stat_user_tables`)).rows.map((r) => [r.relname as string, r.n as number]));
+  let before = new Map<string, number>();
+  beforeEach(async () => {
+    before = await vacuumCounts();
+  });
+  const vacuumsSince = async (then: Map<string, number>) => {
+    const now = await vacuumCounts();
+    return REFERENCE_TABLES.map((table) => [table, (now.get(table) ?? 0) - (then.get(table) ?? 0)]);
+  };
+
+  it('a drop stopped while it vacuums cancels the VACUUM and leaves its connection and lock clean', async () => {
+    await endedDaysAgo(2);
+    const stop = new AbortController();
+    // Stopped just as the second table's VACUUM is sent (the cancel goes from another connection).
+    const query = pg.Client.prototype.query;
+    let vacuums = 0;
+    const spy = vi.spyOn(pg.Client.prototype, 'query').mockImplementation(function (this: pg.Client, ...args: unknown[]) {
+      if (typeof args[0] === 'string' && args[0].startsWith('VACUUM') && ++vacuums === 2) stop.abort();
+      return (query as (...a: unknown[]) => unknown).apply(this, args);
+    } as typeof query);
+    try {
+      const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), signal: stop.signal });
+      expect(dropped).toMatchObject({ jobs: 2, swept: 2, unswept: false });
+    } finally {
+      spy.mockRestore();
+    }
+    expect(vacuums).toBe(2);
+    expect((await vacuumsSince(before)).filter(([, n]) => n).map(([table]) => table)).toContain(REFERENCE_TABLES[0]);
+    expect((await vacuumsSince(before)).slice(2).every(([, n]) => n === 0)).toBe(true);
+    // No advisory lock left held, and the connection runs statements as before.
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'`)).rows[0].n).toBe(0);
+    for (let i = 0; i < 5; i++) expect((await t.pool.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
   });
 
   it('a sweep stopped before it ends leaves the day gone, its rows for the next run, every invariant holding', async () => {
@@ -259,7 +300,8 @@ describe('the table of days', () => {
     const stop = new AbortController();
     stop.abort();
     const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), signal: stop.signal });
-    expect(dropped).toMatchObject({ jobs: 3, swept: 0, unswept: true });
+    expect(dropped).toMatchObject({ jobs: 3, swept: 0, unswept: true, vacuumMs: 0 });
+    expect((await vacuumsSince(before)).every(([, n]) => n === 0)).toBe(true);
     // Gone from every read and from the counts; the rows wait in jobs_gone_* for the sweep.
     expect(await whereIs(ids[0]!)).toEqual([]);
     expect(value(await jobSearch(t.pool, { queue: 'd' })).jobs).toEqual([]);

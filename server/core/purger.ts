@@ -132,7 +132,7 @@ export class Purger extends EventEmitter<PurgerEvents> {
       run.swept = dropped.swept;
       run.unswept = dropped.unswept;
       if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept, goneMs: Math.round(dropped.goneMs) }, 'days of finished jobs dropped');
-      if (dropped.swept) this.log.info({ jobs: dropped.swept, unswept: dropped.unswept }, 'rows of dropped days swept');
+      if (dropped.swept) this.log.info({ jobs: dropped.swept, unswept: dropped.unswept, vacuumMs: Math.round(dropped.vacuumMs) }, 'rows of dropped days swept');
     }
     // Each batch starts at the finish time the last one reached (jobPurge's `after`).
     let after: Date | undefined;

@@ -7,6 +7,9 @@
  */
 import { JOB_REFERENCES } from './schema.js';
 
+/** Every table `referencesDeleteSql` deletes from (webhook deliveries through the events' cascade). */
+export const REFERENCE_TABLES = ['job_keys', 'attempts', ...JOB_REFERENCES, 'webhook_deliveries'] as const;
+
 /**
  * CTEs (to follow others in a `WITH`) deleting the rows of the jobs whose ids are the SQL array
  * `ids` (`uuid[]`) and whose keys are the array `keys` (`text[]`; a key is deleted only while it

@@ -18,6 +18,7 @@ export type MetricKey =
   | 'tps'
   | 'read_ms'
   | 'read_ms_ratio'
+  | 'read_ms_ratio_after_purge'
   | 'jobs_per_s_ratio'
   | 'purge_gone_ms'
   | 'purge_ms'
