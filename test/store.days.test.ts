@@ -244,6 +244,18 @@ describe('the table of days', () => {
     return out;
   };
 
+  /** VACUUMs each table of `REFERENCE_TABLES` had since `before` (a `vacuumCounts()`), in its order. */
+  const vacuumCounts = async () =>
+    new Map((await t.pool.query(`SELECT relname, vacuum_count::int AS n FROM pg_stat_user_tables`)).rows.map((r) => [r.relname as string, r.n as number]));
+  let before = new Map<string, number>();
+  beforeEach(async () => {
+    before = await vacuumCounts();
+  });
+  const vacuumsSince = async (then: Map<string, number>) => {
+    const now = await vacuumCounts();
+    return REFERENCE_TABLES.map((table) => [table, (now.get(table) ?? 0) - (then.get(table) ?? 0)]);
+  };
+
   it('a day past the per-minute window leaves the reads and the counts at once, and is swept after in batches', async () => {
     const ids = await endedDaysAgo(5);
     expect(await rowsOf(ids)).toEqual({ attempts: 5, steps: 5, job_keys: 5 });
@@ -258,18 +270,6 @@ describe('the table of days', () => {
     expect(dropped.vacuumMs).toBeGreaterThan(0);
     expect(await vacuumsSince(before)).toEqual(REFERENCE_TABLES.map((table) => [table, 1]));
   });
-
-  /** VACUUMs each table of `REFERENCE_TABLES` had since `before` (a `vacuumCounts()`), in its order. */
-  const vacuumCounts = async () =>
-    new Map((await t.pool.query(`SELECT relname, vacuum_count::int AS n FROM pg_stat_user_tables`)).rows.map((r) => [r.relname as string, r.n as number]));
-  let before = new Map<string, number>();
-  beforeEach(async () => {
-    before = await vacuumCounts();
-  });
-  const vacuumsSince = async (then: Map<string, number>) => {
-    const now = await vacuumCounts();
-    return REFERENCE_TABLES.map((table) => [table, (now.get(table) ?? 0) - (then.get(table) ?? 0)]);
-  };
 
   it('a drop stopped while it vacuums cancels the VACUUM and leaves its connection and lock clean', async () => {
     await endedDaysAgo(2);
