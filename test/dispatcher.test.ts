@@ -79,9 +79,14 @@ it('hands a job enqueued on the gateway to a waiting agent here, claimed by the 
     const enqueue = (payload: object, priority = 0) =>
       rpc(lh.httpUrl, 'leasehold.v1.JobService/EnqueueJob', { queue: 'direct', payload, priority }, ADMIN_KEY);
     // The agent waits: the job is claimed for it by the enqueue, and assigned without a round.
+    const before = Date.now();
     const first = await enqueue({ n: 1 });
     expect(first.status).toBe(200);
     expect(first.json.job).toMatchObject({ status: 'JOB_STATUS_CLAIMED', agentId: 'quick', attemptNo: 1 });
+    // Its attempt id has the shape the claim statement gives: the time in milliseconds first.
+    const idMs = parseInt((first.json.job.currentAttemptId as string).replace(/-/g, '').slice(0, 12), 16);
+    expect(idMs).toBeGreaterThanOrEqual(before);
+    expect(idMs).toBeLessThanOrEqual(Date.now());
     const assign = (await a.next('assign')).assign;
     expect(assign.jobs[0]).toMatchObject({ attemptId: first.json.job.currentAttemptId, attemptNo: 1, job: { id: first.json.job.id } });
     expect(rounds).toEqual([]);

@@ -95,6 +95,18 @@ describe('jobClaim', () => {
     expect(c[0]!.attemptId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
   });
 
+  it('gives attempt ids in time order: the claim time in milliseconds, then random bits', async () => {
+    for (let i = 0; i < 6; i++) await enqueueOne({ payload: { i } });
+    const first = value(await jobClaim(t.pool, { agentId: 'a1', queues: ['q'], limit: 3, claimTtlMs: TTL, now: T0 }));
+    const later = value(await jobClaim(t.pool, { agentId: 'a1', queues: ['q'], limit: 3, claimTtlMs: TTL, now: at(1) }));
+    const ms = (id: string) => parseInt(id.replace(/-/g, '').slice(0, 12), 16);
+    expect(first.map((c) => ms(c.attemptId))).toEqual([T0.getTime(), T0.getTime(), T0.getTime()]);
+    expect(later.map((c) => ms(c.attemptId))).toEqual([T0.getTime() + 1, T0.getTime() + 1, T0.getTime() + 1]);
+    // Within a claim the rest differs, so the ids do; every id of the later claim sorts after.
+    expect(new Set([...first, ...later].map((c) => c.attemptId)).size).toBe(6);
+    for (const a of first) for (const b of later) expect(a.attemptId < b.attemptId).toBe(true);
+  });
+
   it('only claims from the named queues', async () => {
     await enqueueOne({ queue: 'elsewhere' });
     const c = value(await jobClaim(t.pool, { agentId: 'a1', queues: ['q'], limit: 5, claimTtlMs: TTL, now: T0 }));
