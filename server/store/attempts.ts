@@ -176,7 +176,7 @@ export const claimSql = statement(
    -- An attempt id is the claim's time in milliseconds (48 bits), then 80 bits of sha256 of the
    -- call's random $3 and n. Time-ordered, it lands at the right edge of the indexes that carry
    -- it (jobs_current_attempt_uq, and jobs_final_attempt_uq of its day's partition once it
-   -- succeeds), where a random one touched a random page of them: 2,733 against 2,199 B of WAL
+   -- succeeds), where a random one touched a random page of them: 2,471 against 1,930 B of WAL
    -- a job beside 200,000 finished jobs (docs/decisions.md, "Attempt ids in time order"). The
    -- dispatcher's hand-off makes the same shape (core/dispatcher.ts, randomAttemptId).
    UPDATE jobs_live j SET status = 'claimed', attempt_no = j.attempt_no + 1,
@@ -730,14 +730,15 @@ export interface CompleteParams extends AttemptRef {
 }
 
 /**
- * The part of a completion after its CTEs `o` (the attempts as locked, with their claim and start)
- * and `u` (the jobs as they finished, `$5` the time given or NULL): the job.succeeded notification,
- * each carrying its attempt, to the outbox, only when someone listens.
+ * The part of a completion after its CTEs `d` (the rows as they were deleted from jobs_live, with
+ * their attempt's claim and start) and `u` (the jobs as they finished, `$5` the time given or
+ * NULL): the job.succeeded notification, each carrying its attempt, to the outbox, only when
+ * someone listens.
  */
 const succeededNotificationSql = `n AS (
        -- The ended attempts by job, for the notifications (looked up, not joined).
-       SELECT jsonb_object_agg(o.id, ${attemptJson('o.current_attempt_id', 'o.attempt_no', 'o.agent_id', "'succeeded'", 'o.claimed_at', 'coalesce(o.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
-       FROM o
+       SELECT jsonb_object_agg(d.id, ${attemptJson('d.current_attempt_id', 'd.attempt_no', 'd.agent_id', "'succeeded'", 'd.claimed_at', 'coalesce(d.started_at, coalesce($5::timestamptz, now()))', 'coalesce($5::timestamptz, now())')}) AS m
+       FROM d
      )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.succeeded' AS type, u.finished_at AS at,
          ${notifiedJob('NULL::jsonb')} AS job, (SELECT m FROM n) -> u.id::text AS attempt
        FROM u
@@ -785,24 +786,22 @@ const movedColumn: Record<string, string> = {
 
 // The fence (batchFence), the attempt claimed or running. Completing a claimed attempt starts it
 // implicitly (it counts toward max_attempts). Many attempts in one statement, none joined to
-// another relation: o locks the rows (in index order); each job's row is deleted from jobs_live
-// by id and inserted into jobs, which routes it to its day's partition (movedColumn: its attempt in
-// the final_* columns, its result, stored once, looked up by its attempt in $4). A concurrent
-// statement on the row (a heartbeat, the reaper, a cancel) waits for this one and then finds it
-// gone, as it finds a finished job: the move is an explicit delete, not an UPDATE of the partition
-// key, which PostgreSQL would answer with a serialization failure instead. The job.succeeded notification
-// goes to the outbox in the same statement, only when someone listens.
+// another relation: d deletes each job's row from jobs_live where the fence holds, and u inserts
+// it into jobs, which routes it to its day's partition (movedColumn: its attempt in the final_*
+// columns, its result, stored once, looked up by its attempt in $4). The fence is the DELETE's
+// own condition, with no row lock before it: a concurrent statement on the row (a heartbeat, the
+// reaper, a cancel) either commits first, and the DELETE, having waited for it, checks the fence
+// again on the row as that statement left it (READ COMMITTED), or waits for this one and then
+// finds the row gone, as it finds a finished job. A FOR UPDATE before the DELETE wrote a lock
+// record on every row it then deleted (54 B of WAL a job, docs/decisions.md). The move is an
+// explicit delete, not an UPDATE of the partition key, which PostgreSQL would answer with a
+// serialization failure instead. The job.succeeded notification goes to the outbox in the same
+// statement, only when someone listens.
 const completeSql = (shape: Shape) =>
   statement(
     shape === 'job' ? 'attemptComplete' : 'attemptCompleteMany',
-    `WITH o AS MATERIALIZED (
-       SELECT j.id, j.queue, j.status, j.current_attempt_id, j.agent_id, j.attempt_no, j.run_at, j.claimed_at, j.claim_deadline,
-         j.started_at, j.suspect_since, j.created_at
-       FROM jobs_live j
-       WHERE ${batchFence} AND j.status IN ('claimed', 'running')
-       FOR UPDATE
-     ), d AS (
-       DELETE FROM jobs_live j WHERE j.id = ANY (ARRAY(SELECT id FROM o)) RETURNING j.*
+    `WITH d AS (
+       DELETE FROM jobs_live j WHERE ${batchFence} AND j.status IN ('claimed', 'running') RETURNING j.*
      ), u AS (
        INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
        SELECT ${movedRowSql('d', movedColumn)} FROM d
@@ -814,11 +813,11 @@ const completeSql = (shape: Shape) =>
      ), ${succeededNotificationSql}
      ${
        shape === 'job'
-         ? 'SELECT o.current_attempt_id AS reported_by, u.*, NULL::jsonb AS error FROM u JOIN o ON o.id = u.id'
-         : `SELECT o.current_attempt_id AS reported_by, o.id, o.queue, 'succeeded' AS status, o.attempt_no, NULL AS current_attempt_id,
-              date_part('epoch', o.run_at) * 1000 AS run_at_ms, date_part('epoch', coalesce($5::timestamptz, now())) * 1000 AS updated_at_ms,
+         ? 'SELECT d.current_attempt_id AS reported_by, u.*, NULL::jsonb AS error FROM u JOIN d ON d.id = u.id'
+         : `SELECT d.current_attempt_id AS reported_by, d.id, d.queue, 'succeeded' AS status, d.attempt_no, NULL AS current_attempt_id,
+              date_part('epoch', d.run_at) * 1000 AS run_at_ms, date_part('epoch', coalesce($5::timestamptz, now())) * 1000 AS updated_at_ms,
               NULL AS lease_ms
-            FROM o`
+            FROM d`
      }`,
   );
 const completeSqls = { job: completeSql('job'), summary: completeSql('summary') };

@@ -10,9 +10,12 @@
  * hot pool (generic plans, as the coordinator runs them) to an embedded PostgreSQL 17, so a
  * statement's own cost is seen apart from the machine's other processes.
  * Medians over rounds of `--jobs` jobs each, after one round that warms the caches and plans.
+ * With `--history N`, N jobs go through the same life first and stay, as do every round's (the
+ * day's partition grows as it does in production), and each round starts from a CHECKPOINT, so
+ * the first write to each page after it is a full-page image, as after every checkpoint.
  * Linux only (/proc).
  *
- *   node --import tsx test/bench/lifecycle.ts [--jobs 20000] [--batch 128] [--rounds 5] [--wal-records]
+ *   node --import tsx test/bench/lifecycle.ts [--jobs 20000] [--batch 128] [--rounds 5] [--wal-records] [--history 200000]
  */
 import { readFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
@@ -29,8 +32,9 @@ const o = new Command()
   .option('--batch <n>', 'jobs per statement', (v) => Number(v), 128)
   .option('--rounds <n>', 'measured rounds', (v) => Number(v), 5)
   .option('--wal-records', 'break the WAL down by record type (pg_walinspect)')
+  .option('--history <n>', 'jobs taken through their life first and kept, with every round\'s; a CHECKPOINT before each round', (v) => Number(v), 0)
   .parse()
-  .opts<{ jobs: number; batch: number; rounds: number; walRecords?: boolean }>();
+  .opts<{ jobs: number; batch: number; rounds: number; walRecords?: boolean; history: number }>();
 
 const log = pino({ level: 'warn' });
 const embedded = await startEmbedded({ dataDir: await mkdtemp(path.join(os.tmpdir(), 'leasehold-lifecycle-')), log, ephemeral: true });
@@ -82,13 +86,16 @@ try {
   const perRound: Record<Kind, Array<{ cpuUs: number; wallUs: number; walB: number }>> = { claim: [], start: [], complete: [] };
   const records: Record<Kind, Map<string, { n: number; rec: number; fpi: number }>> = { claim: new Map(), start: new Map(), complete: new Map() };
   let measuredJobs = 0;
-  for (let round = 0; round <= o.rounds; round++) {
-    await setup.query(`INSERT INTO jobs (queue, payload) SELECT 'bench', '{}'::jsonb FROM generate_series(1, $1)`, [o.jobs]);
+  for (let round = o.history > 0 ? -1 : 0; round <= o.rounds; round++) {
+    // Round -1: the history (--history), not measured.
+    const jobs = round < 0 ? o.history : o.jobs;
+    await setup.query(`INSERT INTO jobs (queue, payload) SELECT 'bench', '{}'::jsonb FROM generate_series(1, $1)`, [jobs]);
     await setup.query('VACUUM ANALYZE jobs');
+    if (o.history > 0) await setup.query('CHECKPOINT');
     const fresh = (): Acc => ({ cpu: 0, wall: 0, wal: 0, ranges: [] });
     const acc: Record<Kind, Acc> = { claim: fresh(), start: fresh(), complete: fresh() };
     let done = 0;
-    while (done < o.jobs) {
+    while (done < jobs) {
       const claimed = await timed(acc.claim, () => jobClaimSlots(db, { slots: Array<string>(o.batch).fill('agent-1'), queues: ['bench'], claimTtlMs: 30_000 }));
       if (claimed.outcome !== 'ok') throw new Error(`claim: ${JSON.stringify(claimed)}`);
       if (!claimed.value.length) break;
@@ -101,7 +108,7 @@ try {
       if (badComplete) throw new Error(`complete: ${JSON.stringify(badComplete)}`);
       done += claimed.value.length;
     }
-    if (done !== o.jobs) throw new Error(`round ${round}: ${done} of ${o.jobs} jobs went through`);
+    if (done !== jobs) throw new Error(`round ${round}: ${done} of ${jobs} jobs went through`);
     if (round > 0) {
       measuredJobs += done;
       for (const k of kinds) {
@@ -122,12 +129,13 @@ try {
         }
       }
     }
-    await setup.query('TRUNCATE jobs, job_keys, attempts, job_counts, ended_counts');
+    if (o.history === 0) await setup.query('TRUNCATE jobs, job_keys, attempts, job_counts, ended_counts');
   }
 
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   const fmt = (xs: number[]) => `${median(xs).toFixed(1)} [${Math.min(...xs).toFixed(1)} – ${Math.max(...xs).toFixed(1)}]`;
-  console.log(`${o.rounds} rounds of ${o.jobs} jobs, ${o.batch} a statement, per job, median [min – max] over rounds:\n`);
+  const beside = o.history > 0 ? `, beside ${o.history} jobs of history and the rounds before, each from a CHECKPOINT` : '';
+  console.log(`${o.rounds} rounds of ${o.jobs} jobs${beside}, ${o.batch} a statement, per job, median [min – max] over rounds:\n`);
   console.log('| statement | backend CPU µs | wall µs | WAL bytes |');
   console.log('|---|---:|---:|---:|');
   let cpuTotal = 0;
