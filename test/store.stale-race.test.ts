@@ -2,6 +2,7 @@
  * Stale against current, concurrently, for hundreds of rounds: only the current attempt ever
  * wins; the superseded one is `stale` and logged in `stale_reports` with both attempt ids.
  */
+import type pg from 'pg';
 import { expect, it } from 'vitest';
 import {
   attemptComplete,
@@ -20,6 +21,24 @@ const TTL = 1000;
 function must<T>(o: { outcome: string; value?: T }): T {
   if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
   return o.value as T;
+}
+
+/** A job of `queue` enqueued, claimed and started by `agent` at `now(0)`, and its attempt id. */
+async function runningJob(queue: string, now: (ms: number) => Date): Promise<{ jobId: string; attemptId: string }> {
+  const job = must(await jobEnqueue(t.pool, { queue, payload: {}, now: now(0) }));
+  const [c] = must(await jobClaim(t.pool, { agentId: 'agent', queues: [queue], limit: 1, claimTtlMs: TTL, now: now(0) }));
+  must(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'agent', leaseTtlMs: TTL, now: now(0) }));
+  return { jobId: job.id, attemptId: c!.attemptId };
+}
+
+/** Waits until a statement whose text has `fragment` waits on a lock (it polls pg_stat_activity). */
+async function blockedOn(pool: pg.Pool, fragment: string): Promise<void> {
+  for (let i = 0; ; i++) {
+    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`, [`%${fragment}%`]);
+    if (rows[0].n > 0) return;
+    if (i > 500) throw new Error(`no statement with "${fragment}" ever waited on a lock`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
 }
 
 it(`${ROUNDS} rounds of a late and a current completion racing: the current one always wins`, async () => {
@@ -110,14 +129,7 @@ it('a late report for a job deleted while it is answered is stale, not a foreign
     await deleter.query('DELETE FROM jobs WHERE id = $1', [job.id]);
     const late = attemptComplete(reporter, { attemptId: c!.attemptId, agentId: 'old', result: {}, now: now(TTL + 2) });
     // The late report reaches its stale_reports insert and waits on the job's row lock.
-    for (let i = 0; ; i++) {
-      const { rows } = await t.pool.query(
-        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO stale_reports%'`,
-      );
-      if (rows[0].n > 0) break;
-      if (i > 500) throw new Error('the late report never waited on the deleted row');
-      await new Promise((r) => setTimeout(r, 10));
-    }
+    await blockedOn(t.pool, 'INSERT INTO stale_reports');
     await deleter.query('COMMIT');
     await expect(late).resolves.toMatchObject({ outcome: 'stale', current: { jobId: job.id } });
   } finally {
@@ -126,57 +138,43 @@ it('a late report for a job deleted while it is answered is stale, not a foreign
   expect((await t.pool.query('SELECT count(*)::int AS n FROM stale_reports WHERE job_id = $1', [job.id])).rows[0].n).toBe(0);
 });
 
-/** Waits until a statement whose text has `fragment` waits on a lock (it polls pg_stat_activity). */
-async function blockedOn(pool: import('pg').Pool, fragment: string): Promise<void> {
-  for (let i = 0; ; i++) {
-    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`, [`%${fragment}%`]);
-    if (rows[0].n > 0) return;
-    if (i > 500) throw new Error(`no statement with "${fragment}" ever waited on a lock`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
 // The completion's fence is its DELETE's own condition (no row lock before it): a completion that
 // waits for another statement's change to the row checks the fence again on the row as changed.
 it('a completion that waits for the reaper to commit its requeue finds its attempt gone: stale, the job queued', async () => {
   const now = (ms: number) => new Date(Date.parse('2034-01-01T00:00:00Z') + ms);
-  const job = must(await jobEnqueue(t.pool, { queue: 'wait-reaper', payload: {}, now: now(0) }));
-  const [c] = must(await jobClaim(t.pool, { agentId: 'agent', queues: ['wait-reaper'], limit: 1, claimTtlMs: TTL, now: now(0) }));
-  must(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'agent', leaseTtlMs: TTL, now: now(0) }));
+  const { jobId, attemptId } = await runningJob('wait-reaper', now);
   const reaper = await t.newPool(1).connect();
   const reporter = t.newPool(1);
   try {
     await reaper.query('BEGIN');
-    expect(must(await jobRescueExpired(reaper, { limit: 10, now: now(TTL + 1) })).map((r) => r.jobId)).toEqual([job.id]);
-    const late = attemptComplete(reporter, { attemptId: c!.attemptId, agentId: 'agent', result: { late: true }, now: now(TTL + 2) });
+    expect(must(await jobRescueExpired(reaper, { limit: 10, now: now(TTL + 1) })).map((r) => r.jobId)).toEqual([jobId]);
+    const late = attemptComplete(reporter, { attemptId, agentId: 'agent', result: { late: true }, now: now(TTL + 2) });
     await blockedOn(t.pool, 'DELETE FROM jobs_live');
     await reaper.query('COMMIT');
-    await expect(late).resolves.toMatchObject({ outcome: 'stale', current: { jobId: job.id, status: 'queued' } });
+    await expect(late).resolves.toMatchObject({ outcome: 'stale', current: { jobId, status: 'queued' } });
   } finally {
     reaper.release();
   }
-  const row = (await t.pool.query(`SELECT status::text, result, current_attempt_id FROM jobs WHERE id = $1`, [job.id])).rows;
+  const row = (await t.pool.query(`SELECT status::text, result, current_attempt_id FROM jobs WHERE id = $1`, [jobId])).rows;
   expect(row).toEqual([{ status: 'queued', result: null, current_attempt_id: null }]);
 });
 
 it('a completion that waits for a lease renewal to commit completes the renewed row', async () => {
   const now = (ms: number) => new Date(Date.parse('2035-01-01T00:00:00Z') + ms);
-  const job = must(await jobEnqueue(t.pool, { queue: 'wait-renew', payload: {}, now: now(0) }));
-  const [c] = must(await jobClaim(t.pool, { agentId: 'agent', queues: ['wait-renew'], limit: 1, claimTtlMs: TTL, now: now(0) }));
-  must(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'agent', leaseTtlMs: TTL, now: now(0) }));
+  const { jobId, attemptId } = await runningJob('wait-renew', now);
   const other = await t.newPool(1).connect();
   const reporter = t.newPool(1);
   try {
     await other.query('BEGIN');
-    await other.query(`UPDATE jobs_live SET heartbeat_at = $2, lease_expires_at = $3 WHERE id = $1`, [job.id, now(500), now(500 + TTL)]);
-    const done = attemptComplete(reporter, { attemptId: c!.attemptId, agentId: 'agent', result: { n: 1 }, now: now(600) });
+    await other.query(`UPDATE jobs_live SET heartbeat_at = $2, lease_expires_at = $3 WHERE id = $1`, [jobId, now(500), now(500 + TTL)]);
+    const done = attemptComplete(reporter, { attemptId, agentId: 'agent', result: { n: 1 }, now: now(600) });
     await blockedOn(t.pool, 'DELETE FROM jobs_live');
     await other.query('COMMIT');
-    await expect(done).resolves.toMatchObject({ outcome: 'ok', value: { id: job.id, status: 'succeeded', result: { n: 1 } } });
+    await expect(done).resolves.toMatchObject({ outcome: 'ok', value: { id: jobId, status: 'succeeded', result: { n: 1 } } });
   } finally {
     other.release();
   }
   // The row it moved is the renewed one: the renewal's heartbeat is on it.
-  const row = (await t.pool.query(`SELECT status::text, heartbeat_at FROM jobs WHERE id = $1`, [job.id])).rows;
+  const row = (await t.pool.query(`SELECT status::text, heartbeat_at FROM jobs WHERE id = $1`, [jobId])).rows;
   expect(row).toEqual([{ status: 'succeeded', heartbeat_at: now(500) }]);
 });
