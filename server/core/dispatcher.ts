@@ -58,12 +58,12 @@ let drawn = entropy.length;
  * instead of on a random page of them. From a pool refilled by `randomFillSync`, as Node's
  * `randomUUID` pools its own: `randomBytes` per id cost 3.5 µs, a tenth of that from the pool.
  */
-export function randomAttemptId(now = Date.now()): string {
+function randomAttemptId(): string {
   if (drawn === entropy.length) {
     randomFillSync(entropy);
     drawn = 0;
   }
-  const t = now.toString(16).padStart(12, '0');
+  const t = Date.now().toString(16).padStart(12, '0');
   const h = entropy.toString('hex', drawn, (drawn += 10));
   return `${t.slice(0, 8)}-${t.slice(8, 12)}-${h.slice(0, 4)}-${h.slice(4, 8)}-${h.slice(8)}`;
 }
