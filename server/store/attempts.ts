@@ -177,7 +177,7 @@ export const claimSql = statement(
    -- call's random $3 and n. Time-ordered, it lands at the right edge of the indexes that carry
    -- it (jobs_current_attempt_uq, and jobs_final_attempt_uq of its day's partition once it
    -- succeeds), where a random one touched a random page of them: 2,471 against 1,930 B of WAL
-   -- a job beside 200,000 finished jobs (docs/decisions.md, "Attempt ids in time order"). The
+   -- a job beside 200,000 finished jobs (docs/decisions.md, "Attempt ids in time order too"). The
    -- dispatcher's hand-off makes the same shape (core/dispatcher.ts, randomAttemptId).
    UPDATE jobs_live j SET status = 'claimed', attempt_no = j.attempt_no + 1,
      current_attempt_id = ${attemptIdSql('coalesce($6::timestamptz, now())', `sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int))`)},
