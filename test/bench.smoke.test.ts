@@ -4,12 +4,17 @@
  * printed, not judged: on a shared 2-core machine in a test run they mean little; what must
  * hold is that each system drains its jobs and the report is produced.
  */
+import { readdirSync } from 'node:fs';
+import os from 'node:os';
 import { expect, it } from 'vitest';
 import { bench } from './bench/run.js';
 import { results } from './bench/report.js';
 
 it('npm run bench --quick: every system, every scenario, a report', async () => {
   const lines: string[] = [];
+  // The agents' outboxes (worker.ts) are the run's to remove: its workers die by SIGKILL.
+  const outboxes = () => new Set(readdirSync(os.tmpdir()).filter((f) => f.startsWith('bench-outbox-') || f.startsWith('leasehold-bench-outboxes-')));
+  const before = outboxes();
   const { rows, md } = await bench({
     jobs: 300,
     reps: 1,
@@ -79,4 +84,5 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   const recovery = rows.find((r) => r.scenario.startsWith('recovery') && r.system === 'Leasehold')!;
   expect(recovery.figures.length, 'Leasehold recovered the SIGKILLed worker\'s jobs').toBeGreaterThan(0);
   expect(md).toMatch(/# Benchmark results/);
+  expect([...outboxes()].filter((f) => !before.has(f)), 'outbox directories left behind').toEqual([]);
 }, 600_000);

@@ -2,10 +2,10 @@
  * What a coordinator agrees to listen on: cleartext only on loopback unless TLS is configured,
  * a TLS-terminating proxy is declared (LEASEHOLD_TRUST_PROXY) or the operator passes --insecure.
  */
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { ConfigError, isLoopback, loadConfig } from '../server/config.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'leasehold-config-'));
@@ -14,6 +14,7 @@ const key = path.join(dir, 'key.pem');
 // loadConfig checks that the files exist; the listeners read them.
 writeFileSync(cert, 'cert');
 writeFileSync(key, 'key');
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('listening beyond loopback', () => {
   it('tells loopback addresses from the rest', () => {

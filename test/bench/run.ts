@@ -75,6 +75,14 @@ interface Worker {
 let profiling: { dir: string; n: number } | undefined;
 
 /**
+ * The directory the run's agents keep their outboxes in, one beneath it per agent (worker.ts),
+ * removed when the run ends. Workers are stopped with SIGKILL and cannot clean up after
+ * themselves: each left its outbox in the system's temporary directory, 13,664 of them (15 GB)
+ * on this machine before this.
+ */
+let outboxRoot: string | undefined;
+
+/**
  * worker.ts and the agent SDK compiled to one plain JavaScript file, its dependencies loaded from
  * node_modules as usual: workers run what users run. The SDK ships compiled (its package's dist/,
  * or the `build:agent` bundle), and the peers run their own compiled code; through the tsx loader
@@ -117,6 +125,7 @@ async function forkWorker(cfg: WorkerConfig): Promise<Worker> {
   const child = fork(await compiledWorker(), [JSON.stringify(cfg)], {
     cwd: root,
     execArgv: ['--enable-source-maps', ...prof],
+    env: outboxRoot ? { ...process.env, BENCH_OUTBOX_DIR: outboxRoot } : process.env,
     stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
   });
   const w: Worker = { child, started: new Map() };
@@ -480,6 +489,8 @@ async function pgbench(adminUrl: string, seconds: number): Promise<number | unde
 export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string }> {
   const log = o.log;
   const dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-bench-'));
+  const outboxes = await mkdtemp(path.join(os.tmpdir(), 'leasehold-bench-outboxes-'));
+  outboxRoot = outboxes;
   // Durable, as in production: fsync and synchronous_commit stay on.
   const statements: Record<string, string> = o.pgStatements ? { shared_preload_libraries: 'pg_stat_statements', 'pg_stat_statements.track_planning': 'on' } : {};
   const db = await startEmbedded({
@@ -840,6 +851,8 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
     for (const s of systems) await s.close().catch(() => undefined);
     await db.stop();
     await rm(dataDir, { recursive: true, force: true });
+    await rm(outboxes, { recursive: true, force: true });
+    outboxRoot = undefined;
   }
 }
 
