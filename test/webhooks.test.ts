@@ -276,6 +276,32 @@ describe('the deliverer service', () => {
     await d.stop();
     await d.stop();
   });
+
+  it('asks the database once per run when there is nothing to do, and still does all of it when there is', async () => {
+    // Every call the deliverer makes: statements on the pool, and transactions (a connection).
+    const calls: string[] = [];
+    const counting = new Proxy(t.pool, {
+      get(pool, k) {
+        if (k === 'query') return (q: { name?: string } | string, ...rest: unknown[]) => (calls.push(typeof q === 'string' ? q : (q.name ?? '?')), (pool.query as (...a: unknown[]) => unknown)(q, ...rest));
+        if (k === 'connect') return () => (calls.push('connect'), pool.connect());
+        const v = Reflect.get(pool, k, pool) as unknown;
+        return typeof v === 'function' ? v.bind(pool) : v;
+      },
+    });
+    const d = new WebhookDeliverer(counting, log, { timeoutMs: 2000, claimMarginMs: 0, backoff: { baseMs: 0, maxMs: 0 }, alertUrl: `${rx.url}/alert` });
+    deliverers.push(d);
+    expect(await d.runOnce()).toMatchObject({ reclaimed: 0, alerts: 0, sent: 0 });
+    expect(calls).toEqual(['deliveryWork']);
+    // A dead letter: its alert is raised and its delivery to the alert URL sent in the same run.
+    const j = await running('idle-probe', { maxAttempts: 1 });
+    value(await attemptFail(t.pool, { attemptId: j.attemptId, agentId: 'a1', error: { message: 'boom' }, retryable: true }));
+    calls.length = 0;
+    expect(await d.runOnce()).toMatchObject({ alerts: 1, sent: 1, delivered: 1 });
+    // The probe, the alert scan's transaction (its statement runs on that connection), the claim.
+    expect(calls[0]).toBe('deliveryWork');
+    expect(calls).toContain('connect');
+    expect(calls).toContain('deliveryClaim');
+  });
 });
 
 describe('one secret per receiving URL', () => {

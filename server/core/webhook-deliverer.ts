@@ -1,6 +1,7 @@
 /**
  * The webhook deliverer: drains the delivery outbox that terminal transitions write
- * (`store/outbox.ts`). Each run
+ * (`store/outbox.ts`). Each run asks, in one statement, which of these there is work for
+ * (`deliveryWork`: idle, that is all it does), then
  *
  * 1. takes back deliveries whose claim outlived its deliverer (the reconciliation sweep: a
  *    coordinator killed between claiming and recording a send);
@@ -24,6 +25,7 @@ import {
   deliveryClaim,
   deliveryFinish,
   deliveryReclaimExpired,
+  deliveryWork,
   eventAlertsClaim,
   signingSecretGet,
   withTransaction,
@@ -160,26 +162,31 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   private async drain(): Promise<DelivererRun> {
     const run: DelivererRun = { reclaimed: 0, alerts: 0, sent: 0, delivered: 0, retried: 0, failed: 0 };
     const { batchSize, maxAttempts } = this.config;
-    for (;;) {
+    // What there is to do, asked once; a step that finds work makes the claim's worth asking
+    // (a delivery taken back, an alert's delivery queued: both due now, in this run).
+    const work = await deliveryWork(this.db);
+    while (work.reclaim) {
       const back = await deliveryReclaimExpired(this.db, { limit: batchSize, maxAttempts });
       for (const d of back) {
         run.reclaimed++;
         if (d.status === 'failed') run.failed++;
+        else work.due = true;
         this.log.warn({ deliveryId: d.id, eventId: d.eventId, url: d.url, attempts: d.attempts, status: d.status }, 'webhook delivery taken back from a deliverer that stopped');
       }
       if (back.length < batchSize) break;
     }
-    for (;;) {
+    while (work.alerts) {
       const n = await withTransaction(this.db, async (tx) => {
         const alerts = await eventAlertsClaim(tx, { limit: batchSize, alertUrl: this.config.alertUrl });
         for (const a of alerts) this.raise(a);
         return alerts.length;
       });
       run.alerts += n;
+      if (n > 0 && this.config.alertUrl) work.due = true;
       if (n < batchSize) break;
     }
     let notifySecret: string | undefined;
-    for (;;) {
+    while (work.due) {
       if (this.abort.signal.aborted) break;
       const claimId = randomUUID();
       const batch = await deliveryClaim(this.db, { limit: batchSize, claimId, leaseMs: this.config.timeoutMs + this.config.claimMarginMs });

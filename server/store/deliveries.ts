@@ -290,6 +290,24 @@ export async function deliveryFinish(
   return row ? { status: row.status, attempts: row.attempts, nextAttemptAt: row.next_attempt_at } : { status: 'lost' };
 }
 
+// What a deliverer's run has to do, in one round trip: each test is the condition of one of its
+// statements, served by that statement's partial index. An idle deliverer runs this alone,
+// twice a second, instead of the sweep, a transaction around the alert scan and a claim (five
+// round trips each run; 10 of the 18 statements a second an idle coordinator made).
+const workSql = statement(
+  'deliveryWork',
+  `SELECT
+     EXISTS (SELECT 1 FROM webhook_deliveries WHERE status = 'sending' AND claimed_until < now()) AS reclaim,
+     EXISTS (SELECT 1 FROM webhook_events WHERE type = 'job.dead' AND alerted_at IS NULL) AS alerts,
+     EXISTS (SELECT 1 FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= now()) AS due`,
+);
+
+/** Whether there are expired claims to take back, dead letters to alert, deliveries due now. */
+export async function deliveryWork(db: Queryable): Promise<{ reclaim: boolean; alerts: boolean; due: boolean }> {
+  const [row] = await run<{ reclaim: boolean; alerts: boolean; due: boolean }>(db, workSql, []);
+  return row!;
+}
+
 // The reconciliation sweep: a delivery still `sending` past its claim was held by a deliverer
 // that died (or stalled) between claiming and recording the send. Whether the receiver got it
 // is unknown, so it is sent again (receivers dedupe by event id), or `failed` at the cap.
