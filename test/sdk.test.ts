@@ -81,6 +81,28 @@ describe('createAgent', () => {
     expect((await job(b.id)).error).toEqual({ message: 'bad input', details: { field: 'x' } });
   });
 
+  it('ticks its deadline watchdog only while it holds an attempt: idle, it wakes for heartbeats alone', async () => {
+    const { agent } = await newAgent('sdk-idle', ['sdk-idle']);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    agent.handle('sdk-idle', async () => {
+      await held;
+      return {};
+    });
+    const watchdog = () => (agent as unknown as { watchdog?: NodeJS.Timeout }).watchdog;
+    await agent.start();
+    expect(watchdog(), 'connected, nothing held').toBeUndefined();
+    const assigned = once(agent, 'assigned');
+    await enqueue('sdk-idle');
+    await assigned;
+    expect(watchdog(), 'holding an attempt').toBeDefined();
+    const acked = once(agent, 'acked');
+    release();
+    await acked;
+    // Its next tick finds nothing held and stops it.
+    await waitFor('the watchdog stopped', async () => watchdog() === undefined);
+  });
+
   it('refuses to start with a bad token', async () => {
     const outboxDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-'));
     dirs.push(outboxDir);

@@ -194,7 +194,6 @@ export class Agent extends EventEmitter<AgentEvents> {
     const urls = Array.isArray(this.options.url) ? this.options.url : [this.options.url];
     if (!urls.length) throw new Error('url: give at least one coordinator address');
     this.channels = urls.map((u) => new CoordinatorChannel(u, this.options.token, this.options.tls));
-    this.watchdog = setInterval(() => this.checkDeadlines(), 100);
     if (this.options.handleSignals !== false) this.installSignals();
     let first: { resolve: () => void; reject: (e: Error) => void } | undefined;
     const ready = new Promise<void>((resolve, reject) => (first = { resolve, reject }));
@@ -468,6 +467,7 @@ export class Agent extends EventEmitter<AgentEvents> {
       };
     });
     this.running.set(c.attemptId, r);
+    this.armWatchdog();
     if (this.log.isLevelEnabled('info')) this.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
     this.emit('assigned', { attemptId: c.attemptId, jobId: job.id, attemptNo: c.attemptNo });
   }
@@ -542,7 +542,22 @@ export class Agent extends EventEmitter<AgentEvents> {
     }
   }
 
+  /**
+   * The lease deadlines and the coordinator's silence matter only while attempts are held: the
+   * watchdog ticks (every 100 ms) from an assignment until nothing is held, so an idle agent
+   * wakes only for its heartbeats.
+   */
+  private armWatchdog(): void {
+    if (this.watchdog || this.stopping) return;
+    this.watchdog = setInterval(() => this.checkDeadlines(), 100);
+  }
+
   private checkDeadlines(): void {
+    if (this.running.size === 0) {
+      clearInterval(this.watchdog);
+      this.watchdog = undefined;
+      return;
+    }
     const now = monotonic();
     this.checkSilence(now);
     for (const r of this.running.values()) {
