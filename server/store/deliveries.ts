@@ -293,7 +293,8 @@ export async function deliveryFinish(
 // What a deliverer's run has to do, in one round trip: each test is the condition of one of its
 // statements, served by that statement's partial index. An idle deliverer runs this alone,
 // twice a second, instead of the sweep, a transaction around the alert scan and a claim (five
-// round trips each run; 10 of the 18 statements a second an idle coordinator made).
+// round trips each run: 10 of the 18 statements a second of an idle coordinator in the
+// benchmark's setup, its reaper every 250 ms).
 const workSql = statement(
   'deliveryWork',
   `SELECT
