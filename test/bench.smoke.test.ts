@@ -67,8 +67,11 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   // The oldest day's purge, timed, and the throughput while it ran.
   expect(metric('history', 'leasehold', 'purge_ms')?.median).toBeGreaterThan(0);
   expect(metric('history', 'leasehold', 'purge_jobs_per_s_ratio')?.median).toBeGreaterThan(0);
+  // A backlog ten times as deep against the usual, the agents' CPU per job included.
+  expect(metric('history', 'leasehold', 'deep_jobs_per_s_ratio')?.median).toBeGreaterThan(0);
+  expect(metric('history', 'leasehold', 'deep_agent_cpu_ratio')?.median).toBeGreaterThan(0);
   // A whole day, whatever the hour: the seeded history's first (partial) day and the day after it.
-  const historyRow = rows.find((r) => r.scenarioKey === 'history' && !r.read)!;
+  const historyRow = rows.find((r) => r.scenarioKey === 'history' && r.system === 'Leasehold')!;
   expect(historyRow.note).toMatch(/purge of the oldest whole day \(\d{4}-\d\d-\d\d, \d{4}-\d\d-\d\d\): [1-9][\d,]* jobs/);
   const reads = json.filter((r) => r.scenario === 'history' && r.read && r.metric === 'read_ms');
   expect(reads.map((r) => r.read)).toEqual(expect.arrayContaining(['GetStats', '/metrics gauges', 'ListJobs by queue', 'ListJobs by agent', 'GetJob']));

@@ -22,7 +22,9 @@ export type MetricKey =
   | 'jobs_per_s_ratio'
   | 'purge_gone_ms'
   | 'purge_ms'
-  | 'purge_jobs_per_s_ratio';
+  | 'purge_jobs_per_s_ratio'
+  | 'deep_jobs_per_s_ratio'
+  | 'deep_agent_cpu_ratio';
 
 export interface Figure {
   /** Set for the figures that go to `results.json`. */

@@ -718,35 +718,89 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         figures: [{ ...fig(cpu, 1), unit: '% CPU (coordinator)' }, { ...fig(cps, 1), unit: 'commits/s', metric: 'commits_per_s' }, { ...fig(rps), unit: 'leases renewed/s' }],
       });
     }
+    if (o.scenarios.includes('history') && lh) {
+      // A deep backlog: drains of ten times the jobs against drains of `jobs`, taking turns, on
+      // the throughput scenario's database. Its jobs/s and the agents' CPU per job, each deep
+      // over shallow (L15: at 100,000 jobs the agent process had spent twice the CPU per job).
+      const deepJobs = o.jobs * 10;
+      const sizes = { shallow: [] as Awaited<ReturnType<typeof throughputRep>>[], deep: [] as Awaited<ReturnType<typeof throughputRep>>[] };
+      for (let r = 0; r < o.reps; r++) {
+        for (const k of (r % 2 ? ['deep', 'shallow'] : ['shallow', 'deep']) as Array<keyof typeof sizes>) {
+          const x = await throughputRep(lh, o, k === 'deep' ? deepJobs : o.jobs);
+          sizes[k].push(x);
+          log(`history backlog of ${k === 'deep' ? deepJobs : o.jobs} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, agents ${x.cpuMsPerJob.worker?.toFixed(3) ?? '?'} ms of CPU a job`);
+        }
+      }
+      const jps = (k: keyof typeof sizes) => median(sizes[k].map((x) => x.jobsPerSec));
+      const agentCpu = (k: keyof typeof sizes) => sizes[k].map((x) => x.cpuMsPerJob.worker).filter((n): n is number => n !== undefined);
+      const cpuRatio = agentCpu('deep').length && agentCpu('shallow').length ? median(agentCpu('deep')) / median(agentCpu('shallow')) : undefined;
+      rows.push({
+        scenarioKey: 'history',
+        systemKey: 'leasehold',
+        scenario: `history: a backlog of ${deepJobs.toLocaleString('en-US')} jobs against ${o.jobs.toLocaleString('en-US')}, drains taking turns`,
+        system: 'Leasehold: deep backlog',
+        figures: [
+          { ...fig(sizes.shallow.map((x) => x.jobsPerSec)), unit: `jobs/s, ${o.jobs.toLocaleString('en-US')}` },
+          { ...fig(sizes.deep.map((x) => x.jobsPerSec)), unit: `jobs/s, ${deepJobs.toLocaleString('en-US')}` },
+          { ...fig([jps('deep') / jps('shallow')], 2), unit: 'jobs/s: deep / shallow', metric: 'deep_jobs_per_s_ratio' },
+          ...(cpuRatio === undefined
+            ? []
+            : [
+                { ...fig(agentCpu('shallow'), 3), unit: `agents' CPU ms/job, ${o.jobs.toLocaleString('en-US')}` },
+                { ...fig(agentCpu('deep'), 3), unit: `agents' CPU ms/job, ${deepJobs.toLocaleString('en-US')}` },
+                { ...fig([cpuRatio], 2), unit: "agents' CPU per job: deep / shallow", metric: 'deep_agent_cpu_ratio' as const },
+              ]),
+        ],
+      });
+    }
     if (o.scenarios.includes('history') && o.systems.includes('leasehold')) {
-      // Leasehold alone, on a database of its own: the operator reads and the hot path on a
-      // nearly empty history, then again after `historyJobs` finished jobs are seeded.
-      const h = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history', keepHistory: true });
+      // Leasehold alone, on two databases of its own on the one server: a twin that keeps a few
+      // finished jobs, and `h`, which gets `historyJobs` more. Every figure is taken on both,
+      // the two taking turns round by round, so that this machine's drift falls on both alike:
+      // measured one after the other (the empty round first, the full one minutes later), the
+      // same reads on an unchanged database moved by 1.4 × and back between rounds (GetStats
+      // 2.7, 1.9, 2.7 ms), and the ratio of the same code's GetStats was 0.97 in one run and
+      // 2.83 in another (docs/performance.md, "Cost as the work grows").
+      const twin = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history_empty', keepHistory: true });
+      const h = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history', keepHistory: true }).catch(async (err: unknown) => {
+        await twin.close();
+        throw err;
+      });
       try {
         // Each round's reads start from a checkpoint, as the drains do (`settle`): right after a
         // seeding of gigabytes, PostgreSQL and the kernel are still writing it out, which the
         // reads would otherwise pay for in the full round only.
-        const readsSettled = async () => {
-          await h.pool.query('CHECKPOINT');
-          return historyReads(h.pool);
+        const readsSettled = async (s: System) => {
+          await s.pool.query('CHECKPOINT');
+          return historyReads(s.pool);
         };
-        const measure = async (label: string) => {
-          const reads = await readsSettled();
-          const tp: number[] = [];
-          const p50: number[] = [];
-          for (let r = 0; r < o.reps; r++) {
-            tp.push((await throughputRep(h, o, o.jobs)).jobsPerSec);
-            p50.push(pct((await latencyRep(h, o)).latencies, 50));
+        // Each read's timed calls of every round, pooled.
+        const pooled = (into: Map<string, ReadTimes>, round: Map<string, ReadTimes>) => {
+          for (const [k, v] of round) {
+            const x = into.get(k);
+            if (x) x.ms.push(...v.ms);
+            else into.set(k, { ...v, ms: [...v.ms] });
           }
-          log(`history ${label}: ${[...reads].map(([k, v]) => `${k} ${median(v.ms).toFixed(1)} ms${v.rows === undefined ? '' : ` (${v.rows} jobs)`}`).join(', ')}; throughput ${tp.map((x) => x.toFixed(0)).join(', ')} jobs/s; p50 ${p50.map((x) => x.toFixed(1)).join(', ')} ms`);
-          return { reads, tp, p50 };
         };
+        const fmtReads = (reads: Map<string, ReadTimes>) =>
+          [...reads].map(([k, v]) => `${k} ${median(v.ms).toFixed(1)} ms${v.rows === undefined ? '' : ` (${v.rows} jobs)`}`).join(', ');
+        const empty = { reads: new Map<string, ReadTimes>(), tp: [] as number[], p50: [] as number[] };
+        const full = { reads: new Map<string, ReadTimes>(), tp: [] as number[], p50: [] as number[] };
+        const turns = (r: number) => (r % 2 ? [[full, h], [empty, twin]] : [[empty, twin], [full, h]]) as Array<[typeof empty, System]>;
+        await seedFinished(twin.pool, HISTORY_EMPTY_JOBS);
         await seedFinished(h.pool, HISTORY_EMPTY_JOBS);
-        const empty = await measure(`${HISTORY_EMPTY_JOBS} finished jobs`);
         const t0 = performance.now();
         await seedFinished(h.pool, o.historyJobs);
         log(`history: ${o.historyJobs} finished jobs seeded in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
-        const full = await measure(`${o.historyJobs + HISTORY_EMPTY_JOBS} finished jobs`);
+        for (let r = 0; r < o.reps; r++) {
+          for (const [m, s] of turns(r)) {
+            const reads = await readsSettled(s);
+            pooled(m.reads, reads);
+            m.tp.push((await throughputRep(s, o, o.jobs)).jobsPerSec);
+            m.p50.push(pct((await latencyRep(s, o)).latencies, 50));
+            log(`history round ${r + 1}, ${m === empty ? `${HISTORY_EMPTY_JOBS}` : `${o.historyJobs + HISTORY_EMPTY_JOBS}`} finished jobs: ${fmtReads(reads)}; throughput ${m.tp.at(-1)!.toFixed(0)} jobs/s; p50 ${m.p50.at(-1)!.toFixed(1)} ms`);
+          }
+        }
         // The oldest whole day purged (with the part of a day before it) as the purger does it,
         // while throughput drains run one after another: how long until the day is gone from the
         // reads, how long until its rows are swept, and the drains' rate meanwhile against after.
@@ -759,13 +813,20 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         );
         // The reads again once the day's rows are swept (and vacuumed): what an operator meets on
         // most hours of a day, the purger dropping a day each day.
-        const afterPurge = await readsSettled();
-        log(`history after the purge: ${[...afterPurge].map(([k, v]) => `${k} ${median(v.ms).toFixed(1)} ms`).join(', ')}`);
-        const scenario = `history: operator reads and the hot path, ${HISTORY_EMPTY_JOBS} finished jobs kept, then ${(o.historyJobs + HISTORY_EMPTY_JOBS).toLocaleString('en-US')}`;
-        const worstOf = (round: Map<string, ReadTimes>) =>
-          [...empty.reads].map(([k, e]) => [k, median(round.get(k)!.ms) / median(e.ms)] as const).reduce((a, b) => (b[1] > a[1] ? b : a));
-        const worst = worstOf(full.reads);
-        const worstAfter = worstOf(afterPurge);
+        // Taking turns with the twin again, against which they are compared.
+        const afterPurge = new Map<string, ReadTimes>();
+        const twinAfter = new Map<string, ReadTimes>();
+        for (let r = 0; r < o.reps; r++) {
+          for (const [into, s] of (r % 2 ? [[afterPurge, h], [twinAfter, twin]] : [[twinAfter, twin], [afterPurge, h]]) as Array<[Map<string, ReadTimes>, System]>) {
+            pooled(into, await readsSettled(s));
+          }
+        }
+        log(`history after the purge: ${fmtReads(afterPurge)}; the twin meanwhile: ${fmtReads(twinAfter)}`);
+        const scenario = `history: operator reads and the hot path, ${HISTORY_EMPTY_JOBS.toLocaleString('en-US')} finished jobs kept against ${(o.historyJobs + HISTORY_EMPTY_JOBS).toLocaleString('en-US')}, two databases taking turns`;
+        const worstOf = (round: Map<string, ReadTimes>, base: Map<string, ReadTimes>) =>
+          [...base].map(([k, e]) => [k, median(round.get(k)!.ms) / median(e.ms)] as const).reduce((a, b) => (b[1] > a[1] ? b : a));
+        const worst = worstOf(full.reads, empty.reads);
+        const worstAfter = worstOf(afterPurge, twinAfter);
         rows.push({
           scenarioKey: 'history',
           systemKey: 'leasehold',
@@ -794,8 +855,9 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
               { ...fig(e.ms, 1), unit: 'ms, empty' },
               { ...fig(f.ms, 1), unit: 'ms, full', metric: 'read_ms' },
               { ...fig([median(f.ms) / median(e.ms)], 2), unit: 'full / empty', metric: 'read_ms_ratio' },
+              { ...fig(twinAfter.get(k)!.ms, 1), unit: 'ms, empty, after the purge' },
               { ...fig(afterPurge.get(k)!.ms, 1), unit: 'ms, full, after the purge' },
-              { ...fig([median(afterPurge.get(k)!.ms) / median(e.ms)], 2), unit: 'after the purge / empty', metric: 'read_ms_ratio_after_purge' },
+              { ...fig([median(afterPurge.get(k)!.ms) / median(twinAfter.get(k)!.ms)], 2), unit: 'after the purge: full / empty', metric: 'read_ms_ratio_after_purge' },
             ],
             // A list's page in each round: a shorter page when empty would flatter the ratio's divisor.
             ...(e.rows === undefined ? {} : { note: `jobs on the page: ${e.rows} empty, ${f.rows} full${e.rows === f.rows ? '' : ' (pages differ: the ratio compares unlike reads)'}` }),
@@ -803,6 +865,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         }
       } finally {
         await h.close();
+        await twin.close();
       }
     }
     if (o.scenarios.includes('pgbench')) {
