@@ -3,6 +3,7 @@
  * kept. The waits of GetStats and `/metrics` read the queued jobs through jobs_claim_idx, not
  * every job; the BRIN indexes of GetStats' per-minute counts summarize new pages as they fill.
  */
+import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import {
   attemptComplete,
@@ -103,7 +104,7 @@ describe('operator reads with history', () => {
             await c.query(`PREPARE p AS ${statement.text}`);
             const literal = (v: unknown) =>
               typeof v === 'number' ? String(v) : c.escapeLiteral(v instanceof Date ? v.toISOString() : Array.isArray(v) ? `{${v.join(',')}}` : String(v));
-            const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE p(${values.map(literal).join(', ')})`);
+            const { rows } = await c.query(`EXPLAIN (FORMAT JSON) EXECUTE p${values.length ? `(${values.map(literal).join(', ')})` : ''}`);
             await c.query('DEALLOCATE p');
             const plan = nodes((rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
             const label = `${what} (${mode}${after ? ', a later page' : ''})`;
@@ -211,6 +212,31 @@ describe('operator reads with history', () => {
       token = o.value.nextPageToken;
     } while (token);
     expect(listed).toEqual(all.filter((j) => j.queue === 'pg-0' && j.status === 'dead').map((j) => j.id));
+  });
+
+  it('ListJobs runs its statements in generic plans, planned once per connection, the setting gone after each call', async () => {
+    await makeQueuedJobs(db.pool, 3, 'gp');
+    const c = new pg.Client({ connectionString: db.url }); // a connection of its own: no statement prepared on it yet
+    await c.connect();
+    try {
+      for (let i = 0; i < 8; i++) {
+        const page = await jobSearch(c, { queue: 'gp', pageSize: 2 });
+        expect(page.outcome).toBe('ok');
+        expect((await jobList(c, { queue: 'gp', pageSize: 50 })).outcome).toBe('ok');
+      }
+      // PostgreSQL's own choice plans the first five calls each on its own (2–3 ms at ten million jobs).
+      const { rows } = await c.query<{ name: string; generic_plans: string; custom_plans: string }>(
+        `SELECT name, generic_plans, custom_plans FROM pg_prepared_statements WHERE name LIKE 'jobList.%' ORDER BY name`,
+      );
+      expect(rows.map((r) => [r.name, Number(r.generic_plans), Number(r.custom_plans)])).toEqual([
+        ['jobList.queued+held+finished.q.11', 8, 0], // AdminService: 2 + 1 rows, a LIMIT of 11
+        ['jobList.queued+held+finished.q.51', 8, 0], // JobService: 50 + 1 rows
+      ]);
+      // SET LOCAL: the connection's other statements are planned as PostgreSQL chooses.
+      expect((await c.query('SHOW plan_cache_mode')).rows[0].plan_cache_mode).toBe('auto');
+    } finally {
+      await c.end();
+    }
   });
 
   it('the BRIN indexes summarize page ranges as they fill (autosummarize)', async () => {

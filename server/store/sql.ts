@@ -48,13 +48,20 @@ export class StoreError extends Error {
 export async function withTransaction<T>(
   db: Queryable,
   fn: (tx: pg.PoolClient | pg.Client) => Promise<T>,
-  opts: { mode?: 'REPEATABLE READ, READ ONLY' } = {},
+  opts: {
+    mode?: 'REPEATABLE READ, READ ONLY';
+    /**
+     * `SET LOCAL` statements sent with the `BEGIN`, in its round trip (a transaction joined, not
+     * begun, runs without them).
+     */
+    local?: 'SET LOCAL plan_cache_mode = force_generic_plan';
+  } = {},
 ): Promise<T> {
   if (!(db instanceof pg.Pool) && inTransaction.has(db)) return fn(db);
   const client = db instanceof pg.Pool ? await db.connect() : db;
   inTransaction.add(client);
   try {
-    await client.query(opts.mode ? `BEGIN ISOLATION LEVEL ${opts.mode}` : 'BEGIN');
+    await client.query(`${opts.mode ? `BEGIN ISOLATION LEVEL ${opts.mode}` : 'BEGIN'}${opts.local ? `; ${opts.local}` : ''}`);
     const out = await fn(client);
     await client.query('COMMIT');
     return out;
