@@ -15,8 +15,9 @@ import {
   jobEnqueue,
   jobList,
   jobSearch,
+  statsGet,
 } from '../server/store/index.js';
-import { waitSql, type JobSearchParams } from '../server/store/admin.js';
+import { statsMinutesSql, waitSql, type JobSearchParams } from '../server/store/admin.js';
 import { jobListQuery, type JobCursor, type JobListFilter } from '../server/store/job-list.js';
 import type { JobStatus } from '../server/store/schema.js';
 import { useTestDb } from './helpers/db.js';
@@ -237,6 +238,37 @@ describe('operator reads with history', () => {
     } finally {
       await c.end();
     }
+  });
+
+  it("GetStats reads its window's minutes through ended_counts_minute_idx, not the whole day kept, in a custom plan and in a generic one", async () => {
+    // A busy day: every minute and kind kept.
+    await db.truncate();
+    await db.pool.query(
+      `INSERT INTO ended_counts (minute, kind, n)
+       SELECT date_trunc('minute', now()) - m * interval '1 minute', k, 1
+       FROM generate_series(0, 1439) m, unnest('{completed,failed,retry_scheduled,dead,canceled,lease_expired}'::text[]) k`,
+    );
+    await db.pool.query('ANALYZE ended_counts');
+    const c = await db.pool.connect();
+    try {
+      for (const mode of ['force_custom_plan', 'force_generic_plan']) {
+        await c.query(`SET plan_cache_mode = ${mode}`);
+        await c.query(`PREPARE m(int) AS ${statsMinutesSql.text}`);
+        const { rows } = await c.query('EXPLAIN (FORMAT JSON) EXECUTE m(15)');
+        await c.query('DEALLOCATE m');
+        const plan = nodes((rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
+        const onCounts = plan.filter((n) => n['Relation Name'] === 'ended_counts');
+        expect(onCounts.map((n) => n['Node Type']), mode).not.toContain('Seq Scan');
+        expect(plan.map((n) => n['Index Name']), mode).toContain('ended_counts_minute_idx');
+      }
+    } finally {
+      await c.query('RESET plan_cache_mode');
+      c.release();
+    }
+    // And it counts the window: 15 minutes, each with one of every kind but the two not kept.
+    const stats = await statsGet(db.pool, { windowMinutes: 15 });
+    expect(stats.outcome).toBe('ok');
+    if (stats.outcome === 'ok') expect(stats.value.minutes.map((m) => [m.succeeded, m.dead, m.timedOut])).toEqual(Array(15).fill([1, 1, 0]));
   });
 
   it('the BRIN indexes summarize page ranges as they fill (autosummarize)', async () => {
