@@ -230,6 +230,9 @@ const pct = (xs: number[], p: number) => {
 };
 const fig = (values: number[], digits = 0): Omit<Figure, 'unit'> => ({ median: median(values), min: Math.min(...values), max: Math.max(...values), digits, n: values.length });
 
+/** Two contenders in round `r`'s order: `a` first in even rounds, `b` first in odd ones. */
+const inTurn = <T>(r: number, a: T, b: T): [T, T] => (r % 2 ? [b, a] : [a, b]);
+
 /** Jobs each throughput worker drains, discarded, before the measured drain. */
 const WARM_JOBS = 2000;
 
@@ -725,7 +728,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       const deepJobs = o.jobs * 10;
       const sizes = { shallow: [] as Awaited<ReturnType<typeof throughputRep>>[], deep: [] as Awaited<ReturnType<typeof throughputRep>>[] };
       for (let r = 0; r < o.reps; r++) {
-        for (const k of (r % 2 ? ['deep', 'shallow'] : ['shallow', 'deep']) as Array<keyof typeof sizes>) {
+        for (const k of inTurn<keyof typeof sizes>(r, 'shallow', 'deep')) {
           const x = await throughputRep(lh, o, k === 'deep' ? deepJobs : o.jobs);
           sizes[k].push(x);
           log(`history backlog of ${k === 'deep' ? deepJobs : o.jobs} rep ${r + 1}: ${x.jobsPerSec.toFixed(0)} jobs/s, agents ${x.cpuMsPerJob.worker?.toFixed(3) ?? '?'} ms of CPU a job`);
@@ -789,14 +792,13 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
           [...reads].map(([k, v]) => `${k} ${median(v.ms).toFixed(1)} ms${v.rows === undefined ? '' : ` (${v.rows} jobs)`}`).join(', ');
         const empty = { reads: new Map<string, ReadTimes>(), tp: [] as number[], p50: [] as number[] };
         const full = { reads: new Map<string, ReadTimes>(), tp: [] as number[], p50: [] as number[] };
-        const turns = (r: number) => (r % 2 ? [[full, h], [empty, twin]] : [[empty, twin], [full, h]]) as Array<[typeof empty, System]>;
         await seedFinished(twin.pool, HISTORY_EMPTY_JOBS);
         await seedFinished(h.pool, HISTORY_EMPTY_JOBS);
         const t0 = performance.now();
         await seedFinished(h.pool, o.historyJobs);
         log(`history: ${o.historyJobs} finished jobs seeded in ${((performance.now() - t0) / 1000).toFixed(0)} s`);
         for (let r = 0; r < o.reps; r++) {
-          for (const [m, s] of turns(r)) {
+          for (const [m, s] of inTurn<[typeof empty, System]>(r, [empty, twin], [full, h])) {
             const reads = await readsSettled(s);
             pooled(m.reads, reads);
             m.tp.push((await throughputRep(s, o, o.jobs)).jobsPerSec);
@@ -820,7 +822,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
         const afterPurge = new Map<string, ReadTimes>();
         const twinAfter = new Map<string, ReadTimes>();
         for (let r = 0; r < o.reps; r++) {
-          for (const [into, s] of (r % 2 ? [[afterPurge, h], [twinAfter, twin]] : [[twinAfter, twin], [afterPurge, h]]) as Array<[Map<string, ReadTimes>, System]>) {
+          for (const [into, s] of inTurn<[Map<string, ReadTimes>, System]>(r, [twinAfter, twin], [afterPurge, h])) {
             pooled(into, await readsSettled(s));
           }
         }
