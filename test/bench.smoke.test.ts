@@ -64,6 +64,7 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   expect(metric('history', 'leasehold', 'read_ms_ratio')?.median).toBeGreaterThan(0);
   expect(metric('history', 'leasehold', 'read_ms_ratio_after_purge')?.median).toBeGreaterThan(0);
   expect(metric('history', 'leasehold', 'jobs_per_s_ratio')?.median).toBeGreaterThan(0);
+  expect(metric('history', 'leasehold', 'wal_bytes_per_job_ratio')?.median).toBeGreaterThan(0);
   // The oldest day's purge, timed, and the throughput while it ran.
   expect(metric('history', 'leasehold', 'purge_ms')?.median).toBeGreaterThan(0);
   expect(metric('history', 'leasehold', 'purge_jobs_per_s_ratio')?.median).toBeGreaterThan(0);

@@ -20,6 +20,7 @@ export type MetricKey =
   | 'read_ms_ratio'
   | 'read_ms_ratio_after_purge'
   | 'jobs_per_s_ratio'
+  | 'wal_bytes_per_job_ratio'
   | 'purge_gone_ms'
   | 'purge_ms'
   | 'purge_jobs_per_s_ratio'
