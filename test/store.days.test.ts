@@ -271,6 +271,37 @@ describe('the table of days', () => {
     expect(await vacuumsSince(before)).toEqual(REFERENCE_TABLES.map((table) => [table, 1]));
   });
 
+  it("a held sweep does no work until its hold resolves, and its pause is reckoned from the batch alone", async () => {
+    const ids = await endedDaysAgo(5);
+    let calls = 0;
+    let atGate!: () => void;
+    const reached = new Promise<void>((r) => (atGate = r));
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let releasedAt = 0;
+    let nextCall: number | undefined;
+    // Held before its second batch of two jobs; with share 0.5 the pause after a batch equals
+    // the batch, so counting the second hold's second would pause the third batch by as much.
+    const hold = async () => {
+      calls++;
+      if (calls === 2) {
+        atGate();
+        await gate;
+        releasedAt = performance.now();
+      } else if (calls === 3) nextCall = performance.now();
+    };
+    const dropping = daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), batch: 2, share: 0.5, hold });
+    await reached;
+    expect(await rowsOf(ids)).toEqual({ attempts: 3, steps: 3, job_keys: 3 });
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(await rowsOf(ids)).toEqual({ attempts: 3, steps: 3, job_keys: 3 });
+    release();
+    const dropped = await dropping;
+    expect(dropped).toMatchObject({ swept: 5, unswept: false });
+    expect(await rowsOf(ids)).toEqual({ attempts: 0, steps: 0, job_keys: 0 });
+    expect(nextCall! - releasedAt).toBeLessThan(1000);
+  });
+
   it('a drop stopped while it vacuums cancels the VACUUM and leaves its connection and lock clean', async () => {
     await endedDaysAgo(2);
     const stop = new AbortController();

@@ -36,6 +36,8 @@ export interface PurgerConfig {
    * sweeps without pausing.
    */
   sweepShare?: number;
+  /** Awaited before each batch of a sweep (days.ts, `DaysDropOptions.hold`): the benchmark's way to hold it. */
+  sweepHold?: () => Promise<void>;
 }
 
 /** Counts of one run. */
@@ -77,6 +79,7 @@ export class Purger extends EventEmitter<PurgerEvents> {
   readonly config: z.output<typeof configSchema>;
   private readonly schedule: Schedule<PurgerRun>;
   private stopping = new AbortController();
+  private readonly sweepHold: (() => Promise<void>) | undefined;
 
   constructor(
     private readonly db: Queryable,
@@ -85,6 +88,7 @@ export class Purger extends EventEmitter<PurgerEvents> {
   ) {
     super();
     this.config = configSchema.parse(config);
+    this.sweepHold = config.sweepHold;
     this.schedule = new Schedule(
       {
         ...this.config,
@@ -125,6 +129,7 @@ export class Purger extends EventEmitter<PurgerEvents> {
         cutoff: new Date((now ?? new Date()).getTime() - this.config.retentionMs),
         share: this.config.sweepShare,
         signal: this.stopping.signal,
+        hold: this.sweepHold,
       });
       run.purged += dropped.jobs;
       run.days = dropped.days;

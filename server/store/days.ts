@@ -144,6 +144,12 @@ export interface DaysDropOptions {
   batch?: number;
   /** Stops the sweep between two batches (the coordinator stopping); the next run finishes it. */
   signal?: AbortSignal;
+  /**
+   * Awaited before each sweep batch: the sweep waits while it is pending, and that wait is not
+   * counted as the sweep's work (the pause after a batch is reckoned from the batch alone). The
+   * benchmark holds the sweep this way to time the hot path with it working and held, in turns.
+   */
+  hold?: () => Promise<void>;
 }
 
 /** Whether `SQLSTATE` says a row found no partition of `jobs` (its day's partition is missing). */
@@ -316,6 +322,7 @@ async function sweep(c: pg.PoolClient | pg.Client, table: string, p: Omit<DaysDr
   // stay until the table goes, and a scan from the start would step over all of them every time.
   let after: string | null = null;
   for (;;) {
+    if (p.hold) await p.hold();
     if (p.signal?.aborted) return { jobs, done: false };
     const t = performance.now();
     const res: pg.QueryResult<{ n: number; last: string | null }> = await c.query(

@@ -42,13 +42,17 @@ export const HISTORY_DAYS = 6;
  * how long until it was swept, how many jobs went and which days. The history starts `HISTORY_DAYS` ago at this time
  * of day, so its first day is only the part after that: it goes too (the purger drops every day
  * ended before its cutoff), and the figure is a whole day's at any hour (the first day alone held
- * 53,197 jobs at 23:17 and 390,113 in the evening).
+ * 53,197 jobs at 23:17 and 390,113 in the evening). `sweepHold`, when given, is awaited before
+ * each batch of the sweep (`PurgerConfig.sweepHold`).
  */
-export async function purgeOldestDay(pool: pg.Pool): Promise<{ ms: number; goneMs: number; purged: number; batches: number; days: string[] }> {
+export async function purgeOldestDay(
+  pool: pg.Pool,
+  sweepHold?: () => Promise<void>,
+): Promise<{ ms: number; goneMs: number; purged: number; batches: number; days: string[] }> {
   const day = 86_400_000;
   const start = Date.now() - HISTORY_DAYS * day;
   const cutoff = Math.floor(start / day) * day + 2 * day; // the end of the first whole day
-  const purger = new Purger(pool, pino({ level: 'silent' }), { retentionMs: Date.now() - cutoff });
+  const purger = new Purger(pool, pino({ level: 'silent' }), { retentionMs: Date.now() - cutoff, sweepHold });
   const t0 = performance.now();
   const run = await purger.runOnce();
   return { ms: performance.now() - t0, goneMs: run.goneMs, purged: run.purged, batches: run.batches, days: run.days };
