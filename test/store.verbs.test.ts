@@ -2,6 +2,7 @@
  * Each store verb, outcome by outcome, on real PostgreSQL with a pinned clock; the invariants
  * are checked after every test.
  */
+import pg from 'pg';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
   attemptComplete,
@@ -165,6 +166,37 @@ describe('attemptHeartbeat', () => {
     expect(res.renewed).toEqual([{ attemptId: r1.attemptId, leaseExpiresAt: at(5000 + TTL) }]);
     expect(res.pending).toEqual([claimedOnly.attemptId]);
     expect(res.lost.map((l) => l.reason).sort()).toEqual(['forbidden', 'not_found']);
+  });
+
+  it('a renewal that PostgreSQL ends as the victim of a deadlock runs again at once and renews', async () => {
+    const [low, high] = [await runningOne(), await runningOne()].sort((x, y) => (x.attemptId < y.attemptId ? -1 : 1)) as [Claimed, Claimed];
+    // The renewal's connection scans by the attempt index: it locks `low`'s row, then `high`'s.
+    const renewing = new pg.Pool({ connectionString: t.url, max: 1, options: '-c enable_seqscan=off -c enable_bitmapscan=off' });
+    const other = await t.pool.connect();
+    const deadlocks = async () => Number((await t.pool.query(`SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`)).rows[0].deadlocks);
+    try {
+      const before = await deadlocks();
+      const pid = (await renewing.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+      await other.query('BEGIN');
+      await other.query('SELECT 1 FROM jobs_live WHERE current_attempt_id = $1 FOR UPDATE', [high.attemptId]);
+      const renewal = attemptHeartbeat(renewing, { items: [low, high].map((c) => ({ attemptId: c.attemptId, agentId: 'a1' })), leaseTtlMs: TTL, now: at(5000) });
+      // Once the renewal holds `low` and waits for `high`, this transaction asks for `low`: a
+      // cycle. The renewal, waiting longer, reaches deadlock_timeout first and is the one ended.
+      for (;;) {
+        const { rows } = await t.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, [pid]);
+        if (rows.length) break;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      await other.query('SELECT 1 FROM jobs_live WHERE current_attempt_id = $1 FOR UPDATE', [low.attemptId]);
+      await other.query('COMMIT');
+      const res = value(await renewal);
+      expect(res.renewed.map((r) => r.attemptId).sort()).toEqual([low.attemptId, high.attemptId].sort());
+      expect(res.renewed.every((r) => r.leaseExpiresAt.getTime() === at(5000 + TTL).getTime())).toBe(true);
+      await expect.poll(deadlocks).toBe(before + 1);
+    } finally {
+      other.release();
+      await renewing.end();
+    }
   });
 
   it('reports a superseded attempt as stale and logs it', async () => {

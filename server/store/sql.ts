@@ -35,6 +35,15 @@ export async function run<R extends pg.QueryResultRow>(
   }
 }
 
+/**
+ * Whether `err` (a `StoreError` or what pg threw) is PostgreSQL's deadlock (SQLSTATE 40P01): the
+ * statement's transaction was rolled back whole.
+ */
+export function isDeadlock(err: unknown): boolean {
+  const e = err instanceof StoreError ? err.cause : err;
+  return (e as { code?: unknown } | undefined)?.code === '40P01';
+}
+
 /** An infrastructure failure inside a store verb (connection lost, constraint broken): never an outcome. */
 export class StoreError extends Error {
   override readonly name = 'StoreError';
