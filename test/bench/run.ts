@@ -260,12 +260,6 @@ function cpuPerJob(c0: ReturnType<typeof cpuNow>, worker: Worker, pm: number | u
 }
 
 /**
- * One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained.
- * Also what the drain wrote: rows inserted + updated + deleted in the system's database
- * (`pg_stat_database`) and WAL bytes (the server's WAL position before the enqueue and when the
- * last job is done), per job.
- */
-/**
  * A gate the purge's sweep waits at before each batch (`PurgerConfig.sweepHold`): closed, the
  * sweep stops at its next batch and does no work until it opens. Records when the sweep last
  * came to it, and how long it waited.
@@ -368,6 +362,12 @@ async function drainsAcrossPurge<P>(
   }
 }
 
+/**
+ * One throughput repetition: workers ready on an empty queue, then N jobs enqueued and drained.
+ * Also what the drain wrote: rows inserted + updated + deleted in the system's database
+ * (`pg_stat_database`) and WAL bytes (the server's WAL position before the enqueue and when the
+ * last job is done), per job.
+ */
 async function throughputRep(s: System, o: BenchOptions, n: number, warm = Math.min(WARM_JOBS, n)) {
   await s.reset();
   const w = await forkWorker(await s.worker('drain', concurrencyOf(s, o)));
