@@ -675,7 +675,7 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
   } catch (err) {
     // On the pool the renewal is a transaction of its own, and renewing twice is harmless: the
     // victim of a deadlock runs again at once, so the leases are renewed on this tick rather than
-    // the next (seen once in a benchmark drain, the renewal of 512 held jobs against a transition
+    // the next (seen once in a benchmark drain: the renewal of the jobs its agents held, against a transition
     // locking some of the same rows in another order).
     if (!(db instanceof pg.Pool) || !isDeadlock(err)) throw err;
     rows = await run<Renewed>(db, heartbeatSql, values);
