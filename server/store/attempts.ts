@@ -30,7 +30,6 @@
  * hold the job meanwhile). Only started attempts count toward `max_attempts`.
  */
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import {
   conflict,
   duplicate,
@@ -49,7 +48,7 @@ import { withDays } from './days.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
 import { JOB_COLUMNS, type JobStatus } from './schema.js';
-import { isDeadlock, run, statement, type Queryable } from './sql.js';
+import { run, statement, type Queryable } from './sql.js';
 
 /** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */
 export interface Backoff {
@@ -473,7 +472,7 @@ function byAttempt(ids: string[], json: (k: number) => string | undefined): stri
  * `$1` (found through jobs_current_attempt_uq, in index order, which is also the order rows are
  * locked in when the plan is that index scan; a plan that reads them in another order can
  * deadlock with another batch, and PostgreSQL then fails one of the two: seen once in a
- * benchmark, a renewal, which `attemptHeartbeat` runs again), held by the agent the call named for it (`$2`, a map),
+ * benchmark, a renewal; on the pool `run` runs the victim again), held by the agent the call named for it (`$2`, a map),
  * and of the job the call named, if it named one (`$3`, a map, or NULL). No join: each row is
  * checked against its own entries, so the plan is an index scan whatever the statistics say.
  */
@@ -667,19 +666,14 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
   const out: Array<Outcome<unknown> | undefined> = p.items.map(() => undefined);
   const batch = firstOfEach(p.items, out).map((k) => ({ item: p.items[k]!, progress: progress[k] }));
   const [ids, agents, jobs] = fenceParams(batch.map((b) => b.item));
-  const values = [ids, agents, jobs, p.leaseTtlMs, byAttempt(ids, (k) => batch[k]!.progress), p.now ?? null];
-  type Renewed = { attempt_id: string; agent_id: string; lease_expires_at: Date };
-  let rows: Renewed[];
-  try {
-    rows = await run<Renewed>(db, heartbeatSql, values);
-  } catch (err) {
-    // On the pool the renewal is a transaction of its own, and renewing twice is harmless: the
-    // victim of a deadlock runs again at once, so the leases are renewed on this tick rather than
-    // the next (seen once in a benchmark drain: the renewal of the jobs its agents held, against a transition
-    // locking some of the same rows in another order).
-    if (!(db instanceof pg.Pool) || !isDeadlock(err)) throw err;
-    rows = await run<Renewed>(db, heartbeatSql, values);
-  }
+  const rows = await run<{ attempt_id: string; agent_id: string; lease_expires_at: Date }>(db, heartbeatSql, [
+    ids,
+    agents,
+    jobs,
+    p.leaseTtlMs,
+    byAttempt(ids, (k) => batch[k]!.progress),
+    p.now ?? null,
+  ]);
   const key = (attemptId: string, agentId: string) => `${attemptId.toLowerCase()} ${agentId}`;
   const renewed = new Set<string>();
   for (const r of rows) {

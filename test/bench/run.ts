@@ -261,8 +261,8 @@ function cpuPerJob(c0: ReturnType<typeof cpuNow>, worker: Worker, pm: number | u
 
 /**
  * A gate the purge's sweep waits at before each batch (`PurgerConfig.sweepHold`): closed, the
- * sweep stops at its next batch and does no work until it opens. Records when the sweep last
- * came to it, and how long it waited.
+ * sweep stops at its next batch and does no work until it opens. Records when the sweep first and
+ * last came to it, and how long it waited.
  */
 class SweepGate {
   private closed: { promise: Promise<void>; open: () => void } | undefined;
@@ -344,9 +344,9 @@ async function drainsAcrossPurge<P>(
       }
     }
     const purged = await purging;
-    // A held drain counts as held if the sweep had reached its gate before it began and came
-    // back to it after it ended (so it was between batches throughout, not in its VACUUM).
-    const held = ran.filter((d) => d.gated && gate.first! < d.t0 && gate.last! > d.t1);
+    // A gated drain (the sweep had reached its gate before it began) counts as held if the sweep
+    // came back to the gate after it ended: it was between batches throughout, not in its VACUUM.
+    const held = ran.filter((d) => d.gated && gate.last! > d.t1);
     const during = ran.filter((d) => !held.includes(d));
     around.push((await drain()).rate, (await drain()).rate, (await drain()).rate);
     return {
