@@ -29,7 +29,7 @@ import {
 } from '../gen/leasehold/v1/admin_service_pb.js';
 import { AttemptStatus, JobStatus, Outcome } from '../gen/leasehold/v1/job_pb.js';
 import { parseDuration } from './duration.js';
-import { API_KEY_SCOPES } from './store/constants.js';
+import { API_KEY_SCOPES } from './domain/statuses.js';
 import { createApiClients, EXIT, explainFailure, type ApiClients, type ApiTarget } from './transport/admin-client.js';
 
 export interface ApiFlags {

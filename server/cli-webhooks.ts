@@ -15,7 +15,7 @@ import {
   DeleteSubscriptionResponseSchema,
 } from '../gen/leasehold/v1/admin_service_pb.js';
 import { action, list, out, printJson, printJsonArray, remote, table, time, UsageError, type ApiFlags } from './cli-remote.js';
-import { WEBHOOK_EVENT_TYPES } from './store/constants.js';
+import { WEBHOOK_EVENT_TYPES } from './domain/statuses.js';
 
 /** Adds the notification commands to `program`. */
 export function registerWebhookCommands(program: Command): void {

@@ -16,6 +16,7 @@ import { QueueWaker } from './core/queue-waker.js';
 import { Reaper } from './core/reaper.js';
 import { SessionRegistry } from './core/session-registry.js';
 import { WebhookDeliverer } from './core/webhook-deliverer.js';
+import { RESCUE_REASONS } from './domain/statuses.js';
 import type { Logger } from './log.js';
 import { keyBootstrap, Listener, migrateDatabase, openDatabase, signingSecretGet, type Database } from './store/index.js';
 import { credentialOwner, principalOwner, type Principal } from './transport/auth.js';
@@ -117,7 +118,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     reaper.on('reaper:run', (r) => {
       if (!r.rescued.length) return;
       log.debug({ claimExpired: r.claimExpired, leaseExpired: r.leaseExpired, timedOut: r.timedOut, dead: r.dead }, 'reaper run');
-      for (const reason of ['claim_expired', 'lease_expired', 'timed_out'] as const) {
+      for (const reason of RESCUE_REASONS) {
         const ids = r.rescued.filter((x) => x.reason === reason).map((x) => x.attemptId);
         if (ids.length) hub.revoke(ids, reason);
       }

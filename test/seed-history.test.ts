@@ -10,7 +10,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { Outcome } from '../server/core/outcomes.js';
+import type { Outcome } from '../server/domain/outcomes.js';
 import { DEFAULT_SEED, SEED_LABELS, seedAgentIds, seedHistory, type SeedResult } from '../server/seed-history.js';
 import {
   attemptComplete,

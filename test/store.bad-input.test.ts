@@ -14,7 +14,7 @@ import {
   stepRecord,
   stepReserve,
 } from '../server/store/index.js';
-import { limits } from '../server/core/validation.js';
+import { limits } from '../server/domain/validation.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';

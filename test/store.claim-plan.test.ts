@@ -4,7 +4,7 @@
  * the plan is taken that way; a seq scan here once cost 30–60 ms per claim at 20k queued jobs.
  */
 import { describe, expect, it } from 'vitest';
-import type { Outcome } from '../server/core/outcomes.js';
+import type { Outcome } from '../server/domain/outcomes.js';
 import { claimSql, jobClaim, jobClaimSlots } from '../server/store/attempts.js';
 import { createPool } from '../server/store/database.js';
 import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, jobRescueExpired } from '../server/store/index.js';

@@ -24,7 +24,7 @@ import {
 import { daysDrop, daysEnsure, dayTable } from '../server/store/days.js';
 import { REFERENCE_TABLES } from '../server/store/references.js';
 import { endedCountsReconcile } from '../server/store/counts.js';
-import type { Outcome } from '../server/core/outcomes.js';
+import type { Outcome } from '../server/domain/outcomes.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
 

@@ -19,7 +19,7 @@ import {
 } from '../server/store/index.js';
 import { statsMinutesSql, waitSql, type JobSearchParams } from '../server/store/admin.js';
 import { jobListQuery, type JobCursor, type JobListFilter } from '../server/store/job-list.js';
-import type { JobStatus } from '../server/store/schema.js';
+import type { JobStatus } from '../server/domain/statuses.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';
 import { planNodes as nodes, type PlanNode } from './helpers/plan.js';

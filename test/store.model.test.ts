@@ -10,7 +10,7 @@
  */
 import fc from 'fast-check';
 import { expect, it } from 'vitest';
-import type { Outcome } from '../server/core/outcomes.js';
+import type { Outcome } from '../server/domain/outcomes.js';
 import {
   attemptComplete,
   attemptFail,
@@ -25,7 +25,7 @@ import {
   stepReserve,
   type Job,
 } from '../server/store/index.js';
-import type { JobStatus } from '../server/store/schema.js';
+import type { JobStatus } from '../server/domain/statuses.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
 

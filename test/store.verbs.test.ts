@@ -19,7 +19,7 @@ import {
   stepReserve,
   type Claimed,
 } from '../server/store/index.js';
-import type { Outcome } from '../server/core/outcomes.js';
+import type { Outcome } from '../server/domain/outcomes.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';

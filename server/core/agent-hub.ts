@@ -39,8 +39,8 @@ import {
 import { ReportBatcher } from './batcher.js';
 import { Channel } from './channel.js';
 import { StallWatch } from './stall-watch.js';
-import type { CurrentState, Failure, Outcome } from './outcomes.js';
-import { check, checkAll, limits, schemas } from './validation.js';
+import type { CurrentState, Failure, Outcome } from '../domain/outcomes.js';
+import { check, checkAll, limits, schemas } from '../domain/validation.js';
 import { z } from 'zod';
 
 export interface Hello {

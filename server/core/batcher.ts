@@ -18,8 +18,8 @@ import {
   type JobSummary,
   type Queryable,
 } from '../store/index.js';
-import type { Outcome } from './outcomes.js';
-import { limits } from './validation.js';
+import type { Outcome } from '../domain/outcomes.js';
+import { limits } from '../domain/validation.js';
 
 /** Statements of one kind allowed at once (each holds a pool connection while it runs). */
 const MAX_IN_FLIGHT = 2;

@@ -18,7 +18,7 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
 import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
 import type { AgentHub, Session } from './agent-hub.js';
-import { limits } from './validation.js';
+import { limits } from '../domain/validation.js';
 
 /** Rounds at once: while one waits for its claim, the slots freed meanwhile can be claimed. */
 const MAX_ROUNDS = 2;

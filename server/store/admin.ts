@@ -6,20 +6,20 @@
  * and the lists' indexes, which a job enters only when it finishes (job-list.ts).
  */
 import { z } from 'zod';
-import { invalid, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, schemas } from '../core/validation.js';
+import { invalid, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, schemas } from '../domain/validation.js';
 import { camelRow, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
-import { jobStatus, type AgentSessionRow, type AttemptStatus, type JobStatus, type StaleReportRow } from './schema.js';
+import type { AgentSessionRow, StaleReportRow } from './schema.js';
 import { referencesDeleteSql } from './references.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
-import { FINISHED_STATUSES } from './constants.js';
+import { FINISHED_STATUSES, JOB_STATUSES, type AttemptStatus, type JobStatus } from '../domain/statuses.js';
 import { countChangeSql, ENDED_MINUTES_KEPT, endedCountSql, endedCutoff, endedKindSql, jobCounts, type QueueDepth } from './counts.js';
 
 /** The terminal statuses: the only ones a purge takes. */
 export { FINISHED_STATUSES };
 
-const statuses = z.array(z.enum(jobStatus.enumValues)).max(jobStatus.enumValues.length);
+const statuses = z.array(z.enum(JOB_STATUSES)).max(JOB_STATUSES.length);
 const pageSize = z.int().min(1).max(500);
 
 export interface JobSearchParams {

@@ -6,8 +6,8 @@
  * read from `attempts`, which is the truth; only what does not change is kept here.
  */
 import { z } from 'zod';
-import { ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, limits, schemas } from '../core/validation.js';
+import { ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, limits, schemas } from '../domain/validation.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** One open stream, as registered. */

@@ -40,14 +40,15 @@ import {
   type CurrentState,
   type Failure,
   type Outcome,
-} from '../core/outcomes.js';
-import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
+} from '../domain/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { z } from 'zod';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { withDays } from './days.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobColumns, summaryColumns, toJob, toSummary, type Job, type JobSummary } from './rows.js';
-import { JOB_COLUMNS, type JobStatus } from './schema.js';
+import { JOB_COLUMNS } from './schema.js';
+import type { JobStatus } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** Exponential backoff with jitter for retries: `min(base·2^(n−1), max) × [0.5, 1)`. */

@@ -17,8 +17,7 @@
  * finished jobs and replaces what is kept, reporting the drift it corrected. The purger runs it
  * once at its start and then every `reconcileEveryMs`.
  */
-import { FINISHED_STATUSES } from './constants.js';
-import type { JobStatus } from './schema.js';
+import { FINISHED_STATUSES, type JobStatus } from '../domain/statuses.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 const finished = `'{${FINISHED_STATUSES.join(',')}}'::job_status[]`;

@@ -13,10 +13,10 @@
  */
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { conflict, notFound, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, schemas } from '../core/validation.js';
+import { conflict, notFound, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, schemas } from '../domain/validation.js';
 import { backoffSql, type Backoff } from './attempts.js';
-import { WEBHOOK_EVENT_TYPES, type WebhookEventType } from './schema.js';
+import { WEBHOOK_EVENT_TYPES, type WebhookEventType } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
 
 // ───────────────────────────── subscriptions ─────────────────────────────

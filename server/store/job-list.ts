@@ -21,9 +21,8 @@
  * those it succeeded (the attempt kept on the job's row), from `jobs_final_agent_idx` of each
  * partition, newest first; each job once.
  */
-import { invalid, ok, type Outcome } from '../core/outcomes.js';
-import type { JobStatus } from './schema.js';
-import { FINISHED_STATUSES } from './constants.js';
+import { invalid, ok, type Outcome } from '../domain/outcomes.js';
+import { FINISHED_STATUSES, type JobStatus } from '../domain/statuses.js';
 import type { Job } from './rows.js';
 import { toJob } from './rows.js';
 import { run, statement, withTransaction, type Queryable, type Statement } from './sql.js';

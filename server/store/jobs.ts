@@ -8,25 +8,14 @@ import { asc, desc, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 import { z } from 'zod';
-import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, checkJson, limits, schemas, valid } from '../core/validation.js';
+import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './attempts.js';
 import { withDays } from './days.js';
 import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
-import {
-  JOB_COLUMNS,
-  jobEvents,
-  jobStatus,
-  staleReports,
-  steps,
-  type JobStatus,
-  type EventKind,
-  type AttemptRow,
-  type JobEventRow,
-  type StaleReportRow,
-  type StepRow,
-} from './schema.js';
+import { JOB_COLUMNS, jobEvents, staleReports, steps, type AttemptRow, type JobEventRow, type StaleReportRow, type StepRow } from './schema.js';
+import { JOB_STATUSES, type EventKind, type JobStatus } from '../domain/statuses.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { countChangeSql, endedCountSql } from './counts.js';
 import { outboxSql } from './outbox.js';
@@ -470,7 +459,7 @@ export interface ListParams {
 export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
   const bad = checkAll(
     p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
-    p.status === undefined ? undefined : check('status', z.enum(jobStatus.enumValues), p.status),
+    p.status === undefined ? undefined : check('status', z.enum(JOB_STATUSES), p.status),
     p.pageSize === undefined ? undefined : check('pageSize', z.int().min(1).max(500), p.pageSize),
   );
   if (bad) return bad;

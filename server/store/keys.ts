@@ -11,11 +11,12 @@ import { asc } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import type pg from 'pg';
 import { z } from 'zod';
-import { conflict, forbidden, invalid, notFound, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, schemas } from '../core/validation.js';
+import { conflict, forbidden, invalid, notFound, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, schemas } from '../domain/validation.js';
 import { hashSecret } from './agents.js';
 import { credentialsNotifySql } from './notify.js';
-import { API_KEY_SCOPES, apiKeys, type ApiKeyRow, type ApiKeyScope } from './schema.js';
+import { apiKeys, type ApiKeyRow } from './schema.js';
+import { API_KEY_SCOPES, type ApiKeyScope } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** The name of the key made from `LEASEHOLD_ADMIN_KEY`; `keyCreate` refuses it. */

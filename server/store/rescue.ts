@@ -4,11 +4,12 @@
  * running attempt past its execution timeout (the lease is capped by it).
  */
 import { z } from 'zod';
-import { ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll } from '../core/validation.js';
+import { ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll } from '../domain/validation.js';
 import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, endedColumn, movedRowSql, notifiedJob, type Backoff } from './attempts.js';
 import { withDays } from './days.js';
-import { JOB_COLUMNS, type AttemptStatus, type JobStatus } from './schema.js';
+import { JOB_COLUMNS } from './schema.js';
+import type { JobStatus, RescueReason } from '../domain/statuses.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { countChangeSql, endedCountSql, endedKindSql } from './counts.js';
 import { outboxSql } from './outbox.js';
@@ -30,7 +31,7 @@ export interface Rescued {
   attemptId: string;
   attemptNo: number;
   agentId: string;
-  reason: Extract<AttemptStatus, 'claim_expired' | 'lease_expired' | 'timed_out'>;
+  reason: RescueReason;
   /** `queued` for another attempt, or `dead` at the attempt cap. */
   status: Extract<JobStatus, 'queued' | 'dead'>;
 }

@@ -2,8 +2,9 @@
  * Row shapes returned by the store, and the mapping from raw rows (snake_case) to the camelCase
  * types Drizzle infers from the schema.
  */
-import type { AttemptRow, JobRow, JobStatus } from './schema.js';
-import type { CurrentState } from '../core/outcomes.js';
+import type { AttemptRow, JobRow } from './schema.js';
+import type { JobStatus } from '../domain/statuses.js';
+import type { CurrentState } from '../domain/outcomes.js';
 
 /**
  * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its

@@ -35,54 +35,28 @@ import {
   uniqueIndex,
   uuid,
 } from 'drizzle-orm/pg-core';
-import { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES } from './constants.js';
+import {
+  API_KEY_SCOPES,
+  ATTEMPT_STATUSES,
+  DELIVERY_STATUSES,
+  EVENT_KINDS,
+  JOB_STATUSES,
+  STEP_STATUSES,
+  WEBHOOK_EVENT_TYPES,
+} from '../domain/statuses.js';
 
-export { API_KEY_SCOPES, WEBHOOK_EVENT_TYPES };
 
-/** Job states of DESIGN.md. `claimed` (holds a start deadline) and `running` (holds a lease) are the two held states. */
-export const jobStatus = pgEnum('job_status', [
-  'queued',
-  'claimed',
-  'running',
-  'succeeded',
-  'failed',
-  'dead',
-  'canceled',
-]);
+/** Job states of DESIGN.md (`domain/statuses.ts`). */
+export const jobStatus = pgEnum('job_status', JOB_STATUSES);
 
-/** How an attempt ended, or that it has not ended yet (`claimed`, `running`). */
-export const attemptStatus = pgEnum('attempt_status', [
-  'claimed',
-  'running',
-  'succeeded',
-  'failed',
-  'claim_expired',
-  'lease_expired',
-  'timed_out',
-  'canceled',
-]);
+/** How an attempt ended, or that it has not ended yet (`domain/statuses.ts`). */
+export const attemptStatus = pgEnum('attempt_status', ATTEMPT_STATUSES);
 
-/**
- * The kinds of `job_events` rows. Only `requeued` and `canceled` (of a job no attempt held) are
- * written now; the others are from before attempts carried their own history (migration 0005).
- */
-export const eventKind = pgEnum('event_kind', [
-  'enqueued',
-  'claimed',
-  'started',
-  'completed',
-  'failed',
-  'retry_scheduled',
-  'claim_expired',
-  'lease_expired',
-  'timed_out',
-  'dead',
-  'canceled',
-  'requeued',
-]);
+/** The kinds of `job_events` rows (`domain/statuses.ts` says which are still written). */
+export const eventKind = pgEnum('event_kind', EVENT_KINDS);
 
 /** A step of the effect ledger is `started` (reserved by an attempt, outcome unknown) or `done`. */
-export const stepStatus = pgEnum('step_status', ['started', 'done']);
+export const stepStatus = pgEnum('step_status', STEP_STATUSES);
 
 const tsz = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
 
@@ -441,7 +415,7 @@ export const webhookEvents = pgTable(
 );
 
 /** Where a delivery stands: `sending` while a deliverer holds its claim. */
-export const deliveryStatus = pgEnum('delivery_status', ['pending', 'sending', 'delivered', 'failed']);
+export const deliveryStatus = pgEnum('delivery_status', DELIVERY_STATUSES);
 
 /** The delivery outbox: one row per event and target URL, sent by the webhook deliverer. */
 export const webhookDeliveries = pgTable(
@@ -614,8 +588,3 @@ export type AgentSessionRow = typeof agentSessions.$inferSelect;
 export type ApiKeyRow = typeof apiKeys.$inferSelect;
 export type SubscriptionRow = typeof subscriptions.$inferSelect;
 export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;
-export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number];
-export type ApiKeyScope = (typeof API_KEY_SCOPES)[number];
-export type JobStatus = (typeof jobStatus.enumValues)[number];
-export type AttemptStatus = (typeof attemptStatus.enumValues)[number];
-export type EventKind = (typeof eventKind.enumValues)[number];

@@ -4,8 +4,8 @@
  * them in `Hello.resume` re-binds those still current and learns which are gone.
  */
 import { z } from 'zod';
-import { ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, limits, schemas } from '../core/validation.js';
+import { ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, limits, schemas } from '../domain/validation.js';
 import { run, statement, type Queryable } from './sql.js';
 
 const ids = z.array(schemas.id).max(limits.heartbeatBatch, `must hold at most ${limits.heartbeatBatch} attempts`);

@@ -5,11 +5,11 @@
  * the author reconciles with the downstream system (using the key `job_id:step`) before doing
  * the effect again.
  */
-import { conflict, duplicate, forbidden, notFound, ok, type Outcome } from '../core/outcomes.js';
-import { check, checkAll, checkJson, limits, schemas } from '../core/validation.js';
+import { conflict, duplicate, forbidden, notFound, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas } from '../domain/validation.js';
 import { attemptWhere, reportStale } from './attempts.js';
 import { currentOf } from './rows.js';
-import type { JobStatus } from './schema.js';
+import type { JobStatus } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
 
 interface StepRef {

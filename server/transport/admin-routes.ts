@@ -23,7 +23,7 @@ import {
 import type { JobStatus as PbJobStatus } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { CredentialCache } from '../core/credential-cache.js';
-import { notFound } from '../core/outcomes.js';
+import { notFound } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import {
   agentCreate,
@@ -44,7 +44,7 @@ import {
   statsGet,
   type Queryable,
 } from '../store/index.js';
-import type { JobStatus } from '../store/schema.js';
+import type { JobStatus } from '../domain/statuses.js';
 import { callerName, credentialOwner, type Principal } from './auth.js';
 import { webhookAdminMethods } from './webhook-admin-routes.js';
 import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, ts, unwrap } from './codec.js';

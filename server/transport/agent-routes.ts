@@ -15,7 +15,7 @@ import {
   type ServerMessage,
 } from '../../gen/leasehold/v1/agent_service_pb.js';
 import { ProtocolError, type AgentHub, type AgentInput, type AgentOutput, type RevokeReason as Reason, type Session } from '../core/agent-hub.js';
-import type { Failure } from '../core/outcomes.js';
+import type { Failure } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import type { AgentStreamHandler } from './agent-lane.js';
 import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';

@@ -13,7 +13,7 @@
 import { Code, ConnectError, createContextKey, type HandlerContext, type Interceptor } from '@connectrpc/connect';
 import type { CredentialCache } from '../core/credential-cache.js';
 import { agentAuthenticate, hashSecret, keyAuthenticate, type Queryable } from '../store/index.js';
-import type { ApiKeyScope } from '../store/schema.js';
+import type { ApiKeyScope } from '../domain/statuses.js';
 
 /** The authenticated caller of a unary call. */
 export type Principal =

@@ -23,9 +23,10 @@ import {
   type Job as PbJob,
   type StaleReport,
 } from '../../gen/leasehold/v1/job_pb.js';
-import type { CurrentState, Failure, Outcome } from '../core/outcomes.js';
+import type { CurrentState, Failure, Outcome } from '../domain/outcomes.js';
 import type { AttemptView, Claimed, Job, JobDetail } from '../store/index.js';
-import type { AttemptRow, JobStatus as DbJobStatus, StepRow, StaleReportRow, JobEventRow } from '../store/schema.js';
+import type { AttemptRow, StepRow, StaleReportRow, JobEventRow } from '../store/schema.js';
+import type { JobStatus as DbJobStatus } from '../domain/statuses.js';
 
 /** A protobuf Timestamp, or unset for a missing date. */
 export const ts = (d: Date | null | undefined) => (d ? timestampFromDate(d) : undefined);

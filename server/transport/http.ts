@@ -31,7 +31,7 @@ import {
 } from '@connectrpc/connect';
 import type { UniversalHandler, UniversalServerRequest, UniversalServerResponse } from '@connectrpc/connect/protocol';
 import { CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
-import type { Failure } from '../core/outcomes.js';
+import type { Failure } from '../domain/outcomes.js';
 import { databasePing } from '../store/index.js';
 import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';

@@ -9,7 +9,8 @@
 import { create } from '@bufbuild/protobuf';
 import type { ServiceImpl } from '@connectrpc/connect';
 import { AdminService, DeliverySchema, SubscriptionSchema } from '../../gen/leasehold/v1/admin_service_pb.js';
-import { invalid } from '../core/outcomes.js';
+import { invalid } from '../domain/outcomes.js';
+import { DELIVERY_STATUSES } from '../domain/statuses.js';
 import type { Logger } from '../log.js';
 import {
   deliveryList,
@@ -49,7 +50,6 @@ const toPbDelivery = (d: DeliveryView) =>
     createdAt: ts(d.createdAt),
     deliveredAt: ts(d.deliveredAt),
   });
-const DELIVERY_STATUSES = ['pending', 'sending', 'delivered', 'failed'] as const;
 
 /** The notification methods of AdminService, to spread into its implementation. */
 export function webhookAdminMethods(deps: { db: Queryable; log: Logger }): WebhookMethods {

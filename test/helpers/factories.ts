@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import { endedCountSql, endedKindSql } from '../../server/store/counts.js';
 import { toJob, type Job } from '../../server/store/rows.js';
-import type { JobStatus } from '../../server/store/schema.js';
+import type { JobStatus } from '../../server/domain/statuses.js';
 
 export interface MakeJob {
   queue?: string;

@@ -3,7 +3,7 @@
  * failures are thrown instead. Exactly one function (in the transport layer) maps them to gRPC
  * and HTTP codes.
  */
-import type { JobStatus } from '../store/schema.js';
+import type { JobStatus } from './statuses.js';
 
 /** What a `stale` caller is told: the job's state now, so it can log something useful. */
 export interface CurrentState {
