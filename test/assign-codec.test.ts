@@ -11,7 +11,8 @@ import { expect, it } from 'vitest';
 import { ServerMessageSchema } from '../gen/leasehold/v1/agent_service_pb.js';
 import type { AckItem } from '../server/core/agent-hub.js';
 import { ackMessage, assignMessage, renewedMessage } from '../server/transport/assign-codec.js';
-import { toPbClaimed, toPbCurrent, toPbOutcome } from '../server/transport/codec.js';
+import { toPbClaimed, toPbCurrent } from '../server/transport/codec.js';
+import { toPbOutcome } from '../server/transport/outcome-wire.js';
 import { claimed, json, object } from './helpers/arbitraries.js';
 
 it('encodes an Assign byte for byte as protobuf-es does', () => {

@@ -1,7 +1,7 @@
 /**
  * The outcomes of DESIGN.md as values. Every store verb returns one of these; infrastructure
- * failures are thrown instead. Exactly one function (in the transport layer) maps them to gRPC
- * and HTTP codes.
+ * failures are thrown instead. One table, `transport/outcome-wire.ts`, maps them to the
+ * stream's per-item outcome, gRPC codes and HTTP statuses.
  */
 import type { JobStatus } from './statuses.js';
 

@@ -47,7 +47,8 @@ import {
 import type { JobStatus } from '../domain/statuses.js';
 import { callerName, credentialOwner, type Principal } from './auth.js';
 import { webhookAdminMethods } from './webhook-admin-routes.js';
-import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, ts, unwrap } from './codec.js';
+import { statusFilter, toPbAttemptStatus, toPbDetail, toPbJob, toPbStaleReport, toPbStatus, ts } from './codec.js';
+import { unwrap } from './outcome-wire.js';
 
 export interface AdminRoutesDeps {
   db: Queryable;

@@ -19,7 +19,8 @@ import type { Failure } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import type { AgentStreamHandler } from './agent-lane.js';
 import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';
-import { fromValue, toConnectError } from './codec.js';
+import { fromValue } from './codec.js';
+import { toConnectError } from './outcome-wire.js';
 
 export interface AgentRoutesDeps {
   hub: AgentHub;

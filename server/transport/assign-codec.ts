@@ -23,7 +23,8 @@ import {
 import { ClaimedJobSchema, CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
 import type { AckItem } from '../core/agent-hub.js';
 import type { Claimed } from '../store/index.js';
-import { toPbClaimed, toPbCurrent, toPbOutcome, toPbStatus } from './codec.js';
+import { toPbClaimed, toPbCurrent, toPbStatus } from './codec.js';
+import { toPbOutcome } from './outcome-wire.js';
 
 /** The job of `c` as `toPbJob` shows it: each field and its size, written in field order. */
 function jobSize(c: Claimed): number {

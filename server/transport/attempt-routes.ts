@@ -20,7 +20,8 @@ import {
   type Queryable,
 } from '../store/index.js';
 import { principalKey, requireAgent } from './auth.js';
-import { fromValue, toConnectError, toPbClaimed, toPbJob, toValue, unwrap } from './codec.js';
+import { fromValue, toPbClaimed, toPbJob, toValue } from './codec.js';
+import { toConnectError, unwrap } from './outcome-wire.js';
 
 export interface AttemptRoutesDeps {
   db: Queryable;

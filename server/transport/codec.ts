@@ -1,6 +1,5 @@
 /**
- * Domain rows ↔ protobuf messages, and the one mapping of outcomes to the wire: the `Outcome`
- * enum for per-item answers (stream acks) and `ConnectError` codes for unary calls.
+ * Domain rows ↔ protobuf messages. The outcomes' mapping to the wire is `outcome-wire.ts`.
  */
 import { create, fromJson, toJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
 import { durationFromMs, timestampFromDate, ValueSchema, type Value } from '@bufbuild/protobuf/wkt';
@@ -172,54 +171,3 @@ export function toPbCurrent(c: CurrentState): PbCurrentState {
   });
 }
 
-/** The per-item wire outcome (stream acks, OK vs DUPLICATE in unary responses). */
-export function toPbOutcome(o: Outcome<unknown>['outcome']): PbOutcome {
-  switch (o) {
-    case 'ok':
-      return PbOutcome.OK;
-    case 'duplicate':
-      return PbOutcome.DUPLICATE;
-    case 'stale':
-      return PbOutcome.STALE;
-    case 'conflict':
-      return PbOutcome.CONFLICT;
-    case 'not_found':
-      return PbOutcome.NOT_FOUND;
-    case 'forbidden':
-      return PbOutcome.FORBIDDEN;
-    case 'invalid':
-    case 'too_large':
-      return PbOutcome.INVALID;
-  }
-}
-
-/**
- * The one mapping of a failure outcome to a gRPC status (DESIGN.md, "Outcomes, not
- * exceptions"). Connect's HTTP mapping then gives 409 for ABORTED and ALREADY_EXISTS, 404, 403
- * and 400 (the HTTP gateway answers `too_large` with 413). A stale or conflict answer carries
- * the job's current state as an error detail; the failure itself is the error's `cause`, which
- * the HTTP gateway turns into plain JSON fields.
- */
-export function toConnectError(f: Failure): ConnectError {
-  const details = 'current' in f && f.current ? [{ desc: CurrentStateSchema, value: toPbCurrent(f.current) }] : [];
-  switch (f.outcome) {
-    case 'stale':
-      return new ConnectError(f.message, Code.Aborted, undefined, details, f);
-    case 'conflict':
-      return new ConnectError(f.message, Code.AlreadyExists, undefined, details, f);
-    case 'not_found':
-      return new ConnectError(f.message, Code.NotFound, undefined, undefined, f);
-    case 'forbidden':
-      return new ConnectError(f.message, Code.PermissionDenied, undefined, undefined, f);
-    case 'invalid':
-      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument, undefined, undefined, f);
-    case 'too_large':
-      return new ConnectError(`${f.field} ${f.message}`, Code.InvalidArgument, undefined, undefined, f);
-  }
-}
-
-/** The value of an `ok`/`duplicate` outcome, or the failure thrown as a `ConnectError`. */
-export function unwrap<T>(o: Outcome<T>): { value: T; outcome: PbOutcome } {
-  if (o.outcome === 'ok' || o.outcome === 'duplicate') return { value: o.value, outcome: toPbOutcome(o.outcome) };
-  throw toConnectError(o);
-}

@@ -35,6 +35,7 @@ import type { Failure } from '../domain/outcomes.js';
 import { databasePing } from '../store/index.js';
 import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
 import { toPbCurrent } from './codec.js';
+import { httpStatusOf, outcomeOfCode } from './outcome-wire.js';
 import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
 import { enqueueJobCall } from './job-routes.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
@@ -284,19 +285,6 @@ function credentialParam(query: string): string | undefined {
   return undefined;
 }
 
-/** Outcomes named from Connect codes, for errors that did not come from a store outcome. */
-const OUTCOME_BY_CODE: Record<string, string> = {
-  aborted: 'stale',
-  already_exists: 'conflict',
-  invalid_argument: 'invalid',
-  not_found: 'not_found',
-  permission_denied: 'forbidden',
-  unauthenticated: 'unauthenticated',
-  unimplemented: 'not_found',
-  failed_precondition: 'failed_precondition',
-  resource_exhausted: 'too_large',
-};
-
 /** Connect codes and outcomes for bodiless protocol answers (415, 405, ...). */
 function codeOfStatus(status: number): { code: string; message: string; outcome: string } {
   switch (status) {
@@ -326,8 +314,8 @@ function errorBody(
   const bare = typeof connect?.code === 'string' ? undefined : codeOfStatus(httpStatus);
   const base: Record<string, unknown> = bare ? { ...(connect ?? {}), code: bare.code, message: bare.message } : { ...connect };
   const code = String(base.code);
-  const outcome = failure?.outcome ?? bare?.outcome ?? OUTCOME_BY_CODE[code] ?? 'error';
-  const status = outcome === 'too_large' ? 413 : httpStatus;
+  const outcome = failure?.outcome ?? bare?.outcome ?? outcomeOfCode(code);
+  const status = failure ? httpStatusOf(failure.outcome) : httpStatus;
   const json: Record<string, unknown> = { ...base, status, outcome };
   if (failure && (failure.outcome === 'invalid' || failure.outcome === 'too_large')) json.field = failure.field;
   else if (code === 'invalid_argument' && typeof base.message === 'string') {

@@ -12,7 +12,8 @@ import type { Logger } from '../log.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { QueueWaker } from '../core/queue-waker.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Claimed, type Job, type Queryable } from '../store/index.js';
-import { statusFilter, toPbDetail, toPbJob, unwrap } from './codec.js';
+import { statusFilter, toPbDetail, toPbJob } from './codec.js';
+import { unwrap } from './outcome-wire.js';
 
 export interface JobRoutesDeps {
   db: Queryable;

@@ -25,7 +25,8 @@ import {
   type Subscription,
 } from '../store/index.js';
 import { callerName } from './auth.js';
-import { ts, unwrap } from './codec.js';
+import { ts } from './codec.js';
+import { unwrap } from './outcome-wire.js';
 
 type WebhookMethods = Pick<
   ServiceImpl<typeof AdminService>,
