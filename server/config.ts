@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
 import { parseDuration } from './duration.js';
-import { DEFAULT_SWEEP_SHARE } from './core/purger.js';
+import { DEFAULT_RETENTION_MS, DEFAULT_SWEEP_SHARE } from './core/purger.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
 
 export interface Config {
@@ -152,7 +152,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
     retentionMs: ['off', '0'].includes(env.LEASEHOLD_RETENTION?.trim() ?? '')
       ? undefined
-      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, 7 * 86_400_000, 60_000),
+      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, DEFAULT_RETENTION_MS, 60_000),
     purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
     purgeSweepShare: fraction('LEASEHOLD_PURGE_SWEEP_SHARE', env.LEASEHOLD_PURGE_SWEEP_SHARE, DEFAULT_SWEEP_SHARE),
     vacuumDeadRows:

@@ -118,7 +118,7 @@ describe('TLS', () => {
     const log = pino({ level: 'silent' });
     const hub = new AgentHub(t.pool, log, { leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 });
     const server = await listenGrpc(
-      { db: t.pool, hub, log, adminKey: ADMIN_KEY, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 },
+      { db: t.pool, hub, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 },
       '127.0.0.1:0',
       { certFile: cert, keyFile: key },
     );

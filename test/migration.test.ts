@@ -31,7 +31,7 @@ import { migrationsFolder, ONLINE_INDEXES } from '../server/store/migrate.js';
 import { withDatabase } from './helpers/global-setup.js';
 import { checkInvariants } from './helpers/invariants.js';
 
-const here = path.dirname(new URL(import.meta.url).pathname);
+const here = import.meta.dirname;
 const name = `${inject('pgPrefix')}mig_${randomBytes(4).toString('hex')}`;
 let pool: pg.Pool;
 let dir: string;

@@ -19,7 +19,8 @@ import { z } from 'zod';
 import type { Logger } from '../log.js';
 import pg from 'pg';
 import { daysDrop, daysEnsure } from '../store/days.js';
-import { jobPurge, type Queryable } from '../store/index.js';
+import type { Failure, Outcome } from '../domain/outcomes.js';
+import { jobPurge, type PurgeParams, type Queryable } from '../store/index.js';
 
 export interface PurgerConfig {
   /** Finished jobs older than this are deleted; default 7 days. */
@@ -65,11 +66,12 @@ export interface PurgerEvents {
 
 export const DEFAULT_RETENTION_MS = 7 * 86_400_000;
 export const DEFAULT_SWEEP_SHARE = 0.1;
+export const DEFAULT_PURGE_BATCH = 1000;
 
 const configSchema = z.object({
   retentionMs: z.int().min(1000).default(DEFAULT_RETENTION_MS),
   intervalMs: z.int().min(10).default(600_000),
-  batchSize: z.int().min(1).max(100_000).default(1000),
+  batchSize: z.int().min(1).max(100_000).default(DEFAULT_PURGE_BATCH),
   jitter: z.number().min(0).max(0.9).default(0.1),
   sweepShare: z.number().gt(0).max(1).default(DEFAULT_SWEEP_SHARE),
 });
@@ -139,19 +141,36 @@ export class Purger extends EventEmitter<PurgerEvents> {
       if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept, goneMs: Math.round(dropped.goneMs) }, 'days of finished jobs dropped');
       if (dropped.swept) this.log.info({ jobs: dropped.swept, unswept: dropped.unswept, vacuumMs: Math.round(dropped.vacuumMs) }, 'rows of dropped days swept');
     }
-    // Each batch starts at the finish time the last one reached (jobPurge's `after`).
-    let after: Date | undefined;
-    for (;;) {
-      const o = await jobPurge(this.db, { olderThanMs: this.config.retentionMs, limit: this.config.batchSize, liveOnly: this.db instanceof pg.Pool, ...(now ? { now } : {}), ...(after ? { after } : {}) });
-      if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
-      run.batches++;
-      run.purged += o.value.purged;
-      run.cutoff = o.value.cutoff;
-      after = o.value.last;
-      if (o.value.purged < this.config.batchSize) break;
-    }
+    const o = await purgeInBatches(this.db, { olderThanMs: this.config.retentionMs, liveOnly: this.db instanceof pg.Pool, ...(now ? { now } : {}) }, this.config.batchSize);
+    if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
+    run.batches = o.value.batches;
+    run.purged += o.value.purged;
+    run.cutoff = o.value.cutoff;
     if (run.purged) this.log.info({ purged: run.purged, cutoff: run.cutoff, retentionMs: this.config.retentionMs }, 'finished jobs purged');
     this.emit('purger:run', run);
     return run;
+  }
+}
+
+/**
+ * Purges the finished jobs `p` selects, `batchSize` a statement, until a batch comes back short;
+ * each batch starts at the finish time the last one reached (jobPurge's `after`). A dry run
+ * counts them in one statement. The purger's runs and an operator's PurgeJobs both go through here.
+ */
+export async function purgeInBatches(
+  db: Queryable,
+  p: Omit<PurgeParams, 'limit' | 'after'>,
+  batchSize: number,
+): Promise<Outcome<{ purged: number; cutoff: Date; batches: number }>> {
+  let purged = 0;
+  let batches = 0;
+  let after: Date | undefined;
+  for (;;) {
+    const o = await jobPurge(db, { ...p, limit: batchSize, ...(after ? { after } : {}) });
+    if (o.outcome !== 'ok') return o as Failure;
+    batches++;
+    purged += o.value.purged;
+    after = o.value.last;
+    if (p.dryRun || o.value.purged < batchSize) return { outcome: 'ok', value: { purged, cutoff: o.value.cutoff, batches } };
   }
 }

@@ -23,6 +23,7 @@ import {
 import type { JobStatus as PbJobStatus } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
 import type { CredentialCache } from '../core/credential-cache.js';
+import { DEFAULT_PURGE_BATCH, DEFAULT_RETENTION_MS, purgeInBatches } from '../core/purger.js';
 import { notFound } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import {
@@ -33,7 +34,6 @@ import {
   dbNow,
   jobCancel,
   jobGet,
-  jobPurge,
   jobRequeue,
   jobSearch,
   keyCreate,
@@ -118,23 +118,16 @@ export function adminRoutes(deps: AdminRoutesDeps) {
       },
 
       async purgeJobs(req, ctx) {
-        const olderThanMs = req.olderThan ? durationMs(req.olderThan) : (deps.retentionMs ?? 7 * 86_400_000);
+        const olderThanMs = req.olderThan ? durationMs(req.olderThan) : (deps.retentionMs ?? DEFAULT_RETENTION_MS);
         const params = {
           olderThanMs,
           ...(req.statuses.length ? { statuses: dbStatuses(req.statuses) } : {}),
           ...(req.queue ? { queue: req.queue } : {}),
           dryRun: req.dryRun,
         };
-        let purged = 0;
-        let cutoff: Date;
-        let after: Date | undefined;
-        for (;;) {
-          const { value } = unwrap(await jobPurge(db, { ...params, limit: 1000, ...(after ? { after } : {}) }));
-          purged += value.purged;
-          cutoff = value.cutoff;
-          after = value.last;
-          if (req.dryRun || value.purged < 1000) break;
-        }
+        const {
+          value: { purged, cutoff },
+        } = unwrap(await purgeInBatches(db, params, DEFAULT_PURGE_BATCH));
         if (!req.dryRun) {
           log.info({ purged, cutoff, statuses: params.statuses, queue: params.queue, by: callerName(ctx) }, 'finished jobs purged by an operator');
           deps.activity?.emit('jobs:purged', { purged });

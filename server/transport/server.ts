@@ -28,8 +28,6 @@ export interface ServerDeps {
   db: Queryable;
   hub: AgentHub;
   log: Logger;
-  /** Unused by the listeners: the coordinator stores `LEASEHOLD_ADMIN_KEY` as the bootstrap key at start. */
-  adminKey?: string | undefined;
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
