@@ -10,6 +10,7 @@ export default defineConfig({
     root: fileURLToPath(new URL('..', import.meta.url)),
     include: ['test/**/*.test.ts'],
     globalSetup: ['test/helpers/global-setup.ts'],
+    setupFiles: ['test/helpers/leak-check.ts'],
     // These machines have 2 cores; each test file has its own database.
     pool: 'forks',
     maxWorkers: 2,
