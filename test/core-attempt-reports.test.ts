@@ -8,8 +8,9 @@ import pino from 'pino';
 import { expect, it } from 'vitest';
 import { AttemptReports } from '../server/core/attempt-reports.js';
 import type { Outcome } from '../server/core/outcomes.js';
-import { REVOKE_DETAIL, Session, type AgentOutput, type HubEvents } from '../server/core/session.js';
+import { REVOKE_DETAIL, Session, type HubEvents } from '../server/core/session.js';
 import type { JobSummary } from '../server/store/index.js';
+import { sentTo as sent } from './helpers/core.js';
 
 const log = pino({ level: 'silent' });
 const TTL = 30_000;
@@ -60,13 +61,6 @@ function setup() {
 /** Waits until the fake has `n` writes queued (they are queued from promise callbacks). */
 async function writesReach(writes: Write[], n: number): Promise<void> {
   while (writes.length < n) await new Promise((r) => setImmediate(r));
-}
-
-async function sent(s: Session): Promise<AgentOutput[]> {
-  s.out.close();
-  const out: AgentOutput[] = [];
-  for await (const m of s.out) out.push(m);
-  return out;
 }
 
 it('Started: the attempts that start are held running and confirmed with one Renewed; the others are revoked (not_started) and their slots freed', async () => {

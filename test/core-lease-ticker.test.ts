@@ -9,8 +9,9 @@ import { EventEmitter } from 'node:events';
 import pino from 'pino';
 import { afterEach, expect, it, vi } from 'vitest';
 import { LeaseTicker } from '../server/core/lease-ticker.js';
-import { Session, type AgentOutput, type HubEvents, type RevokeReason } from '../server/core/session.js';
+import { Session, type HubEvents, type RevokeReason } from '../server/core/session.js';
 import { jobCancel } from '../server/store/index.js';
+import { sentTo as sent } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -44,13 +45,6 @@ async function runningFor(s: Session, agentId = s.agentId, extra: Parameters<typ
 async function leaseOf(jobId: string): Promise<{ leftMs: number; progress: unknown }> {
   const { rows } = await t.pool.query(`SELECT extract(epoch FROM lease_expires_at - now()) * 1000 AS left_ms, progress FROM jobs WHERE id = $1`, [jobId]);
   return { leftMs: Number(rows[0].left_ms), progress: rows[0].progress };
-}
-
-async function sent(s: Session): Promise<AgentOutput[]> {
-  s.out.close();
-  const out: AgentOutput[] = [];
-  for await (const m of s.out) out.push(m);
-  return out;
 }
 
 it('renews what the sessions that heartbeated hold, keeps their progress, and answers each with Renewed and its message number', async () => {

@@ -6,7 +6,8 @@ import { EventEmitter } from 'node:events';
 import pino from 'pino';
 import { expect, it } from 'vitest';
 import { Revoker } from '../server/core/revoker.js';
-import { REVOKE_DETAIL, Session, type AgentOutput, type HubEvents } from '../server/core/session.js';
+import { REVOKE_DETAIL, Session, type HubEvents } from '../server/core/session.js';
+import { sentTo as sent } from './helpers/core.js';
 
 const log = pino({ level: 'silent' });
 
@@ -18,14 +19,6 @@ function holding(agentId: string, ids: string[]): Session {
     s.progress.set(id, { pct: 50 });
   }
   return s;
-}
-
-/** What a session was sent so far (its channel is drained, then reopened for more). */
-async function sent(s: Session): Promise<AgentOutput[]> {
-  s.out.close();
-  const out: AgentOutput[] = [];
-  for await (const m of s.out) out.push(m);
-  return out;
 }
 
 function setup(...sessions: Session[]) {
