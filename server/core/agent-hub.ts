@@ -37,6 +37,8 @@ import type { Failure, Outcome } from './outcomes.js';
 import { check, checkAll, limits, schemas } from './validation.js';
 import { z } from 'zod';
 
+// The stream's vocabulary lives in session.ts, which the hub's parts share; the hub's callers
+// (transport, dispatcher, registry, metrics) import it from here, as the one door to the agents.
 export {
   ProtocolError,
   REVOKE_DETAIL,
