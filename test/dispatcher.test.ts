@@ -6,12 +6,12 @@
  */
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
-import type pg from 'pg';
 import pino from 'pino';
 import { expect, it, vi } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { Dispatcher } from '../server/core/dispatcher.js';
 import { agentCreate, jobEnqueue } from '../server/store/index.js';
+import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
 import { rpc } from './helpers/http.js';
@@ -170,24 +170,16 @@ it('claims again when a wake for its queues came while its claim ran, even thoug
   let claimRead = () => {};
   const claimed = new Promise<void>((r) => (claimRead = r));
   const claims: number[] = [];
-  const db = new Proxy(t.pool, {
-    get(target, prop) {
-      if (prop !== 'query') {
-        const v: unknown = Reflect.get(target, prop, target);
-        return typeof v === 'function' ? v.bind(target) : v;
-      }
-      return async (q: pg.QueryConfig) => {
-        const res = await target.query(q);
-        if (q.name === 'jobClaim') {
-          claims.push(res.rowCount ?? 0);
-          const h = hold;
-          hold = undefined;
-          claimRead();
-          if (h) await h;
-        }
-        return res;
-      };
-    },
+  const db = interceptPool(t.pool, async (q, run) => {
+    const res = await run();
+    if (q.name === 'jobClaim') {
+      claims.push(res.rowCount ?? 0);
+      const h = hold;
+      hold = undefined;
+      claimRead();
+      if (h) await h;
+    }
+    return res;
   });
   const opened = await hub.open({ agentId: 'overtaken', token: made.value.token, queues: ['overtaken'], labels: {}, slots: 2, resume: [], seq: 0n });
   if (opened.outcome !== 'ok') throw new Error(JSON.stringify(opened));

@@ -1,18 +1,19 @@
 /**
  * The agents connected to this coordinator: one session per stream, what each holds, and the
- * rules of the agent stream (DESIGN.md "The agent stream").
+ * rules of the agent stream (DESIGN.md "The agent stream"). The hub keeps the sessions and reads
+ * their messages; its parts do the rest:
  *
  * - `Hello` authenticates the agent, resumes the attempts it lists that are still its own and
  *   current (the rest get `Revoke`), and is answered with `Welcome`.
  * - Credit: `Hello.slots` is the first grant; `Credit{n}` (or `credit` on a report) grants n
  *   more; each assigned job uses one. The dispatcher never assigns beyond
  *   min(credit, slots − held − reserved).
- * - `Heartbeat` marks the session; every tick one UPDATE renews the attempts held by all
- *   sessions that heartbeated (claimed ones are checked too, so a claim the reaper took back
- *   is revoked). Renewed leases are confirmed with `Renewed` (and a start with one too), which
- *   agents follow for their local deadlines; an attempt no longer current gets `Revoke`.
- * - `Started`, `Completed`, `Failed` go to the fenced store verbs; completions and failures are
- *   answered with one `Ack` per message, an item per attempt (the stored result on duplicate).
+ * - `Heartbeat` marks the session; the lease ticker (`lease-ticker.ts`) renews what the marked
+ *   sessions hold, one UPDATE per tick, and confirms it with `Renewed`.
+ * - `Started`, `Completed`, `Failed` go to the fenced store verbs through the report batcher
+ *   and are answered when their batch is written (`attempt-reports.ts`).
+ * - Attempts taken away (canceled, reaped, lost, resumed by another stream) are revoked from
+ *   the sessions that hold them (`revoker.ts`).
  * - Losing the stream marks the held attempts suspect; their leases run down untouched.
  * - A pause of this process (frozen, asleep, a blocked event loop) longer than a heartbeat
  *   interval ends every stream on waking, before anything buffered meanwhile is acted on: its
@@ -20,170 +21,35 @@
  *   strength of what they said before (`StallWatch`).
  * - `Bye` stops new assignments.
  *
- * Messages here are domain values; the transport translates them from and to protobuf.
+ * Messages here are domain values (`session.ts`); the transport translates them from and to protobuf.
  */
-import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { Code, ConnectError } from '@connectrpc/connect';
 import type { Logger } from '../log.js';
-import {
-  agentAuthenticate,
-  attemptHeartbeat,
-  attemptsMarkSuspect,
-  attemptsResume,
-  controlNotify,
-  type Claimed,
-  type JobSummary,
-  type Queryable,
-} from '../store/index.js';
+import { agentAuthenticate, attemptsMarkSuspect, attemptsResume, controlNotify, type Claimed, type Queryable } from '../store/index.js';
+import { AttemptReports } from './attempt-reports.js';
 import { ReportBatcher } from './batcher.js';
-import { Channel } from './channel.js';
+import { LeaseTicker } from './lease-ticker.js';
+import { Revoker } from './revoker.js';
+import { ProtocolError, REVOKE_DETAIL, Session, type AgentInput, type Hello, type HubEvents, type RevokeReason } from './session.js';
 import { StallWatch } from './stall-watch.js';
-import type { CurrentState, Failure, Outcome } from '../domain/outcomes.js';
+import type { Failure, Outcome } from '../domain/outcomes.js';
 import { check, checkAll, limits, schemas } from '../domain/validation.js';
 import { z } from 'zod';
 
-export interface Hello {
-  /** Empty: the agent the token belongs to. Set: must be that agent. */
-  agentId: string;
-  token: string;
-  queues: string[];
-  labels: Record<string, string>;
-  slots: number;
-  resume: string[];
-  /** The agent's number for this message (0: none); see `Session.seq`. */
-  seq: bigint;
-}
-
-/** What an agent sends after `Hello`. */
-export type AgentInput =
-  | { type: 'credit'; n: number }
-  | { type: 'started'; attemptIds: string[]; seq: bigint }
-  | { type: 'heartbeat'; progress: Array<{ attemptId: string; progress: unknown }>; seq: bigint }
-  | { type: 'completed'; results: Array<{ attemptId: string; result: unknown }>; credit?: number }
-  | { type: 'failed'; failures: Array<{ attemptId: string; error: { message: string; details?: unknown }; retryable: boolean }>; credit?: number }
-  | { type: 'bye'; drain: boolean }
-  | { type: 'hello' };
-
-export interface AckItem {
-  attemptId: string;
-  outcome: Outcome<unknown>['outcome'];
-  /** On `duplicate` of a completion: the result stored the first time. */
-  storedResult?: unknown;
-  current?: CurrentState;
-  message: string;
-}
-
-/** What the coordinator sends an agent. */
-export type AgentOutput =
-  | { type: 'welcome'; sessionId: string; leaseTtlMs: number; heartbeatIntervalMs: number }
-  | { type: 'assign'; jobs: Claimed[] }
-  | { type: 'ack'; items: AckItem[] }
-  | { type: 'revoke'; attemptIds: string[]; reason: RevokeReason; detail: string }
-  | { type: 'cancel'; attemptIds: string[] }
-  | { type: 'renewed'; attemptIds: string[]; leaseTtlMs: number; seq: bigint }
-  | { type: 'drain' }
-  | { type: 'goAway'; detail: string };
-
-/** A protocol violation: ends that stream (INVALID_ARGUMENT), never another. */
-/** Why the coordinator takes attempts away (`RevokeReason` in the proto, lower case). */
-export type RevokeReason =
-  | 'claim_expired'
-  | 'lease_expired'
-  | 'timed_out'
-  | 'not_current'
-  | 'not_resumed'
-  | 'not_started'
-  | 'forbidden'
-  | 'not_found'
-  | 'superseded';
-
-/** `Revoke.detail`: each reason in words. */
-export const REVOKE_DETAIL: Record<RevokeReason, string> = {
-  claim_expired: 'claim expired: not started before its claim deadline',
-  lease_expired: 'lease expired: no heartbeat renewed it in time',
-  timed_out: 'execution timeout passed',
-  not_current: 'lease lost: the attempt is no longer current',
-  not_resumed: 'not current: superseded or ended while disconnected',
-  not_started: 'cannot start: not current, not found or not this agent',
-  forbidden: 'the attempt belongs to another agent',
-  not_found: 'unknown attempt',
-  superseded: 'resumed by another stream of this agent',
-};
-
-export class ProtocolError extends Error {
-  override readonly name = 'ProtocolError';
-}
-
-/** One agent stream. */
-export class Session {
-  readonly id = randomUUID();
-  readonly out = new Channel<AgentOutput>();
-  /** Attempts this stream holds: claimed (assigned, not started yet) or running. */
-  readonly held = new Map<string, { jobId: string; status: 'claimed' | 'running' }>();
-  /** Attempts whose report arrived and is being written: never held again by a late start answer. */
-  readonly reporting = new Set<string>();
-  /** Attempts whose start is being written, and that write (a report of the attempt waits for it). */
-  readonly starting = new Map<string, Promise<unknown>>();
-  /**
-   * Attempts reported while their start was being written. Starts and reports are written by
-   * separate statements that may finish in either order: a start answered after its attempt's
-   * report (even one already written) must not make the session hold the attempt again.
-   */
-  readonly reportedWhileStarting = new Set<string>();
-  credit: number;
-  /**
-   * Slots taken by claims in flight (a dispatcher round, an enqueue hand-off): neither free nor
-   * held yet. A `Credit` that arrives meanwhile must not free them again.
-   */
-  reserved = 0;
-  draining = false;
-  closed = false;
-  heartbeatPending = false;
-  /**
-   * The largest number the agent gave a message on this stream (Hello, Started, Heartbeat), 0
-   * if none: a `Renewed` echoes the one it answers, and the agent counts the lease from when it
-   * sent that message, not from when the answer arrived.
-   */
-  seq = 0n;
-  readonly progress = new Map<string, unknown>();
-  readonly connectedAt = new Date();
-  /** The dispatcher's key for sessions that are claimed for together (same queues and labels). */
-  groupKey: string | undefined;
-
-  constructor(
-    readonly agentId: string,
-    readonly queues: string[],
-    readonly labels: Record<string, string>,
-    readonly slots: number,
-    /** True while the coordinator is waking from a pause: nothing is assigned then. */
-    private readonly paused: () => boolean = () => false,
-  ) {
-    this.credit = slots;
-  }
-
-  /** Free slots the dispatcher may fill now. */
-  get available(): number {
-    if (this.closed || this.draining || this.paused()) return 0;
-    return Math.max(0, Math.min(this.credit, this.slots - this.held.size - this.reserved));
-  }
-
-  /** Takes a free slot for a claim about to run (`available` must be positive). */
-  reserve(): void {
-    this.credit--;
-    this.reserved++;
-  }
-
-  /** The claim for a reserved slot ended: `filled` (then `assign` holds its job) or not (the slot is free again). */
-  unreserve(filled: boolean): void {
-    this.reserved--;
-    if (!filled) this.credit++;
-  }
-
-  send(msg: AgentOutput): void {
-    this.out.push(msg);
-  }
-}
+// The stream's vocabulary lives in session.ts, which the hub's parts share; the hub's callers
+// (transport, dispatcher, registry, metrics) import it from here, as the one door to the agents.
+export {
+  ProtocolError,
+  REVOKE_DETAIL,
+  Session,
+  type AckItem,
+  type AgentInput,
+  type AgentOutput,
+  type Hello,
+  type HubEvents,
+  type RevokeReason,
+} from './session.js';
 
 export interface HubConfig {
   leaseTtlMs: number;
@@ -198,20 +64,6 @@ export interface HubConfig {
   stallMs?: number;
 }
 
-export interface HubEvents {
-  /** A session has free slots (new, more credit, a slot freed): the dispatcher should look. */
-  credit: [Session];
-  /** One coalesced heartbeat UPDATE ran. */
-  'lease:tick': [{ renewed: number; lost: number }];
-  'lease:revoked': [{ agentId: string; attemptIds: string[]; reason: RevokeReason | 'canceled' }];
-  'session:open': [Session];
-  'session:close': [Session, { lost: boolean }];
-  /** A `Started` item was answered (metrics: starts, enqueue-to-start latency, stale reports). */
-  'attempt:start': [{ attemptId: string; agentId: string; outcome: Outcome<JobSummary> }];
-  /** A `Completed` / `Failed` item was answered (metrics: outcomes, stale reports). */
-  'attempt:report': [{ kind: 'completed' | 'failed'; attemptId: string; agentId: string; outcome: Outcome<JobSummary> }];
-}
-
 const helloSchema = z.object({
   agentId: z.union([z.literal(''), schemas.agentId]),
   token: z.string().min(1, 'is required'),
@@ -224,13 +76,13 @@ const helloSchema = z.object({
 /** The sessions of this coordinator and the rules of their streams. */
 export class AgentHub extends EventEmitter<HubEvents> {
   readonly sessions = new Set<Session>();
-  private readonly tickMs: number;
-  private timer: NodeJS.Timeout | undefined;
-  private ticking: Promise<void> | undefined;
   /** Starts, completions and failures of all sessions, grouped per turn of the event loop. */
   readonly batcher: ReportBatcher;
   /** Sees this process waking from a pause. */
   readonly watch: StallWatch;
+  private readonly ticker: LeaseTicker;
+  private readonly reports: AttemptReports;
+  private readonly revoker: Revoker;
 
   constructor(
     private readonly db: Queryable,
@@ -238,35 +90,28 @@ export class AgentHub extends EventEmitter<HubEvents> {
     readonly config: HubConfig,
   ) {
     super();
-    this.tickMs = config.tickMs ?? 200;
     this.batcher = new ReportBatcher(db, log, config.leaseTtlMs);
     this.watch = new StallWatch(config.stallMs ?? Math.max(config.heartbeatIntervalMs, 1000));
     this.watch.on('stall', ({ ms }) => this.wake(ms));
+    this.revoker = new Revoker(this.sessions, log, this);
+    this.reports = new AttemptReports(this.batcher, log, this, config.leaseTtlMs);
+    this.ticker = new LeaseTicker(db, log, this.sessions, this.revoker, this, {
+      leaseTtlMs: config.leaseTtlMs,
+      tickMs: config.tickMs ?? 200,
+      stalled: () => this.watch.stalled(),
+    });
   }
 
   /** Starts the heartbeat ticker. */
   start(): void {
-    if (this.timer) return;
     this.watch.start();
-    const loop = () => {
-      this.timer = setTimeout(() => {
-        this.ticking = this.tick()
-          .catch((err: unknown) => this.log.warn({ err }, 'heartbeat tick failed; retrying next tick'))
-          .finally(() => {
-            this.ticking = undefined;
-            if (this.timer) loop();
-          });
-      }, this.tickMs);
-    };
-    loop();
+    this.ticker.start();
   }
 
   /** Stops the ticker and ends every stream (agents reconnect elsewhere and resume). */
   async stop(): Promise<void> {
-    clearTimeout(this.timer);
-    this.timer = undefined;
     this.watch.stop();
-    await this.ticking;
+    await this.ticker.stop();
     await this.batcher.idle();
     // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
     // UNAVAILABLE (a status clients retry), not OK.
@@ -354,7 +199,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
         return;
       case 'started':
         if (m.seq > s.seq) s.seq = m.seq;
-        this.background(s, this.started(s, m.attemptIds, m.seq));
+        this.background(s, this.reports.started(s, m.attemptIds, m.seq));
         return;
       case 'completed':
       case 'failed':
@@ -363,7 +208,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
           // As a Credit right after the report: the slot is free now, the report is written later.
           this.grant(s, m.credit);
         }
-        this.background(s, this.report(s, m));
+        this.background(s, this.reports.report(s, m));
         return;
       case 'bye':
         s.draining = true;
@@ -417,58 +262,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
    * `Revoke` with `reason` otherwise (the reaper took them, a heartbeat found them lost).
    */
   revoke(attemptIds: string[], reason: RevokeReason | 'canceled'): void {
-    const bySession = new Map<Session, string[]>();
-    for (const id of attemptIds) {
-      for (const s of this.sessions) {
-        if (!s.held.has(id)) continue;
-        s.held.delete(id);
-        s.progress.delete(id);
-        bySession.set(s, [...(bySession.get(s) ?? []), id]);
-      }
-    }
-    for (const [s, ids] of bySession) {
-      s.send(reason === 'canceled' ? { type: 'cancel', attemptIds: ids } : { type: 'revoke', attemptIds: ids, reason, detail: REVOKE_DETAIL[reason] });
-      this.log.info({ agentId: s.agentId, attemptIds: ids, reason }, reason === 'canceled' ? 'attempts canceled' : 'attempts revoked');
-      this.emit('lease:revoked', { agentId: s.agentId, attemptIds: ids, reason });
-      this.emit('credit', s);
-    }
+    this.revoker.revoke(attemptIds, reason);
   }
 
   /** One UPDATE renews what every heartbeating session holds; the lost attempts are revoked. */
-  async tick(): Promise<void> {
-    // Waking from a pause: these heartbeats are old news (the watch ends the streams next).
-    if (this.watch.stalled()) return;
-    const items: Array<{ attemptId: string; agentId: string; progress?: unknown }> = [];
-    // What each session's renewal answers: the messages received before the UPDATE is written.
-    const answers = new Map<Session, bigint>();
-    for (const s of this.sessions) {
-      if (!s.heartbeatPending) continue;
-      s.heartbeatPending = false;
-      answers.set(s, s.seq);
-      for (const id of s.held.keys()) {
-        const progress = s.progress.get(id);
-        items.push(progress === undefined ? { attemptId: id, agentId: s.agentId } : { attemptId: id, agentId: s.agentId, progress });
-      }
-      s.progress.clear();
-    }
-    if (!items.length) return;
-    const o = await attemptHeartbeat(this.db, { items, leaseTtlMs: this.config.leaseTtlMs });
-    if (o.outcome !== 'ok') {
-      this.log.warn({ outcome: o }, 'heartbeat batch refused');
-      return;
-    }
-    // Tell each session which of its leases now run: the agents' local deadlines follow these.
-    const renewed = new Set(o.value.renewed.map((r) => r.attemptId));
-    for (const [s, seq] of answers) {
-      const ids = [...s.held.keys()].filter((id) => renewed.has(id));
-      if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs, seq });
-    }
-    const lost = new Map<string, RevokeReason>();
-    for (const l of o.value.lost) lost.set(l.attemptId, lostReason(l.reason));
-    for (const reason of new Set(lost.values())) {
-      this.revoke([...lost].filter(([, r]) => r === reason).map(([id]) => id), reason);
-    }
-    this.emit('lease:tick', { renewed: o.value.renewed.length, lost: lost.size });
+  tick(): Promise<void> {
+    return this.ticker.tick();
   }
 
   /** Runs work for a session without blocking its stream; a failure ends that stream only. */
@@ -479,135 +278,11 @@ export class AgentHub extends EventEmitter<HubEvents> {
     });
   }
 
-  private async started(s: Session, attemptIds: string[], seq: bigint): Promise<void> {
-    const gone: string[] = [];
-    const running: string[] = [];
-    await Promise.all(
-      attemptIds.map(async (attemptId) => {
-        const write = this.batcher.start({ attemptId, agentId: s.agentId });
-        s.starting.set(attemptId, write);
-        const o = await write.finally(() => s.starting.delete(attemptId));
-        const reported = s.reportedWhileStarting.delete(attemptId);
-        this.emit('attempt:start', { attemptId, agentId: s.agentId, outcome: o });
-        if (o.outcome === 'ok' || o.outcome === 'duplicate') {
-          // Hold it only while it is still this attempt's and running, and not reported: the
-          // start can be answered after the attempt's report was received, or even written.
-          if (o.value.currentAttemptId === attemptId && o.value.status === 'running' && !s.closed && !reported && !s.reporting.has(attemptId)) {
-            s.held.set(attemptId, { jobId: o.value.id, status: 'running' });
-            running.push(attemptId);
-          }
-          if (this.log.isLevelEnabled('info')) this.log.info({ jobId: o.value.id, attemptId, attemptNo: o.value.attemptNo, agentId: s.agentId }, 'attempt started');
-        } else {
-          if (o.outcome === 'stale') this.log.warn({ attemptId, agentId: s.agentId, current: o.current }, 'late start rejected');
-          gone.push(attemptId);
-        }
-      }),
-    );
-    if (running.length) s.send({ type: 'renewed', attemptIds: running, leaseTtlMs: this.config.leaseTtlMs, seq });
-    if (gone.length) {
-      for (const id of gone) s.held.delete(id);
-      s.send({ type: 'revoke', attemptIds: gone, reason: 'not_started', detail: REVOKE_DETAIL.not_started });
-      this.emit('credit', s);
-    }
-  }
-
-  private async report(s: Session, m: Extract<AgentInput, { type: 'completed' | 'failed' }>): Promise<void> {
-    const calls =
-      m.type === 'completed'
-        ? m.results.map((r) => ({
-            attemptId: r.attemptId,
-            run: () => this.batcher.complete({ attemptId: r.attemptId, agentId: s.agentId, result: r.result }),
-          }))
-        : m.failures.map((f) => ({
-            attemptId: f.attemptId,
-            run: () =>
-              this.batcher.fail({
-                attemptId: f.attemptId,
-                agentId: s.agentId,
-                error: f.error.details === undefined ? { message: f.error.message } : { message: f.error.message, details: f.error.details },
-                retryable: f.retryable,
-              }),
-          }));
-    // A reported attempt stops occupying the agent now, not when its report is written: the
-    // next claim for this slot overlaps the write, and heartbeats no longer include it.
-    const was = new Map(calls.map((c) => [c.attemptId, s.held.get(c.attemptId)]));
-    for (const c of calls) {
-      s.held.delete(c.attemptId);
-      s.reporting.add(c.attemptId);
-      if (s.starting.has(c.attemptId)) s.reportedWhileStarting.add(c.attemptId);
-    }
-    this.emit('credit', s);
-    const items = await Promise.all(
-      calls.map(async ({ attemptId, run }): Promise<AckItem> => {
-        // An agent that reports an attempt before its start was answered (the SDK waits for
-        // Renewed; a hand-written agent may send both at once) has the start written first, so
-        // the attempt is started by its Started, not implicitly by the report: the same outcome
-        // and counts whichever statement PostgreSQL would have finished first.
-        await s.starting.get(attemptId)?.catch(() => undefined);
-        const o: Outcome<JobSummary> = await run().finally(() => s.reporting.delete(attemptId));
-        this.emit('attempt:report', { kind: m.type, attemptId, agentId: s.agentId, outcome: o });
-        // A refused report (a result too large, say) leaves the attempt running: hold it again.
-        const h = was.get(attemptId);
-        if ((o.outcome === 'invalid' || o.outcome === 'too_large') && h && !s.closed) s.held.set(attemptId, h);
-        return ackItem(attemptId, o, m.type, s.agentId, this.log);
-      }),
-    );
-    s.send({ type: 'ack', items });
-  }
-
-  /** Removes an attempt from any session that still holds it (it moved to another stream). */
   /**
    * Attempts another stream of `agentId` (session `by`) resumed: every other session of that
    * agent here that holds one gets `Revoke` (superseded) and the slot back.
    */
   supersede(agentId: string, attemptIds: readonly string[], by: string): void {
-    for (const s of this.sessions) {
-      if (s.agentId !== agentId || s.id === by) continue;
-      const ids = attemptIds.filter((id) => s.held.has(id));
-      if (!ids.length) continue;
-      for (const id of ids) {
-        s.held.delete(id);
-        s.progress.delete(id);
-      }
-      s.send({ type: 'revoke', attemptIds: ids, reason: 'superseded', detail: REVOKE_DETAIL.superseded });
-      this.log.info({ agentId, sessionId: s.id, attemptIds: ids, by }, 'attempts revoked: resumed by another stream');
-      this.emit('lease:revoked', { agentId, attemptIds: ids, reason: 'superseded' });
-      this.emit('credit', s);
-    }
-  }
-}
-
-function ackItem(attemptId: string, o: Outcome<JobSummary>, kind: 'completed' | 'failed', agentId: string, log: Logger): AckItem {
-  switch (o.outcome) {
-    case 'ok':
-      if (log.isLevelEnabled('info')) log.info({ jobId: o.value.id, attemptId, agentId, status: o.value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
-      // No message: Ack.Item.message says why, for anything but OK (and it is on every job).
-      return { attemptId, outcome: 'ok', message: '' };
-    case 'duplicate':
-      return { attemptId, outcome: 'duplicate', storedResult: o.value.result ?? undefined, message: 'already recorded: the stored outcome stands' };
-    case 'stale':
-      log.warn({ attemptId, agentId, current: o.current }, `late ${kind === 'completed' ? 'completion' : 'failure'} rejected: ${o.message}`);
-      return { attemptId, outcome: 'stale', current: o.current, message: o.message };
-    case 'conflict':
-      return { attemptId, outcome: 'conflict', ...(o.current ? { current: o.current } : {}), message: o.message };
-    case 'invalid':
-    case 'too_large':
-      return { attemptId, outcome: o.outcome, message: `${o.field} ${o.message}` };
-    default:
-      return { attemptId, outcome: o.outcome, message: o.message };
-  }
-}
-
-/** Why a heartbeat lost an attempt (the store's reason), as the agent is told. */
-function lostReason(reason: string): RevokeReason {
-  switch (reason) {
-    case 'timed_out':
-      return 'timed_out';
-    case 'stale':
-      return 'not_current';
-    case 'forbidden':
-      return 'forbidden';
-    default:
-      return 'not_found';
+    this.revoker.supersede(agentId, attemptIds, by);
   }
 }

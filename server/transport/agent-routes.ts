@@ -1,8 +1,8 @@
 /**
  * AgentService.Connect: one bidirectional stream per agent process. This adapter only
- * translates protobuf to the hub's domain messages and back; the rules live in
- * `core/agent-hub.ts`. A protocol violation ends this stream with INVALID_ARGUMENT; it never
- * touches another stream.
+ * translates protobuf to the hub's domain messages (`core/session.ts`) and back; the rules live
+ * in `core/agent-hub.ts` and the parts it composes. A protocol violation ends this stream with
+ * INVALID_ARGUMENT; it never touches another stream.
  */
 import { create } from '@bufbuild/protobuf';
 import { durationFromMs } from '@bufbuild/protobuf/wkt';

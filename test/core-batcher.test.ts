@@ -1,0 +1,147 @@
+/**
+ * `ReportBatcher` alone, on real PostgreSQL through a pool that counts the named statements and
+ * can hold them: what arrives in one turn goes out as one statement per kind, each kind in its
+ * own lane of at most two statements at once, every item gets its own outcome, a failed
+ * statement fails its items only, and `idle()` waits for everything queued.
+ */
+import pino from 'pino';
+import { expect, it } from 'vitest';
+import { ReportBatcher } from '../server/core/batcher.js';
+import { interceptPool } from './helpers/core.js';
+import { useTestDb } from './helpers/db.js';
+import { makeJob } from './helpers/factories.js';
+import { checkInvariants } from './helpers/invariants.js';
+
+const t = useTestDb();
+const log = pino({ level: 'silent' });
+const TTL = 30_000;
+
+/**
+ * The file's pool, seen through a proxy: `started[name]` counts the statements of that name that
+ * began; `hold(name)` keeps the next ones waiting (after PostgreSQL answered) until `release`;
+ * `breakNext(name)` makes the next one throw.
+ */
+function watchedPool() {
+  const started: Record<string, number> = {};
+  const held = new Map<string, Array<() => void>>();
+  const gates = new Set<string>();
+  const broken = new Set<string>();
+  const db = interceptPool(t.pool, async (q, run) => {
+    const name = q.name ?? '';
+    started[name] = (started[name] ?? 0) + 1;
+    if (broken.delete(name)) throw new Error(`${name}: connection reset`);
+    const res = await run();
+    if (gates.has(name)) await new Promise<void>((r) => held.set(name, [...(held.get(name) ?? []), r]));
+    return res;
+  });
+  return {
+    db,
+    started,
+    hold: (name: string) => gates.add(name),
+    /** Lets the held statements of `name` answer and stops holding new ones. */
+    release: (name: string) => {
+      gates.delete(name);
+      for (const r of held.get(name) ?? []) r();
+      held.delete(name);
+    },
+    /** Waits until `n` statements of `name` are being held. */
+    heldReach: async (name: string, n: number) => {
+      while ((held.get(name)?.length ?? 0) < n) await new Promise((r) => setImmediate(r));
+    },
+    breakNext: (name: string) => broken.add(name),
+  };
+}
+
+async function claimedJobs(n: number, agentId: string) {
+  return Promise.all(Array.from({ length: n }, () => makeJob(t.pool, { status: 'claimed', agentId })));
+}
+
+async function runningJobs(n: number, agentId: string) {
+  return Promise.all(Array.from({ length: n }, () => makeJob(t.pool, { status: 'running', agentId })));
+}
+
+it('what arrives in one turn goes out as one statement per kind, each item answered with its own outcome', async () => {
+  const w = watchedPool();
+  const b = new ReportBatcher(w.db, log, TTL);
+  const toStart = await claimedJobs(3, 'batch-a');
+  const toComplete = await runningJobs(2, 'batch-a');
+  const toFail = await runningJobs(2, 'batch-a');
+  const outcomes = await Promise.all([
+    ...toStart.map((j) => b.start({ attemptId: j.currentAttemptId!, agentId: 'batch-a' })),
+    // Another agent's attempt: refused, alone, in the same statement.
+    b.start({ attemptId: toStart[0]!.currentAttemptId!, agentId: 'batch-b' }),
+    ...toComplete.map((j) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'batch-a', result: { ok: j.id } })),
+    ...toFail.map((j, i) => b.fail({ attemptId: j.currentAttemptId!, agentId: 'batch-a', error: { message: 'no' }, retryable: i === 0 })),
+  ]);
+  expect(outcomes.map((o) => o.outcome)).toEqual(['ok', 'ok', 'ok', 'forbidden', 'ok', 'ok', 'ok', 'ok']);
+  const values = outcomes.map((o) => (o.outcome === 'ok' ? o.value : undefined));
+  expect(values.slice(0, 3).map((v) => [v?.id, v?.status])).toEqual(toStart.map((j) => [j.id, 'running']));
+  expect(values.slice(4, 6).map((v) => [v?.id, v?.status])).toEqual(toComplete.map((j) => [j.id, 'succeeded']));
+  expect(values.slice(6).map((v) => [v?.id, v?.status])).toEqual([
+    [toFail[0]!.id, 'queued'],
+    [toFail[1]!.id, 'failed'],
+  ]);
+  expect(w.started.attemptStartMany).toBe(1);
+  expect(w.started.attemptCompleteMany).toBe(1);
+  // Failures are one statement each, run as one batch.
+  expect(w.started.attemptFail).toBe(2);
+  expect(b.stats).toMatchObject({ statements: 3, items: 8 });
+  await checkInvariants(t.pool);
+});
+
+it('a kind runs at most two statements at once; what waits meanwhile goes out together; other kinds are not held up', async () => {
+  const w = watchedPool();
+  const b = new ReportBatcher(w.db, log, TTL);
+  const jobs = await claimedJobs(5, 'lane-a');
+  const [done] = await runningJobs(1, 'lane-a');
+  w.hold('attemptStartMany');
+  const first = b.start({ attemptId: jobs[0]!.currentAttemptId!, agentId: 'lane-a' });
+  await w.heldReach('attemptStartMany', 1);
+  const second = b.start({ attemptId: jobs[1]!.currentAttemptId!, agentId: 'lane-a' });
+  await w.heldReach('attemptStartMany', 2);
+  // Both lanes' slots are taken: these three wait, in separate turns.
+  const rest: Array<ReturnType<ReportBatcher['start']>> = [];
+  for (const j of jobs.slice(2)) {
+    rest.push(b.start({ attemptId: j.currentAttemptId!, agentId: 'lane-a' }));
+    await new Promise((r) => setImmediate(r));
+  }
+  expect(w.started.attemptStartMany).toBe(2);
+  // A completion meanwhile has a lane of its own.
+  const completed = await b.complete({ attemptId: done!.currentAttemptId!, agentId: 'lane-a', result: {} });
+  expect(completed.outcome).toBe('ok');
+  w.release('attemptStartMany');
+  const outcomes = await Promise.all([first, second, ...rest]);
+  expect(outcomes.map((o) => o.outcome)).toEqual(['ok', 'ok', 'ok', 'ok', 'ok']);
+  // The three that waited went out in one statement.
+  expect(w.started.attemptStartMany).toBe(3);
+  expect(b.stats).toMatchObject({ statements: 4, items: 6 });
+});
+
+it('a statement that fails rejects the items of its batch only; the next batch is written', async () => {
+  const w = watchedPool();
+  const b = new ReportBatcher(w.db, log, TTL);
+  const jobs = await runningJobs(3, 'broken-a');
+  w.breakNext('attemptCompleteMany');
+  const lost = jobs.slice(0, 2).map((j) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'broken-a', result: {} }));
+  for (const p of lost) await expect(p).rejects.toThrow('connection reset');
+  const again = await b.complete({ attemptId: jobs[2]!.currentAttemptId!, agentId: 'broken-a', result: {} });
+  expect(again.outcome).toBe('ok');
+  expect(b.stats).toMatchObject({ statements: 1, items: 1 });
+});
+
+it('idle() resolves once everything queued so far is written', async () => {
+  const w = watchedPool();
+  const b = new ReportBatcher(w.db, log, TTL);
+  const jobs = await claimedJobs(2, 'idle-a');
+  w.hold('attemptStartMany');
+  let answered = 0;
+  for (const j of jobs) void b.start({ attemptId: j.currentAttemptId!, agentId: 'idle-a' }).then(() => answered++);
+  let idle = false;
+  const waiting = b.idle().then(() => (idle = true));
+  await w.heldReach('attemptStartMany', 1);
+  expect(idle).toBe(false);
+  w.release('attemptStartMany');
+  await waiting;
+  // Every write was answered before idle() resolved.
+  expect(answered).toBe(2);
+});
