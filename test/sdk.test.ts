@@ -89,7 +89,7 @@ describe('createAgent', () => {
       await held;
       return {};
     });
-    const watchdog = () => (agent as unknown as { watchdog?: NodeJS.Timeout }).watchdog;
+    const watchdog = () => (agent as unknown as { assignments: { watchdog?: NodeJS.Timeout } }).assignments.watchdog;
     await agent.start();
     expect(watchdog(), 'connected, nothing held').toBeUndefined();
     const assigned = once(agent, 'assigned');

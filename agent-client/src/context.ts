@@ -90,7 +90,7 @@ const toValue = (v: unknown) => fromJson(ValueSchema, (v === undefined ? null : 
 export function createContext(opts: {
   job: JobInfo;
   attemptId: string;
-  /** Gives the attempt's abort signal, made when first asked for (agent.ts, LazyAbort). */
+  /** Gives the attempt's abort signal, made when first asked for (assignments.ts, LazyAbort). */
   abort: { readonly signal: AbortSignal };
   /** The channel of the stream in use (it changes when the agent fails over to another replica). */
   channel: () => CoordinatorChannel;

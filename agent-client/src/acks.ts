@@ -1,0 +1,94 @@
+/**
+ * What the agent does with the coordinator's acks of its reports: forgets the outbox entry (ok,
+ * duplicate), sets it aside as superseded (stale, or refused otherwise), or, for a result the
+ * coordinator refused as invalid, reports a final failure in its place. Nothing set aside is sent
+ * again. An ack for an attempt given back (`Reporter.release`) only ends that.
+ */
+import type { Logger } from 'pino';
+import { monotonic } from './clock.js';
+import type { AgentEmitter } from './events.js';
+import type { ServerMessage_Ack_Item } from './gen/leasehold/v1/agent_service_pb.js';
+import { Outcome } from './gen/leasehold/v1/job_pb.js';
+import type { Outbox, OutboxEntry } from './outbox.js';
+import type { Reporter } from './reporter.js';
+
+export interface AcksOptions {
+  log: Logger;
+  events: AgentEmitter;
+  outbox: Pick<Outbox, 'dir' | 'has' | 'pending' | 'put' | 'remove' | 'supersede'>;
+  reporter: Pick<Reporter, 'report' | 'ackRelease'>;
+}
+
+export class Acks {
+  private waiters: Array<() => void> = [];
+
+  constructor(private readonly o: AcksOptions) {}
+
+  /** Applies one ack item to the outbox; emits `acked` once it is applied. */
+  async onAck(item: ServerMessage_Ack_Item): Promise<void> {
+    const { log, outbox } = this.o;
+    const id = item.attemptId;
+    const outcome = Outcome[item.outcome] ?? String(item.outcome);
+    if (this.o.reporter.ackRelease(id) && !outbox.has(id)) {
+      log.info({ attemptId: id, outcome, message: item.message }, 'attempt given back');
+      return;
+    }
+    try {
+      switch (item.outcome) {
+        case Outcome.OK:
+        case Outcome.DUPLICATE:
+          await outbox.remove(id);
+          if (log.isLevelEnabled('info')) log.info({ attemptId: id, outcome }, 'report acknowledged');
+          break;
+        case Outcome.STALE:
+          await outbox.supersede(id, outcome);
+          log.warn(
+            { attemptId: id, current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId }, message: item.message },
+            'report refused as stale: the attempt was superseded; kept aside as superseded',
+          );
+          break;
+        case Outcome.INVALID: {
+          const e = outbox.pending().find((x) => x.attemptId === id);
+          if (e?.kind === 'completed') {
+            // The result itself was refused (too large, not JSON): report a final failure instead.
+            const failed: OutboxEntry = { ...e, kind: 'failed', result: undefined, error: { message: `result refused: ${item.message}` }, retryable: false, writtenAt: new Date().toISOString() };
+            delete failed.result;
+            await outbox.put(failed);
+            log.error({ attemptId: id, message: item.message }, 'result refused by the coordinator; reporting a failure instead');
+            this.o.reporter.report(failed);
+            return;
+          }
+          await outbox.supersede(id, outcome);
+          log.error({ attemptId: id, message: item.message }, 'report refused as invalid; kept aside');
+          break;
+        }
+        default:
+          await outbox.supersede(id, outcome);
+          log.error({ attemptId: id, outcome, message: item.message }, 'report refused; kept aside');
+      }
+    } catch (err) {
+      log.error({ err, attemptId: id }, 'outbox update after an ack failed');
+    }
+    this.o.events.emit('acked', { attemptId: id, outcome });
+    const w = this.waiters;
+    this.waiters = [];
+    for (const f of w) f();
+  }
+
+  /** Waits until the outbox is empty (every report acknowledged) or `ms` passes. */
+  async flush(ms: number): Promise<void> {
+    const { outbox } = this.o;
+    const until = monotonic() + ms;
+    while (outbox.pending().length && monotonic() < until) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, Math.min(until - monotonic(), 1000));
+        this.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    const left = outbox.pending().length;
+    if (left) this.o.log.warn({ entries: left, dir: outbox.dir }, 'stopping with unacknowledged reports: they are sent at the next start');
+  }
+}

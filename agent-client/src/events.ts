@@ -1,0 +1,25 @@
+/**
+ * The agent's events, in a module of their own: the parts that emit them (assignments.ts,
+ * acks.ts) and the agent that composes them all name the same map.
+ */
+import type { EventEmitter } from 'node:events';
+
+export interface AgentEvents {
+  connected: [{ sessionId: string }];
+  disconnected: [{ error?: Error }];
+  assigned: [{ attemptId: string; jobId: string; attemptNo: number }];
+  /** A handler returned or threw (its report is on disk and being sent). */
+  finished: [{ attemptId: string; kind: 'completed' | 'failed' }];
+  acked: [{ attemptId: string; outcome: string }];
+  /**
+   * A running attempt was stopped: `reason` in words; `revoke` is the coordinator's reason when it
+   * took the attempt away (`lease_expired`, `claim_expired`, `timed_out`, `not_current`,
+   * `not_resumed`, `not_started`, `forbidden`, `not_found`, `superseded`: `RevokeReason` in the
+   * proto), `canceled` when the job was canceled, absent when this agent stopped it itself.
+   */
+  aborted: [{ attemptId: string; reason: string; revoke?: string }];
+  zombie: [{ attemptId: string }];
+}
+
+/** Where the parts emit the agent's events: the agent itself (a test gives a plain emitter). */
+export type AgentEmitter = EventEmitter<AgentEvents>;
