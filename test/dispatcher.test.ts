@@ -89,7 +89,8 @@ it('hands a job enqueued on the gateway to a waiting agent here, claimed by the 
     expect(idMs).toBeLessThanOrEqual(Date.now());
     const assign = (await a.next('assign')).assign;
     expect(assign.jobs[0]).toMatchObject({ attemptId: first.json.job.currentAttemptId, attemptNo: 1, job: { id: first.json.job.id } });
-    expect(rounds).toEqual([]);
+    // No round claimed it (the dispatcher's fallback poll may run an empty one meanwhile).
+    expect(rounds.filter((r) => r.claimed > 0)).toEqual([]);
     // Its only slot is taken: the next job waits in the queue, as does one after it.
     const second = await enqueue({ n: 2 });
     expect(second.json.job.status).toBe('JOB_STATUS_QUEUED');
