@@ -6,7 +6,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { fromStruct, grpc, rawClient, RawAgent, toStruct, unary, type HelloInit } from './helpers/raw-agent.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
@@ -53,10 +53,10 @@ describe('AgentService.Connect', () => {
     expect(claimed.claimDeadline.seconds).toBeDefined();
 
     a.send({ started: { attemptIds: [claimed.attemptId] } });
-    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    await until(lh, 'running', async () => (await row(job.id)).status === 'running');
     heartbeat(a);
     const before = (await t.pool.query('SELECT lease_expires_at FROM jobs WHERE id = $1', [job.id])).rows[0].lease_expires_at;
-    await waitFor('lease renewed', async () => {
+    await until(lh, 'lease renewed', async () => {
       heartbeat(a);
       const now = (await t.pool.query('SELECT lease_expires_at FROM jobs WHERE id = $1', [job.id])).rows[0].lease_expires_at;
       return now > before;
@@ -88,7 +88,7 @@ describe('AgentService.Connect', () => {
         a.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ i }) }], credit: 1 } });
         expect((await a.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
       }
-      await waitFor('every start answered', async () => starts.length === 30);
+      await until(lh, 'every start answered', async () => starts.length === 30);
       expect(starts).toEqual(ids.map((id) => `${id} ok`));
     } finally {
       lh.c.hub.off('attempt:start', onStart);
@@ -119,7 +119,7 @@ describe('AgentService.Connect', () => {
     const reports = (await t.pool.query('SELECT attempt_id, current_attempt_id, call FROM stale_reports WHERE job_id = $1', [job.id])).rows;
     expect(reports).toEqual([{ attempt_id: first.attemptId, current_attempt_id: second.attemptId, call: 'complete' }]);
 
-    await waitFor('started', async () => (await row(job.id)).status === 'running');
+    await until(lh, 'started', async () => (await row(job.id)).status === 'running');
     b.send({ completed: { results: [{ attemptId: second.attemptId, result: toStruct({ by: 'diligent' }) }] } });
     expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
     expect(await row(job.id)).toMatchObject({ status: 'succeeded', attempt_no: 2, result: { by: 'diligent' } });
@@ -136,7 +136,7 @@ describe('AgentService.Connect', () => {
     const job = await enqueue('cut');
     const c = (await a.next('assign')).assign.jobs[0];
     a.send({ started: { attemptIds: [c.attemptId] } });
-    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    await until(lh, 'running', async () => (await row(job.id)).status === 'running');
     heartbeat(a);
 
     const closed = new Promise((r) => lh.c.hub.once('session:close', (_s, why) => r(why)));
@@ -148,7 +148,7 @@ describe('AgentService.Connect', () => {
     const b = agent({ agentId: 'flaky', token, queues: ['cut'], slots: 1, resume: [c.attemptId] }, via);
     await b.next('welcome');
     heartbeat(b);
-    await waitFor('suspect cleared', async () => (await t.pool.query('SELECT suspect_since FROM jobs WHERE current_attempt_id = $1', [c.attemptId])).rows[0].suspect_since === null);
+    await until(lh, 'suspect cleared', async () => (await t.pool.query('SELECT suspect_since FROM jobs WHERE current_attempt_id = $1', [c.attemptId])).rows[0].suspect_since === null);
     expect(b.all('revoke')).toEqual([]);
     b.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ resumed: true }) }] } });
     expect((await b.next('ack')).ack.items[0].outcome).toBe('OUTCOME_OK');
@@ -182,10 +182,10 @@ describe('AgentService.Connect', () => {
     const job = await enqueue('gone');
     const c = (await a.next('assign')).assign.jobs[0];
     a.send({ started: { attemptIds: [c.attemptId] } });
-    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    await until(lh, 'running', async () => (await row(job.id)).status === 'running');
     a.close();
     // The reaper takes the job back once the lease has passed.
-    await waitFor('lease expired', async () => (await row(job.id)).current_attempt_id !== c.attemptId);
+    await until(lh, 'lease expired', async () => (await row(job.id)).current_attempt_id !== c.attemptId);
     const b = agent({ agentId: 'late', token, queues: ['other'], slots: 1, resume: [c.attemptId] });
     await b.next('welcome');
     expect((await b.next('revoke')).revoke).toMatchObject({
@@ -205,11 +205,11 @@ describe('AgentService.Connect', () => {
     const job = await enqueue('ack');
     const c = (await a.next('assign')).assign.jobs[0];
     a.send({ started: { attemptIds: [c.attemptId] } });
-    await waitFor('running', async () => (await row(job.id)).status === 'running');
+    await until(lh, 'running', async () => (await row(job.id)).status === 'running');
     // From here the agent hears nothing: the coordinator commits, and its ack is lost on the way.
     proxy.muteDownstream();
     a.send({ completed: { results: [{ attemptId: c.attemptId, result: toStruct({ answer: 42 }) }] } });
-    await waitFor('completion committed', async () => (await row(job.id)).status === 'succeeded');
+    await until(lh, 'completion committed', async () => (await row(job.id)).status === 'succeeded');
     proxy.cutAll();
     await a.ended;
     expect(a.all('ack')).toEqual([]);
@@ -244,7 +244,7 @@ describe('AgentService.Connect', () => {
     const a = agent({ agentId: 'leaver', token, queues: ['drain'], slots: 5 });
     await a.next('welcome');
     a.send({ bye: { drain: true } });
-    await waitFor('draining', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'leaver' && s.draining));
+    await until(lh, 'draining', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'leaver' && s.draining));
     const job = await enqueue('drain');
     await lh.c.dispatcher.runOnce();
     expect(a.all('assign')).toEqual([]);

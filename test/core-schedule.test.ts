@@ -6,14 +6,8 @@
  */
 import { afterEach, beforeEach, expect, it, vi } from 'vitest';
 import { Schedule } from '../server/core/schedule.js';
+import { deferred } from './helpers/deferred.js';
 
-/** A run that finishes when the test says so. */
-function deferred<T>() {
-  let resolve!: (v: T) => void;
-  let reject!: (e: unknown) => void;
-  const promise = new Promise<T>((res, rej) => ((resolve = res), (reject = rej)));
-  return { promise, resolve, reject };
-}
 
 beforeEach(() => {
   vi.useFakeTimers();

@@ -26,6 +26,7 @@ import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { installAgent, packAgent } from './helpers/agent-package.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { missing, request, startCaddy, startNginx, type RunningProxy, type Upstreams } from './helpers/proxies.js';
+import { deferred } from './helpers/deferred.js';
 
 const t = useTestDb();
 // Leases longer than a proxy restart takes: an attempt running across the restart must resume on
@@ -41,16 +42,7 @@ interface JobView {
   result: unknown;
 }
 
-/** A promise the test resolves (Node 20 has no Promise.withResolvers). */
-interface Gate {
-  promise: Promise<void>;
-  resolve(): void;
-}
-function newGate(): Gate {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => (resolve = r));
-  return { promise, resolve };
-}
+type Gate = ReturnType<typeof deferred<void>>;
 
 /**
  * The packed runner, as a PC gets it: `npm pack` in agent-client/, installed from the tarball
@@ -219,7 +211,7 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
   it('after a restart of the proxy process the agent and the runner reconnect by themselves: nothing lost, nothing run twice', async () => {
     const a = agent!;
     // A job running across the restart: its handler waits until the proxy is down.
-    const gate = newGate();
+    const gate = deferred();
     const before = await enqueue({ phase: 'before' });
     held.set(before, gate);
     await waitFor('the held job to be running', async () => (await getJob(before)).status === 'JOB_STATUS_RUNNING');

@@ -3,6 +3,7 @@
  * leases so recovery happens within a test. `useCoordinator()` starts it before the file's
  * tests and stops it after (the leak check fails a test that leaves it running).
  */
+import type { EventEmitter } from 'node:events';
 import pino from 'pino';
 import { afterAll, beforeAll } from 'vitest';
 import { loadConfig, type Config } from '../../server/config.js';
@@ -74,7 +75,11 @@ export function useCoordinator(t: TestDb, env: Record<string, string> = {}): Tes
   };
 }
 
-/** Polls `check` until it returns a value other than undefined/false, or fails after `ms`. */
+/**
+ * Polls `check` every 20 ms until it returns a value other than undefined/false, or fails after
+ * `ms`: for what another process changes (a child's file, a proxy's state). What the in-process
+ * coordinator changes, `until` waits for on its events.
+ */
 export async function waitFor<T>(what: string, check: () => Promise<T | undefined | false> | T | undefined | false, ms = 10_000): Promise<T> {
   const deadline = Date.now() + ms;
   for (;;) {
@@ -83,4 +88,67 @@ export async function waitFor<T>(what: string, check: () => Promise<T | undefine
     if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/**
+ * The coordinator's events after which what a test waits for may have changed: the hub's (starts,
+ * reports, lease ticks and revocations, sessions), the unary routes', the dispatcher's rounds and
+ * hand-offs, and the runs of the reaper and the other services.
+ */
+function changeEvents(c: Coordinator): Array<[EventEmitter, string]> {
+  const of = (em: EventEmitter | undefined, names: string[]) => (em ? names.map((n) => [em, n] as [EventEmitter, string]) : []);
+  return [
+    ...of(c.hub as EventEmitter, ['credit', 'lease:tick', 'lease:revoked', 'session:open', 'session:close', 'attempt:start', 'attempt:report']),
+    ...of(c.activity as EventEmitter, ['attempt:claim', 'attempt:start', 'attempt:report', 'job:enqueued', 'job:canceled', 'job:requeued', 'jobs:purged']),
+    ...of(c.dispatcher as EventEmitter, ['dispatch:round', 'dispatch:handoff']),
+    ...of(c.reaper as EventEmitter, ['reaper:run']),
+    ...of(c.registry as EventEmitter, ['registry:run']),
+    ...of(c.deliverer as EventEmitter, ['webhook:run', 'webhook:sent']),
+    ...of(c.counts as EventEmitter, ['counts:run']),
+    ...of(c.purger as EventEmitter | undefined, ['purger:run']),
+  ];
+}
+
+/**
+ * Waits until `check` returns a value other than undefined/false: it checks now, then again after
+ * each of the coordinator's events (`changeEvents`), one check at a time; never on a timer of its
+ * own. Fails after `ms`. For what only another process can change, `waitFor` polls.
+ */
+export function until<T>(lh: TestCoordinator, what: string, check: () => Promise<T | undefined | false> | T | undefined | false, ms = 10_000): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const sources = changeEvents(lh.c);
+    let running = false;
+    let again = false;
+    let done = false;
+    const finish = (settle: () => void) => {
+      done = true;
+      clearTimeout(timer);
+      for (const [em, name] of sources) em.off(name, poke);
+      settle();
+    };
+    const run = async () => {
+      do {
+        again = false;
+        try {
+          const v = await check();
+          if (v !== undefined && v !== false) return finish(() => resolve(v));
+        } catch (err) {
+          return finish(() => reject(err));
+        }
+      } while (again && !done);
+      running = false;
+    };
+    function poke() {
+      if (done) return;
+      if (running) {
+        again = true;
+        return;
+      }
+      running = true;
+      void run();
+    }
+    const timer = setTimeout(() => finish(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`))), ms);
+    for (const [em, name] of sources) em.on(name, poke);
+    poke();
+  });
 }
