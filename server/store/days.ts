@@ -159,8 +159,8 @@ export const isNoPartition = (err: unknown): boolean => {
 };
 
 /**
- * Runs a statement that moves jobs to their day's partition (an end: attempts.ts, rescue.ts,
- * jobs.ts). When the day's partition is missing (the coordinator was stopped for days, or its
+ * Runs a statement that moves jobs to their day's partition (an end: complete.ts, fail.ts,
+ * rescue.ts, jobs.ts). When the day's partition is missing (the coordinator was stopped for days, or its
  * clock jumped), it is made and the statement tried once more; only on a pool, since inside a
  * caller's transaction the failed statement has aborted it.
  */

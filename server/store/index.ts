@@ -1,5 +1,16 @@
-/** The store: every SQL statement of Leasehold, as verbs taking `(db | tx, params)`. */
-export * from './attempts.js';
+/**
+ * The store: every SQL statement of Leasehold, as verbs taking `(db | tx, params)`. The state
+ * machine, the fence, and which file and statement serve each transition: README.md here.
+ */
+export * from './claim.js';
+export * from './start.js';
+export * from './heartbeat.js';
+export * from './complete.js';
+export * from './fail.js';
+export * from './backoff.js';
+export { attemptEndSql, attemptJson, endedColumn, movedRowSql, notifiedJob } from './ends.js';
+export { attemptWhere, explain, type Lookup } from './explain.js';
+export { reportStale } from './stale-reports.js';
 export * from './jobs.js';
 export * from './rescue.js';
 export * from './steps.js';

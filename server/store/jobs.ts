@@ -10,7 +10,7 @@ import pg from 'pg';
 import { z } from 'zod';
 import { conflict, duplicate, invalid, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
-import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './attempts.js';
+import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './ends.js';
 import { withDays } from './days.js';
 import { camelRow, currentOf, jobColumns, toJob, type Job } from './rows.js';
 import { jobListPage } from './job-list.js';
@@ -200,7 +200,7 @@ export interface Canceled {
   canceledAttempt: { attemptId: string; agentId: string } | null;
 }
 
-// The job moves to its day's partition of jobs, as every end does (attempts.ts, endedColumn). A
+// The job moves to its day's partition of jobs, as every end does (ends.ts, endedColumn). A
 // held job's attempt ends as `canceled` (its row written here); a queued job's cancel is a
 // job_events row (no attempt made it), without done_day (where the row is kept, not a change).
 const cancelSql = statement(
