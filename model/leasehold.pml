@@ -7,7 +7,7 @@
  * has the liveness run, the broken configuration and the mapping to the store verbs.
  *
  * What is modelled is the transitions of server/store/ (claim.ts, start.ts, heartbeat.ts,
- * complete.ts, fail.ts, rescue.ts, jobs.ts: cancel): each verb is ONE
+ * complete.ts, fail.ts, rescue.ts, cancel.ts): each verb is ONE
  * SQL statement there, so it is ONE atomic step here, guarded by the same fence as its WHERE
  * clause. A call whose fence does not match changes nothing; the follow-up read that names the
  * outcome (explain() in explain.ts) is modelled inside the same step and only sets `outcome`.

@@ -9,7 +9,7 @@
 import { conflict, duplicate, forbidden, notFound, type Outcome } from '../domain/outcomes.js';
 import type { JobStatus } from '../domain/statuses.js';
 import type { AttemptRef } from './batch.js';
-import { currentOf, jobColumns, toJob, type Job } from './rows.js';
+import { currentOf, jobRowById, toJob, type Job } from './rows.js';
 import { run, statement, type Queryable } from './sql.js';
 import { reportStale, type Call } from './stale-reports.js';
 
@@ -72,12 +72,10 @@ export async function explain(
   return reportStale(db, { jobId: l.job_id, attemptId: p.attemptId, agentId: p.agentId, call: p.call, now: p.now });
 }
 
-const jobByIdSql = statement('attemptJobById', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
-
 /** Turns a `duplicate` naming a job id into a `duplicate` carrying the job as stored now. */
 export async function withJob(db: Queryable, o: Outcome<string>): Promise<Outcome<Job>> {
   if (o.outcome !== 'duplicate' && o.outcome !== 'ok') return o;
-  const [row] = await run<Record<string, unknown>>(db, jobByIdSql, [o.value]);
+  const row = await jobRowById(db, o.value);
   return row ? duplicate(toJob(row)) : notFound(`job ${o.value} not found`);
 }
 

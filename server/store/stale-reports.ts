@@ -1,9 +1,14 @@
 /**
  * Stale reports: a call made for an attempt that is no longer current (superseded, ended,
- * canceled) is answered `stale` and leaves a `stale_reports` row, which operators list.
+ * canceled) is answered `stale` and leaves a `stale_reports` row (`reportStale`), which operators
+ * list (`staleReportList`).
  */
-import { stale, type CurrentState, type Failure } from '../domain/outcomes.js';
+import { ok, stale, type CurrentState, type Failure, type Outcome } from '../domain/outcomes.js';
 import type { JobStatus } from '../domain/statuses.js';
+import { check, checkAll, schemas } from '../domain/validation.js';
+import { DEFAULT_PAGE_SIZE, pageOf, pageSizeSchema, pageTokenDecode, type PageTokenFormat } from './page-token.js';
+import { camelRow } from './rows.js';
+import type { StaleReportRow } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
 /** The call that came too late: the `call` column of `stale_reports`. */
@@ -45,4 +50,40 @@ export async function reportStale(
       (current.currentAttemptId ? ` (current attempt ${current.currentAttemptId})` : ''),
     current,
   );
+}
+
+// Newest first, paged by id (the primary key; stale_reports_job_idx serves the job filter).
+const staleSql = statement(
+  'adminStaleReports',
+  `SELECT * FROM stale_reports
+   WHERE ($1::uuid IS NULL OR job_id = $1) AND ($2::text IS NULL OR agent_id = $2) AND ($3::bigint IS NULL OR id < $3)
+   ORDER BY id DESC LIMIT $4`,
+);
+
+/** A page's token: the id of its last report, `s<id>`. */
+const cursorFormat: PageTokenFormat<number> = {
+  write: (id) => `s${id}`,
+  read(text) {
+    const m = /^s(\d{1,15})$/.exec(text);
+    return m ? Number(m[1]) : undefined;
+  },
+};
+
+/** A page of stale reports, newest first. */
+export async function staleReportList(
+  db: Queryable,
+  p: { jobId?: string; agentId?: string; pageSize?: number; pageToken?: string },
+): Promise<Outcome<{ reports: StaleReportRow[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.jobId === undefined ? undefined : check('jobId', schemas.id, p.jobId),
+    p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId),
+    p.pageSize === undefined ? undefined : check('pageSize', pageSizeSchema, p.pageSize),
+  );
+  if (bad) return bad;
+  const start = pageTokenDecode(cursorFormat, p.pageToken);
+  if ('failure' in start) return start.failure;
+  const size = p.pageSize ?? DEFAULT_PAGE_SIZE;
+  const rows = await run<Record<string, unknown>>(db, staleSql, [p.jobId ?? null, p.agentId ?? null, start.after ?? null, size + 1]);
+  const { page, nextPageToken } = pageOf(cursorFormat, rows.map((r) => camelRow<StaleReportRow>(r)), size, (last) => last.id);
+  return ok({ reports: page, nextPageToken });
 }
