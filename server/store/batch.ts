@@ -1,7 +1,8 @@
 /**
  * The batched fence: what the statements of start, heartbeat and complete share to act on many
  * attempts (of any agents) in one statement, each row checked against its own entries. An item
- * that matches nothing is explained afterwards, on its own (explain.ts).
+ * that matches nothing is explained afterwards, on its own (explain.ts). The fence itself, and the
+ * state machine it guards: README.md.
  */
 import type { Failure, Outcome } from '../domain/outcomes.js';
 import { check, checkAll, schemas, valid } from '../domain/validation.js';
