@@ -6,10 +6,11 @@
  * in a scratch directory holding a copy of this file (spin writes pan.* there). model/README.md
  * has the liveness run, the broken configuration and the mapping to the store verbs.
  *
- * What is modelled is server/store/attempts.ts, rescue.ts and jobs.ts (cancel): each verb is ONE
+ * What is modelled is the transitions of server/store/ (claim.ts, start.ts, heartbeat.ts,
+ * complete.ts, fail.ts, rescue.ts, cancel.ts): each verb is ONE
  * SQL statement there, so it is ONE atomic step here, guarded by the same fence as its WHERE
  * clause. A call whose fence does not match changes nothing; the follow-up read that names the
- * outcome (explain() in attempts.ts) is modelled inside the same step and only sets `outcome`.
+ * outcome (explain() in explain.ts) is modelled inside the same step and only sets `outcome`.
  *
  * Processes: two agents (claim, then start / heartbeat / complete / fail on their token, resend
  * any of them, or lose the token: crash, lost Assign), a late reporter (any attempt id ever

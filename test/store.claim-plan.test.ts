@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { Outcome } from '../server/domain/outcomes.js';
-import { claimSql, jobClaim, jobClaimSlots } from '../server/store/attempts.js';
+import { claimSql, jobClaim, jobClaimSlots } from '../server/store/claim.js';
 import { createPool } from '../server/store/database.js';
 import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';

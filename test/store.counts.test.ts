@@ -25,7 +25,7 @@ import {
   jobRescueExpired,
   statsGet,
 } from '../server/store/index.js';
-import { jobDepths, statsMinutesSql, waitSql } from '../server/store/admin.js';
+import { jobDepths, statsMinutesSql, waitSql } from '../server/store/stats.js';
 import { countsReadSql } from '../server/store/counts.js';
 import { migrateDatabase } from '../server/store/migrate.js';
 import { useTestDb } from './helpers/db.js';

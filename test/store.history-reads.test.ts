@@ -17,8 +17,8 @@ import {
   jobSearch,
   statsGet,
 } from '../server/store/index.js';
-import { statsMinutesSql, waitSql, type JobSearchParams } from '../server/store/admin.js';
-import { jobListQuery, type JobCursor, type JobListFilter } from '../server/store/job-list.js';
+import { jobListQuery, type JobCursor, type JobListFilter, type JobSearchParams } from '../server/store/job-list.js';
+import { statsMinutesSql, waitSql } from '../server/store/stats.js';
 import type { JobStatus } from '../server/domain/statuses.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';

@@ -9,7 +9,7 @@ import pino from 'pino';
 import { expect, it } from 'vitest';
 import { Purger } from '../server/core/purger.js';
 import { DEFAULT_SEED, seedHistory } from '../server/seed-history.js';
-import { jobPurge, purgeSql } from '../server/store/admin.js';
+import { jobPurge, purgeSql } from '../server/store/purge.js';
 import { JOB_REFERENCES } from '../server/store/schema.js';
 import { useTestDb } from './helpers/db.js';
 import { planNodes, type PlanNode } from './helpers/plan.js';

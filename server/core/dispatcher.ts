@@ -51,7 +51,7 @@ const entropy = Buffer.alloc(10 * 409);
 let drawn = entropy.length;
 
 /**
- * An attempt id as the claim statement makes them (store/attempts.ts, claimSql): 48 bits of
+ * An attempt id as the claim statement makes them (store/claim.ts, claimSql): 48 bits of
  * milliseconds since the epoch, then 80 random bits, written as a UUID (not a versioned one;
  * DESIGN.md's fencing token). Time-ordered, so that it lands at the right edge of the indexes
  * that carry it (jobs_current_attempt_uq, and jobs_final_attempt_uq in its day's partition)

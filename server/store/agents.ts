@@ -2,25 +2,20 @@
  * Agent identities: created with a random token that is shown once and stored as its SHA-256
  * hash (tokens are 256 random bits, so a fast hash is enough), authenticated by that hash,
  * revoked by stamping `revoked_at` and, in the same statement, a `credentials` NOTIFY that makes
- * every coordinator forget the token it verified (`core/credential-cache.ts`).
+ * every coordinator forget the token it verified (`core/credential-cache.ts`); and what operators
+ * see of them (`agentOverview`: each agent's open streams and the attempts it holds).
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { asc } from 'drizzle-orm';
-import { drizzle } from 'drizzle-orm/node-postgres';
-import type pg from 'pg';
+import { createHash, randomBytes } from 'node:crypto';
 import { conflict, forbidden, notFound, ok, type Outcome } from '../domain/outcomes.js';
+import type { AttemptStatus } from '../domain/statuses.js';
 import { check, schemas } from '../domain/validation.js';
 import { credentialsNotifySql } from './notify.js';
-import { agents, type AgentRow } from './schema.js';
-import { run, statement, type Queryable } from './sql.js';
+import { camelRow } from './rows.js';
+import type { AgentSessionRow } from './schema.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 /** SHA-256 of a secret, hex: what is stored and looked up. */
 export const hashSecret = (secret: string) => createHash('sha256').update(secret, 'utf8').digest('hex');
-
-/** Compares two secrets in constant time (through their hashes, so lengths do not leak). */
-export function secretsEqual(a: string, b: string): boolean {
-  return timingSafeEqual(createHash('sha256').update(a).digest(), createHash('sha256').update(b).digest());
-}
 
 const createSql = statement(
   'agentCreate',
@@ -73,7 +68,93 @@ export async function agentRevoke(db: Queryable, p: { agentId: string }): Promis
   return row ? ok({ agentId: p.agentId, revokedAt: row.revoked_at }) : notFound(`agent ${p.agentId} not found`);
 }
 
-/** All agents, oldest first. */
-export async function agentList(db: Queryable): Promise<AgentRow[]> {
-  return drizzle(db as pg.Pool).select().from(agents).orderBy(asc(agents.createdAt));
+/** An attempt an agent holds now. */
+export interface HeldAttempt {
+  attemptId: string;
+  jobId: string;
+  queue: string;
+  agentId: string;
+  attemptNo: number;
+  status: Extract<AttemptStatus, 'claimed' | 'running'>;
+  claimedAt: Date;
+  startedAt: Date | null;
+  leaseExpiresAt: Date | null;
+  suspectSince: Date | null;
+}
+
+/** An agent, its open streams and what it holds. */
+export interface AgentOverview {
+  agentId: string;
+  /** False: a key with the agent scope holding attempts (no agents row). */
+  registered: boolean;
+  createdAt: Date | null;
+  revokedAt: Date | null;
+  lastSeenAt: Date | null;
+  sessions: AgentSessionRow[];
+  attempts: HeldAttempt[];
+}
+
+const agentsSql = statement('adminAgents', `SELECT * FROM agents WHERE ($1::text IS NULL OR id = $1) ORDER BY created_at, id`);
+const sessionsSql = statement(
+  'adminAgentSessions',
+  `SELECT * FROM agent_sessions
+   WHERE ($1::text IS NULL OR agent_id = $1) AND seen_at >= now() - make_interval(secs => $2::float8 / 1000.0)
+   ORDER BY connected_at, id`,
+);
+// Live attempts are held jobs' rows; jobs_current_attempt_uq holds exactly those.
+const heldSql = statement(
+  'adminHeldAttempts',
+  `SELECT j.current_attempt_id AS attempt_id, j.id AS job_id, j.queue, j.agent_id, j.attempt_no, j.status::text AS status,
+     j.claimed_at, j.started_at, j.lease_expires_at, j.suspect_since
+   FROM jobs_live j
+   WHERE j.current_attempt_id IS NOT NULL AND ($1::text IS NULL OR j.agent_id = $1)
+   ORDER BY j.claimed_at, j.current_attempt_id`,
+);
+
+/**
+ * Every agent (or one) with its live streams (rows stamped within `staleAfterMs`) and the
+ * attempts it holds; revoked agents that hold nothing only with `includeRevoked`. Agents that
+ * hold attempts through an API key (no agents row) come last.
+ */
+export async function agentOverview(
+  db: Queryable,
+  p: { agentId?: string; includeRevoked?: boolean; staleAfterMs: number },
+): Promise<Outcome<AgentOverview[]>> {
+  const bad = p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId);
+  if (bad) return bad;
+  return withTransaction(
+    db,
+    async (tx) => {
+      const id = p.agentId ?? null;
+      const agents = await run<Record<string, unknown>>(tx, agentsSql, [id]);
+      const sessions = (await run<Record<string, unknown>>(tx, sessionsSql, [id, p.staleAfterMs])).map((r) => camelRow<AgentSessionRow>(r));
+      const held = (await run<Record<string, unknown>>(tx, heldSql, [id])).map((r) => camelRow<HeldAttempt>(r));
+      const out = new Map<string, AgentOverview>();
+      for (const a of agents) {
+        out.set(a.id as string, {
+          agentId: a.id as string,
+          registered: true,
+          createdAt: a.created_at as Date,
+          revokedAt: (a.revoked_at as Date | null) ?? null,
+          lastSeenAt: (a.last_seen_at as Date | null) ?? null,
+          sessions: [],
+          attempts: [],
+        });
+      }
+      const entry = (agentId: string) => {
+        let e = out.get(agentId);
+        if (!e) {
+          e = { agentId, registered: false, createdAt: null, revokedAt: null, lastSeenAt: null, sessions: [], attempts: [] };
+          out.set(agentId, e);
+        }
+        return e;
+      };
+      for (const s of sessions) entry(s.agentId).sessions.push(s);
+      for (const h of held) entry(h.agentId).attempts.push(h);
+      return ok(
+        [...out.values()].filter((a) => p.includeRevoked || !a.revokedAt || a.attempts.length > 0 || a.sessions.length > 0),
+      );
+    },
+    { mode: 'REPEATABLE READ, READ ONLY' },
+  );
 }

@@ -159,8 +159,8 @@ export const isNoPartition = (err: unknown): boolean => {
 };
 
 /**
- * Runs a statement that moves jobs to their day's partition (an end: attempts.ts, rescue.ts,
- * jobs.ts). When the day's partition is missing (the coordinator was stopped for days, or its
+ * Runs a statement that moves jobs to their day's partition (an end: complete.ts, fail.ts,
+ * rescue.ts, cancel.ts). When the day's partition is missing (the coordinator was stopped for days, or its
  * clock jumped), it is made and the statement tried once more; only on a pool, since inside a
  * caller's transaction the failed statement has aborted it.
  */
@@ -186,7 +186,7 @@ export async function withDays<T>(db: Queryable, statement: () => Promise<T>): P
  * for a day of 1.7 million jobs. Then the sweep deletes its jobs' rows in the other tables
  * (attempts, events, steps, keys, …: references.ts), a batch at a time, pausing so that it works
  * `share` of its time, and drops the table. Those rows belong to no job any read can reach (a key
- * of a gone job is free: jobs.ts, `keyFreeSql`), so the sweep may take minutes and leave the hot
+ * of a gone job is free: enqueue.ts, `keyFreeSql`), so the sweep may take minutes and leave the hot
  * path its cores; deleting them in one statement made a drain run at half its speed meanwhile
  * (docs/performance.md, "Cost as the work grows"). A day whose jobs ended within the per-minute
  * counts' window (a retention under a day) is dropped in one transaction instead, as the counts of

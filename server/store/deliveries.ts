@@ -15,7 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { conflict, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, schemas } from '../domain/validation.js';
-import { backoffSql, type Backoff } from './attempts.js';
+import { backoffSql, type Backoff } from './backoff.js';
 import { WEBHOOK_EVENT_TYPES, type WebhookEventType } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
 

@@ -26,7 +26,7 @@
  *
  * The statements take the mix as parameters; `server/seed-history.ts` chooses it and explains it.
  */
-import { attemptIdSql } from './attempts.js';
+import { attemptIdSql } from './claim.js';
 import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
 import { run, statement, withTransaction, type Queryable } from './sql.js';
 
@@ -176,7 +176,7 @@ const stageFillSql = statement(
    SELECT r.n, r.job_id, r.queue, r.attempts, r.k, r.last, r.how, r.job_status,
      CASE WHEN r.last THEN r.job_status ELSE 'queued' END,
      r.agent_id,
-     -- Its attempt id as the claim makes them: in claim-time order (attempts.ts, attemptIdSql).
+     -- Its attempt id as the claim makes them: in claim-time order (claim.ts, attemptIdSql).
      CASE WHEN r.attempts > 0 THEN ${attemptIdSql(`r.created_at + ${us('r.claimed_us')}`, 'uuid_send(gen_random_uuid())')} END,
      r.created_at,
      CASE WHEN r.attempts > 0 THEN r.created_at + ${us('r.claimed_us')} END,

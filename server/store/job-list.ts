@@ -1,6 +1,7 @@
 /**
  * Lists of jobs, newest first, paged by (created_at, id): AdminService ListJobs (`jobSearch`)
- * and JobService ListJobs (`jobList`) are both this, with their own filters.
+ * and JobService ListJobs (`jobList`) are both this, with their own filters. Page tokens and
+ * sizes: page-token.ts.
  *
  * One statement per shape of the call (which filters it gives), holding only those filters, each
  * written so an index can serve it; and the jobs split by where an index holds them:
@@ -21,10 +22,12 @@
  * those it succeeded (the attempt kept on the job's row), from `jobs_final_agent_idx` of each
  * partition, newest first; each job once.
  */
-import { invalid, ok, type Outcome } from '../domain/outcomes.js';
-import { FINISHED_STATUSES, type JobStatus } from '../domain/statuses.js';
-import type { Job } from './rows.js';
-import { toJob } from './rows.js';
+import { z } from 'zod';
+import { ok, type Outcome } from '../domain/outcomes.js';
+import { FINISHED_STATUSES, JOB_STATUSES, type JobStatus } from '../domain/statuses.js';
+import { check, checkAll, schemas } from '../domain/validation.js';
+import { DEFAULT_PAGE_SIZE, pageOf, pageSizeSchema, pageTokenDecode, type PageTokenFormat } from './page-token.js';
+import { toJob, type Job } from './rows.js';
 import { run, statement, withTransaction, type Queryable, type Statement } from './sql.js';
 
 export interface JobListFilter {
@@ -187,14 +190,14 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
   return { statement: stmt, values };
 }
 
-/** A page's token: the position after its last job. */
-const encodeCursor = (c: JobCursor) => Buffer.from(`${c[0]}.${c[1]}`).toString('base64url');
-
-/** The position a token names, or undefined for a token this server did not issue. */
-function decodeCursor(token: string): JobCursor | undefined {
-  const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(Buffer.from(token, 'base64url').toString('utf8'));
-  return m ? [Number(m[1]), m[2]!] : undefined;
-}
+/** A page's token: the position after its last job, `<created µs>.<job id>`. */
+const cursorFormat: PageTokenFormat<JobCursor> = {
+  write: ([us, id]) => `${us}.${id}`,
+  read(text) {
+    const m = /^(\d{1,20})\.([0-9a-f-]{36})$/.exec(text);
+    return m ? [Number(m[1]), m[2]!] : undefined;
+  },
+};
 
 /**
  * One page of the jobs matching `f`, newest first, after the page `pageToken` ended (a token
@@ -206,9 +209,9 @@ export async function jobListPage(
   size: number,
   pageToken: string | undefined,
 ): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
-  const after = pageToken ? decodeCursor(pageToken) : undefined;
-  if (pageToken && !after) return invalid('pageToken', 'is not a token this server issued');
-  const { statement: s, values } = jobListQuery(f, size + 1, after);
+  const start = pageTokenDecode(cursorFormat, pageToken);
+  if ('failure' in start) return start.failure;
+  const { statement: s, values } = jobListQuery(f, size + 1, start.after);
   // In a generic plan, planned once per connection: planning one of these statements (its parts
   // over every day's partition) took 2–3 ms, as long as running it. PostgreSQL's own choice,
   // custom plans first and the generic plan once it looks no costlier, went generic on a small
@@ -220,10 +223,55 @@ export async function jobListPage(
   const rows = await withTransaction(db, (tx) => run<Record<string, unknown> & { created_us: number; id: string }>(tx, s, values), {
     local: 'SET LOCAL plan_cache_mode = force_generic_plan',
   });
-  const page = rows.slice(0, size);
-  const last = page.at(-1);
-  return ok({
-    jobs: page.map(({ created_us: _, ...r }) => toJob(r)),
-    nextPageToken: rows.length > size && last ? encodeCursor([last.created_us, last.id]) : '',
-  });
+  const { page, nextPageToken } = pageOf(cursorFormat, rows, size, (last) => [last.created_us, last.id]);
+  return ok({ jobs: page.map(({ created_us: _, ...r }) => toJob(r)), nextPageToken });
+}
+
+export interface ListParams {
+  queue?: string;
+  status?: JobStatus;
+  /** 1 to 500; default 50. */
+  pageSize?: number;
+  /** From the previous page's `nextPageToken`. */
+  pageToken?: string;
+}
+
+/** JobService ListJobs: a page of jobs, newest first, and the token of the next page (empty at the end). */
+export async function jobList(db: Queryable, p: ListParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
+    p.status === undefined ? undefined : check('status', z.enum(JOB_STATUSES), p.status),
+    p.pageSize === undefined ? undefined : check('pageSize', pageSizeSchema, p.pageSize),
+  );
+  if (bad) return bad;
+  return jobListPage(db, { queue: p.queue, statuses: p.status ? [p.status] : undefined }, p.pageSize ?? DEFAULT_PAGE_SIZE, p.pageToken);
+}
+
+const statuses = z.array(z.enum(JOB_STATUSES)).max(JOB_STATUSES.length);
+
+export interface JobSearchParams {
+  statuses?: JobStatus[];
+  queue?: string;
+  /** Jobs with an attempt by this agent. */
+  agentId?: string;
+  createdAfter?: Date;
+  createdBefore?: Date;
+  /** 1 to 500; default 50. */
+  pageSize?: number;
+  pageToken?: string;
+}
+
+/** AdminService ListJobs: a page of jobs matching every filter given, newest first, and the next page's token. */
+export async function jobSearch(db: Queryable, p: JobSearchParams): Promise<Outcome<{ jobs: Job[]; nextPageToken: string }>> {
+  const bad = checkAll(
+    p.statuses === undefined ? undefined : check('statuses', statuses, p.statuses),
+    p.queue === undefined ? undefined : check('queue', schemas.queue, p.queue),
+    p.agentId === undefined ? undefined : check('agentId', schemas.agentId, p.agentId),
+    p.createdAfter === undefined ? undefined : check('createdAfter', schemas.date, p.createdAfter),
+    p.createdBefore === undefined ? undefined : check('createdBefore', schemas.date, p.createdBefore),
+    p.pageSize === undefined ? undefined : check('pageSize', pageSizeSchema, p.pageSize),
+  );
+  if (bad) return bad;
+  const { pageSize: size = DEFAULT_PAGE_SIZE, pageToken, ...filter } = p;
+  return jobListPage(db, filter, size, pageToken);
 }

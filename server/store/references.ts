@@ -3,7 +3,7 @@
  * attempts (`attempts`), and the tables of `JOB_REFERENCES` (events, steps, stale reports, notify
  * header, webhook events, whose deliveries the events' cascade takes). None has a foreign key to
  * `jobs` (schema.ts), so whatever deletes jobs deletes these with them: the purge of a batch
- * (admin.ts, `jobPurge`) and the sweep of a dropped day (days.ts).
+ * (purge.ts, `jobPurge`) and the sweep of a dropped day (days.ts).
  */
 import { JOB_REFERENCES } from './schema.js';
 

@@ -6,7 +6,8 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll } from '../domain/validation.js';
-import { attemptEndSql, attemptJson, backoffSql, DEFAULT_BACKOFF, endedColumn, movedRowSql, notifiedJob, type Backoff } from './attempts.js';
+import { attemptEndSql, attemptJson, endedColumn, movedRowSql, notifiedJob } from './ends.js';
+import { backoffSql, DEFAULT_BACKOFF, type Backoff } from './backoff.js';
 import { withDays } from './days.js';
 import { JOB_COLUMNS } from './schema.js';
 import type { JobStatus, RescueReason } from '../domain/statuses.js';
@@ -86,7 +87,7 @@ const rescueSql = statement(
      WHERE j.id = ANY (ARRAY(SELECT id FROM d WHERE next = 'queued'))
      RETURNING j.*
    ), x AS (
-     -- A dead letter moves to its day's partition of jobs, as every end does (attempts.ts, endedColumn).
+     -- A dead letter moves to its day's partition of jobs, as every end does (ends.ts, endedColumn).
      DELETE FROM jobs_live j WHERE j.id = ANY (ARRAY(SELECT id FROM d WHERE next = 'dead')) RETURNING j.*
    ), f AS (
      INSERT INTO jobs (${JOB_COLUMNS.join(', ')})

@@ -2,9 +2,10 @@
  * Row shapes returned by the store, and the mapping from raw rows (snake_case) to the camelCase
  * types Drizzle infers from the schema.
  */
-import type { AttemptRow, JobRow } from './schema.js';
+import type { JobRow } from './schema.js';
 import type { JobStatus } from '../domain/statuses.js';
 import type { CurrentState } from '../domain/outcomes.js';
+import { run, statement, type Queryable } from './sql.js';
 
 /**
  * A job as the store returns it: the `jobs` row, and its `error`: the newest error one of its
@@ -33,6 +34,18 @@ export type JobSummary = Pick<Job, 'id' | 'queue' | 'status' | 'attemptNo' | 'cu
  */
 export const jobColumns = (alias: string) => `${alias}.*, job_error(${alias}.id, ${alias}.status) AS error`;
 
+// By primary key, in whichever partition of jobs holds the row (jobs_live, or its day's).
+const jobByIdSql = statement('jobById', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
+
+/**
+ * The job's row as stored now, with its error (`jobColumns`), or undefined when there is no such
+ * job: what a zero-row transition reads to say why (the job's state, a repeat's stored answer).
+ */
+export async function jobRowById(db: Queryable, jobId: string): Promise<Record<string, unknown> | undefined> {
+  const [row] = await run<Record<string, unknown>>(db, jobByIdSql, [jobId]);
+  return row;
+}
+
 const camel = (k: string) => k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 const camelCache = new Map<string, string>();
 
@@ -48,7 +61,9 @@ export function camelRow<T>(row: Record<string, unknown>): T {
 }
 
 export const toJob = (row: Record<string, unknown>): Job => camelRow<Job>(row);
-export const toAttempt = (row: Record<string, unknown>): AttemptRow => camelRow<AttemptRow>(row);
+
+/** A row without the `notified` column (the count of the NOTIFYs its statement sent). */
+export const withoutNotified = ({ notified: _, ...row }: Record<string, unknown>): Record<string, unknown> => row;
 
 /** A summary from the columns the batched statements return (times as epoch milliseconds). */
 export function toSummary(r: {

@@ -34,7 +34,7 @@ export async function run<R extends pg.QueryResultRow>(
     // On the pool a statement is a transaction of its own, rolled back whole when PostgreSQL ends
     // it as the victim of a deadlock: it runs once more, as if for the first time. Seen once in a
     // benchmark drain: a lease renewal against a transition locking some of the same jobs_live
-    // rows in another order (attempts.ts, `batchFence`). Inside a transaction the caller decides.
+    // rows in another order (batch.ts, `batchFence`). Inside a transaction the caller decides.
     if (db instanceof pg.Pool && isDeadlock(err)) {
       try {
         return (await db.query<R>(query)).rows;

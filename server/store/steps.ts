@@ -7,10 +7,11 @@
  */
 import { conflict, duplicate, forbidden, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas } from '../domain/validation.js';
-import { attemptWhere, reportStale } from './attempts.js';
+import { attemptWhere } from './explain.js';
 import { currentOf } from './rows.js';
 import type { JobStatus } from '../domain/statuses.js';
 import { run, statement, type Queryable } from './sql.js';
+import { reportStale } from './stale-reports.js';
 
 interface StepRef {
   attemptId: string;

@@ -1,0 +1,176 @@
+/**
+ * Enqueue: a new job, `queued` (or, with a hand-off, claimed at once for a free slot of the
+ * caller's coordinator). One statement; the row it inserts is the enqueue's record. With an
+ * idempotency key, the same key, queue and payload return the existing job.
+ */
+import { conflict, duplicate, invalid, ok, type Outcome } from '../domain/outcomes.js';
+import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
+import { JOBS_CHANNEL } from './notify.js';
+import { currentOf, jobColumns, toJob, withoutNotified, type Job } from './rows.js';
+import { run, statement, type Queryable } from './sql.js';
+
+export interface EnqueueParams {
+  queue: string;
+  /** A JSON object, at most `limits.payloadBytes` serialized. */
+  payload: unknown;
+  /** Higher runs first; default 0. */
+  priority?: number;
+  /** Not before this time; default now. */
+  runAt?: Date;
+  /** Started attempts before the job is dead-lettered; default 5. */
+  maxAttempts?: number;
+  /** The same key with the same queue and payload returns the existing job; another payload is `conflict`. */
+  idempotencyKey?: string;
+  /** A running attempt past this is revoked and failed as retryable. */
+  executionTimeoutMs?: number;
+  /** Only agents carrying all these labels are given the job. */
+  labels?: Record<string, string>;
+  /**
+   * An http(s) URL that receives one signed notification when the job ends. Not part of the
+   * idempotency comparison: a duplicate enqueue keeps the first call's URL.
+   */
+  notifyUrl?: string;
+  /**
+   * A header every delivery to `notifyUrl` carries (a receiver checking a header instead of the
+   * signature). Kept in `notify_headers`, never read back by any read of the job. Needs `notifyUrl`.
+   */
+  notifyHeader?: { name: string; value: string };
+  /**
+   * A free slot of an agent on the caller's coordinator (the dispatcher's `reserve`): the job is
+   * claimed for it by the enqueue itself when nothing comes before it (see the statement).
+   */
+  handOff?: { agentId: string; agentLabels: Record<string, string>; attemptId: string; claimTtlMs: number };
+  /**
+   * Whether the statement itself NOTIFYs the dispatchers when the job is queued and due
+   * (default). A caller that wakes them after the commit instead (`QueueWaker`: the gateway)
+   * passes false, so that enqueues do not commit one at a time on PostgreSQL's NOTIFY lock.
+   */
+  notify?: boolean;
+  now?: Date;
+}
+
+export const DEFAULT_MAX_ATTEMPTS = 5;
+
+// The row is the enqueue's record: what was asked for stays in its columns, the time in
+// created_at. Nothing else is written.
+//
+// With a hand-off ($11–$14: an agent with a free slot on the caller's coordinator, its labels,
+// a fresh attempt id and the claim TTL), the job is inserted already claimed for that agent (the
+// claim and its attempt as jobClaim makes them) when it could have been claimed for it right
+// away: due now, its labels carried by the agent, and no due queued job in the queue that the
+// agent could take would come before it (priority, then age: the job is the newest). That
+// check reads jobs_claim_idx from the front of the queue and stops at the first match. Then no
+// NOTIFY is sent: the job is not waiting. Nor when $15 is false: the caller wakes the
+// dispatchers after the commit (see `jobsNotify`).
+const enqueueSql = statement(
+  'jobEnqueue',
+  `WITH h AS MATERIALIZED (
+     SELECT $12::text IS NOT NULL
+       AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
+       AND $9::jsonb <@ $13::jsonb
+       AND NOT EXISTS (
+         SELECT 1 FROM jobs_live q
+         WHERE q.current_attempt_id IS NULL AND q.finished_at IS NULL AND q.queue = $1 AND q.priority >= $3
+           AND q.run_at <= coalesce($8::timestamptz, now()) AND (q.labels = '{}'::jsonb OR q.labels <@ $13::jsonb)
+       ) AS yes
+   ), i AS MATERIALIZED (
+     SELECT job_id_v7() AS id
+   ), k AS (
+     -- The key taken for this job, unless another job holds it (then no job is inserted).
+     INSERT INTO job_keys (key, job_id) SELECT $6, i.id FROM i WHERE $6::text IS NOT NULL
+     ON CONFLICT (key) DO NOTHING
+     RETURNING job_id
+   ), n AS (
+     INSERT INTO jobs_live (id, queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
+                       labels, notify_url, created_at, updated_at,
+                       status, attempt_no, current_attempt_id, agent_id, claimed_at, claim_deadline, lease_expires_at)
+     SELECT i.id, $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
+            coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
+            CASE WHEN h.yes THEN 'claimed' ELSE 'queued' END::job_status, CASE WHEN h.yes THEN 1 ELSE 0 END,
+            CASE WHEN h.yes THEN $11::uuid END, CASE WHEN h.yes THEN $12::text END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END,
+            CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END
+     FROM h, i
+     WHERE $6::text IS NULL OR EXISTS (SELECT 1 FROM k)
+     RETURNING *
+   ), nh AS (
+     INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $16, $17 FROM n WHERE $16::text IS NOT NULL
+   )
+   -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
+   SELECT n.*, NULL::jsonb AS error,
+     (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE $15::boolean AND n.status = 'queued' AND n.run_at <= now()) AS notified
+   FROM n`,
+);
+
+// Runs after the key's ON CONFLICT DO NOTHING inserted nothing: a new snapshot, so it sees the
+// competing insert that made it skip (READ COMMITTED). The job is looked up by id in every
+// partition of jobs (live or moved to its day). `k_job_id` without a job: a key left behind.
+const byKeySql = statement(
+  'jobByIdempotencyKey',
+  `SELECT ${jobColumns('j')}, (j.queue = $2 AND j.payload = $3::jsonb) AS same, k.job_id AS k_job_id
+   FROM job_keys k LEFT JOIN jobs j ON j.id = k.job_id WHERE k.key = $1`,
+);
+
+// A key whose job is gone (deleted behind the store's back): freed, so the enqueue can take it.
+const keyFreeSql = statement('jobKeyFree', `DELETE FROM job_keys k WHERE k.key = $1 AND k.job_id = $2 AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = $2)`);
+
+/**
+ * Adds a job in `queued`. With an idempotency key: `ok` for a new job, `duplicate` with the
+ * existing job for the same queue and payload, `conflict` for another one.
+ */
+export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outcome<Job>> {
+  const bad = checkAll(
+    valid.queue(p.queue) ? undefined : check('queue', schemas.queue, p.queue),
+    p.priority === undefined ? undefined : check('priority', schemas.priority, p.priority),
+    p.maxAttempts === undefined ? undefined : check('maxAttempts', schemas.maxAttempts, p.maxAttempts),
+    p.runAt === undefined ? undefined : check('runAt', schemas.date, p.runAt),
+    p.idempotencyKey === undefined ? undefined : check('idempotencyKey', schemas.idempotencyKey, p.idempotencyKey),
+    p.executionTimeoutMs === undefined
+      ? undefined
+      : check('executionTimeoutMs', schemas.executionTimeoutMs, p.executionTimeoutMs),
+    p.labels === undefined ? undefined : check('labels', schemas.labels, p.labels),
+    p.notifyUrl === undefined ? undefined : check('notifyUrl', schemas.url, p.notifyUrl),
+    p.notifyHeader === undefined ? undefined : check('notifyHeader', schemas.notifyHeader, p.notifyHeader),
+    p.notifyHeader !== undefined && p.notifyUrl === undefined ? invalid('notifyHeader', 'needs notifyUrl: it is sent with the deliveries to it') : undefined,
+  );
+  if (bad) return bad;
+  const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
+  if ('failure' in payload) return payload.failure;
+
+  const rows = await run(db, enqueueSql, [
+    p.queue,
+    payload.json,
+    p.priority ?? 0,
+    p.runAt ?? null,
+    p.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
+    p.idempotencyKey ?? null,
+    p.executionTimeoutMs ?? null,
+    p.now ?? null,
+    JSON.stringify(p.labels ?? {}),
+    p.notifyUrl ?? null,
+    p.handOff?.attemptId ?? null,
+    p.handOff?.agentId ?? null,
+    JSON.stringify(p.handOff?.agentLabels ?? {}),
+    p.handOff?.claimTtlMs ?? null,
+    p.notify ?? true,
+    p.notifyHeader?.name ?? null,
+    p.notifyHeader?.value ?? null,
+  ]);
+  if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
+
+  const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
+    p.idempotencyKey,
+    p.queue,
+    payload.json,
+  ]);
+  // The conflicting job was purged between the two statements: the key is free again.
+  if (!existing) return jobEnqueue(db, p);
+  const { same, k_job_id, ...row } = existing;
+  if (row.id === null) {
+    await run(db, keyFreeSql, [p.idempotencyKey, k_job_id]);
+    return jobEnqueue(db, p);
+  }
+  if (same) return duplicate(toJob(row));
+  return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
+}

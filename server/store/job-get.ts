@@ -1,0 +1,138 @@
+/**
+ * One job as operators read it (JobService and AdminService GetJob): its row, its attempts
+ * (ended, from `attempt_log`, and the live one from its row), its history as a list of
+ * transitions, its steps and its stale reports, from one read-only snapshot.
+ */
+import { asc, desc, eq } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import type pg from 'pg';
+import { notFound, ok, type Outcome } from '../domain/outcomes.js';
+import type { EventKind, JobStatus } from '../domain/statuses.js';
+import { check, schemas } from '../domain/validation.js';
+import { camelRow, jobRowById, toJob, type Job } from './rows.js';
+import { jobEvents, staleReports, steps, type AttemptRow, type JobEventRow, type StaleReportRow, type StepRow } from './schema.js';
+import { withTransaction, type Queryable } from './sql.js';
+
+/**
+ * An attempt as operators see it: ended (a row of `attempt_log`: its `attempts` row, or for a
+ * success its job's row, `seq` NULL) or live (from its job's row, `endedAt` NULL).
+ */
+export type AttemptView = Omit<AttemptRow, 'endedAt' | 'jobStatus' | 'seq' | 'jobCreatedAt'> & { endedAt: Date | null; jobStatus: JobStatus | null; seq: number | null };
+
+/** A job with everything that happened to it. */
+export interface JobDetail {
+  job: Job;
+  /** Oldest first; the live attempt, if the job is held, last. */
+  attempts: AttemptView[];
+  events: JobEventRow[];
+  steps: StepRow[];
+  staleReports: StaleReportRow[];
+}
+
+/** The live attempt a held job's row holds, as an attempt. */
+export function liveAttempt(job: Job): AttemptView | undefined {
+  if (!job.currentAttemptId || (job.status !== 'claimed' && job.status !== 'running')) return undefined;
+  return {
+    id: job.currentAttemptId,
+    jobId: job.id,
+    attemptNo: job.attemptNo,
+    agentId: job.agentId ?? '',
+    status: job.status,
+    claimedAt: job.claimedAt ?? job.updatedAt,
+    claimDeadline: job.claimDeadline ?? job.updatedAt,
+    startedAt: job.startedAt,
+    endedAt: null,
+    suspectSince: job.suspectSince,
+    error: null,
+    retryable: null,
+    jobStatus: null,
+    runAt: null,
+    seq: null,
+  };
+}
+
+/** What an attempt's end was, as a transition of its job. */
+function endKind(a: AttemptView): EventKind {
+  if (a.jobStatus === 'dead') return 'dead';
+  switch (a.status) {
+    case 'succeeded':
+      return 'completed';
+    case 'failed':
+      return a.jobStatus === 'queued' ? 'retry_scheduled' : 'failed';
+    default:
+      return a.status as EventKind;
+  }
+}
+
+/**
+ * A job's transitions in order, as operators read them (GetJob's `events`), from its history:
+ * the enqueue (its row), each attempt's claim, start and end (the attempt), and the stored
+ * events (requeues, cancels of queued jobs). `id` is the position in this list.
+ */
+export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEventRow[]): JobEventRow[] {
+  type Entry = Omit<JobEventRow, 'id'>;
+  const out: Entry[] = [{ jobId: job.id, attemptId: null, kind: 'enqueued', at: job.createdAt, data: { status: 'queued' } }];
+  // Ended attempts and stored events in the order they happened (one sequence numbers both; a
+  // success kept on its job's row has none and is the job's last transition), then the live
+  // attempt.
+  const ordered: Array<{ seq: number; a?: AttemptView; e?: JobEventRow }> = [
+    ...attemptsOf.filter((a) => a.endedAt !== null).map((a) => ({ seq: a.seq ?? Number.MAX_SAFE_INTEGER, a })),
+    ...events.map((e) => ({ seq: e.id, e })),
+  ].sort((x, y) => x.seq - y.seq);
+  const live = attemptsOf.find((a) => a.endedAt === null);
+  if (live) ordered.push({ seq: Infinity, a: live });
+  for (const { a, e } of ordered) {
+    if (e) {
+      const { id: _, ...rest } = e;
+      out.push(rest);
+      continue;
+    }
+    out.push({
+      jobId: job.id,
+      attemptId: a!.id,
+      kind: 'claimed',
+      at: a!.claimedAt,
+      data: { status: 'claimed', attempt_no: a!.attemptNo, agent_id: a!.agentId, claim_deadline: a!.claimDeadline },
+    });
+    if (a!.startedAt) out.push({ jobId: job.id, attemptId: a!.id, kind: 'started', at: a!.startedAt, data: { status: 'running' } });
+    if (a!.endedAt && a!.jobStatus) {
+      out.push({
+        jobId: job.id,
+        attemptId: a!.id,
+        kind: endKind(a!),
+        at: a!.endedAt,
+        data: { status: a!.jobStatus, ...(a!.error ? { error: a!.error } : {}), ...(a!.runAt ? { run_at: a!.runAt } : {}) },
+      });
+    }
+  }
+  return out.map((e, i) => ({ id: i + 1, ...e }));
+}
+
+/** One job with its attempts, history, steps and stale reports, read from one snapshot. */
+export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outcome<JobDetail>> {
+  const bad = check('jobId', schemas.id, p.jobId);
+  if (bad) return bad;
+  const read = async (tx: pg.PoolClient | pg.Client) => {
+    const row = await jobRowById(tx, p.jobId);
+    if (!row) return notFound(`job ${p.jobId} not found`);
+    const d = drizzle(tx);
+    const job = toJob(row);
+    const live = liveAttempt(job);
+    const ended = (await tx.query(`SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [p.jobId])).rows.map((r) =>
+      camelRow<AttemptView>(r),
+    );
+    const all = live ? [...ended, live] : ended;
+    return ok<JobDetail>({
+      job,
+      attempts: all,
+      events: jobHistory(job, all, await d.select().from(jobEvents).where(eq(jobEvents.jobId, p.jobId)).orderBy(asc(jobEvents.id))),
+      steps: await d.select().from(steps).where(eq(steps.jobId, p.jobId)).orderBy(asc(steps.startedAt)),
+      staleReports: await d
+        .select()
+        .from(staleReports)
+        .where(eq(staleReports.jobId, p.jobId))
+        .orderBy(desc(staleReports.id)),
+    });
+  };
+  return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY' });
+}
