@@ -7,7 +7,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator } from './helpers/coordinator.js';
 import { rpc } from './helpers/http.js';
 import { grpc, RawAgent, rawClient, toStruct, unary } from './helpers/raw-agent.js';
 
@@ -80,7 +80,7 @@ describe('access', () => {
     const end = await a.ended;
     expect(end.code).toBe(grpc.status.UNAUTHENTICATED);
     expect(Date.now() - t0).toBeLessThan(2000);
-    await waitFor('session gone', () => ![...lh.c.hub.sessions].some((s) => s.agentId === 'acc-revoked'));
+    await until(lh, 'session gone', () => ![...lh.c.hub.sessions].some((s) => s.agentId === 'acc-revoked'));
 
     const again = agent(`127.0.0.1:${lh.port}`, { agentId: 'acc-revoked', token, queues: ['acc-r'], slots: 1 });
     expect((await again.ended).code).toBe(grpc.status.UNAUTHENTICATED);

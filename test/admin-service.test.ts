@@ -12,7 +12,7 @@ import { Purger } from '../server/core/purger.js';
 import { jobEnqueue, keyCreate } from '../server/store/index.js';
 import { JOB_REFERENCES } from '../server/store/schema.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator } from './helpers/coordinator.js';
 import { makeJob } from './helpers/factories.js';
 import { rpc } from './helpers/http.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -77,9 +77,9 @@ describe('jobs', () => {
     const job = await enqueue('adm-run', { n: 1 });
     const c = (await a.next('assign')).assign.jobs[0];
     a.send({ started: { attemptIds: [c.attemptId] } });
-    await waitFor('running', async () => (await ok('GetJob', { jobId: job.id })).job.status === 'JOB_STATUS_RUNNING');
+    await until(lh, 'running', async () => (await ok('GetJob', { jobId: job.id })).job.status === 'JOB_STATUS_RUNNING');
     a.send({ heartbeat: { progress: [] } });
-    const d = await waitFor('a heartbeat', async () => {
+    const d = await until(lh, 'a heartbeat', async () => {
       const g = await ok('GetJob', { jobId: job.id });
       return g.heartbeatAt ? g : undefined;
     });
@@ -176,7 +176,7 @@ describe('agents and keys', () => {
     const job = await enqueue('adm-agents');
     const c = (await a.next('assign')).assign.jobs[0];
     a.send({ started: { attemptIds: [c.attemptId] } });
-    const online = await waitFor('the stream registered with its attempt running', async () => {
+    const online = await until(lh, 'the stream registered with its attempt running', async () => {
       const r = (await ok('ListAgents', { agentId: 'adm-lister' })).agents[0];
       return r?.sessions.length === 1 && r.attempts[0]?.status === 'ATTEMPT_STATUS_RUNNING' ? r : undefined;
     });
@@ -192,7 +192,7 @@ describe('agents and keys', () => {
     const closed = new Promise((r) => lh.c.hub.once('session:close', r));
     a.close();
     await closed;
-    const lost = await waitFor('the stream gone and the attempt suspect', async () => {
+    const lost = await until(lh, 'the stream gone and the attempt suspect', async () => {
       const r = (await ok('ListAgents', { agentId: 'adm-lister' })).agents[0];
       return r?.sessions.length === 0 && r.suspect === 1 ? r : undefined;
     });
@@ -207,7 +207,7 @@ describe('agents and keys', () => {
     const a = RawAgent.open(`127.0.0.1:${lh.port}`, { agentId: 'adm-drained', token: made.token, queues: ['adm-drain'], slots: 1 });
     open.push(a);
     await a.next('welcome');
-    await waitFor('registered', async () => (await ok('ListAgents', { agentId: 'adm-drained' })).agents[0]?.sessions.length === 1);
+    await until(lh, 'registered', async () => (await ok('ListAgents', { agentId: 'adm-drained' })).agents[0]?.sessions.length === 1);
 
     expect(await ok('DrainAgent', { agentId: 'adm-drained' })).toEqual({ sessions: 1 });
     await a.next('drain');
@@ -224,7 +224,7 @@ describe('agents and keys', () => {
     expect((await a.ended).code).toBe(16); // UNAUTHENTICATED
     // Listed while its session row is there (the stream's end is written after it is sent); then
     // only with includeRevoked.
-    await waitFor('its session row gone', async () => (await t.pool.query(`SELECT 1 FROM agent_sessions WHERE agent_id = 'adm-drained'`)).rowCount === 0);
+    await until(lh, 'its session row gone', async () => (await t.pool.query(`SELECT 1 FROM agent_sessions WHERE agent_id = 'adm-drained'`)).rowCount === 0);
     expect((await ok('ListAgents', {})).agents.map((x: any) => x.agentId)).not.toContain('adm-drained');
     expect((await ok('ListAgents', { includeRevoked: true })).agents.map((x: any) => x.agentId)).toContain('adm-drained');
   });

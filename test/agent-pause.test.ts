@@ -14,7 +14,7 @@ import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
 import { createAgent, readOutbox, type Agent } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-process.js';
-import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { handleWithSteps, startSink, type Sink } from './helpers/sink.js';
@@ -77,7 +77,7 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
   inproc.push(rescuer);
   handleWithSteps(rescuer, 'pause', s, 'rescuer');
   await rescuer.start();
-  await waitFor('finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
+  await until(lh, 'finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
 
   // It wakes: its handler is aborted (its deadline passed while it slept; the coordinator revokes
   // it too), its next step is refused, its report is refused and kept aside.
@@ -132,7 +132,7 @@ it('frozen while its step is being reserved: the reservation answered meanwhile 
   inproc.push(rescuer);
   handleWithSteps(rescuer, 'reserve', s, 'rescuer');
   await rescuer.start();
-  await waitFor('finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
+  await until(lh, 'finished by the rescuer', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
   expect(s.applies.get(`${job.id}:email`)).toBe(1);
 
   // It wakes with the reservation's answer in its socket: the step stops before the effect.

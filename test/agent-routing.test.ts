@@ -15,7 +15,7 @@ import { AgentHub } from '../server/core/agent-hub.js';
 import { jobEnqueue } from '../server/store/index.js';
 import { listenGrpc } from '../server/transport/server.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator } from './helpers/coordinator.js';
 import { grpc, rawClient, RawAgent, unary } from './helpers/raw-agent.js';
 
 const run = promisify(execFile);
@@ -59,14 +59,14 @@ describe('routing', () => {
       a.send({ started: { attemptIds: [c.attemptId] } });
       agents.push(a);
     }
-    await waitFor('all running', async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE status = 'running' AND queue LIKE 'hb%'`)).rows[0].n === n);
+    await until(lh, 'all running', async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE status = 'running' AND queue LIKE 'hb%'`)).rows[0].n === n);
     const ticks: Array<{ renewed: number }> = [];
     const onTick = (x: { renewed: number }) => ticks.push(x);
     lh.c.hub.on('lease:tick', onTick);
     try {
       // Each agent heartbeats once; the hub flushes them together on its next tick.
       for (const a of agents) a.send({ heartbeat: { progress: [] } });
-      await waitFor('a tick with every lease', () => ticks.some((x) => x.renewed === n), 5000);
+      await until(lh, 'a tick with every lease', () => ticks.some((x) => x.renewed === n), 5000);
     } finally {
       lh.c.hub.off('lease:tick', onTick);
     }

@@ -5,7 +5,7 @@
  */
 import { expect, it } from 'vitest';
 import { useTestDb } from './helpers/db.js';
-import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { makeQueuedJobs } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { RawAgent, toStruct } from './helpers/raw-agent.js';
@@ -61,12 +61,14 @@ it(`${AGENTS} agents × ${SLOTS} slots drain ${JOBS} jobs: within their slots, e
         }
       });
     }
-    await waitFor(
+    await until(
+      lh,
       'every job done',
       async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE status = 'succeeded'`)).rows[0].n === JOBS,
       60_000,
     );
-    // Acks follow the commit on the stream: the last ones may still be on their way.
+    // Acks follow the commit on the stream: the last ones may still be on their way (what the
+    // agents received is theirs to know, so this polls).
     await waitFor('every ack received', () => stats.reduce((n, s) => n + s.done, 0) >= JOBS, 10_000);
   } finally {
     sampling = false;

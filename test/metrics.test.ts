@@ -8,7 +8,7 @@
 import { describe, expect, it } from 'vitest';
 import { jobEnqueue, keyCreate, signingSecretGet } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator } from './helpers/coordinator.js';
 import { rpc, startReceiver } from './helpers/http.js';
 import { RawAgent, toStruct } from './helpers/raw-agent.js';
 
@@ -83,7 +83,7 @@ describe('/metrics', () => {
       c.release();
     }
     // Its next look (every second) sees them.
-    const after = await waitFor('a VACUUM counted', async () => {
+    const after = await until(lh, 'a VACUUM counted', async () => {
       const m = await scrape();
       return m.get('leasehold_live_vacuums_total') > before.get('leasehold_live_vacuums_total') ? m : undefined;
     });
@@ -133,7 +133,7 @@ describe('/metrics', () => {
       expect(failed.status).toBe(200);
 
       await receiver.waitFor('the notification', (r) => r.events.size >= 1);
-      const after = await waitFor('the delivery counted', async () => {
+      const after = await until(lh, 'the delivery counted', async () => {
         const m = await scrape();
         return m.get('leasehold_webhook_sends_total', { result: 'delivered' }) > before.get('leasehold_webhook_sends_total', { result: 'delivered' }) ? m : undefined;
       });

@@ -15,7 +15,7 @@ import { createAgent, type Agent } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import type { AgentInput } from '../server/core/agent-hub.js';
 import { useTestDb } from './helpers/db.js';
-import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { until, useCoordinator } from './helpers/coordinator.js';
 import { grpc, services } from './helpers/raw-agent.js';
 
 const t = useTestDb();
@@ -59,7 +59,7 @@ describe('credit with reports', () => {
       if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
       ids.push(o.value.id);
     }
-    await waitFor('all five done', async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE id = ANY($1) AND status = 'succeeded'`, [ids])).rows[0].n === 5);
+    await until(lh, 'all five done', async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE id = ANY($1) AND status = 'succeeded'`, [ids])).rows[0].n === 5);
     expect(seen.filter((m) => m.type === 'credit')).toEqual([]);
     const carried = seen.flatMap((m) => (m.type === 'completed' ? [m.credit ?? 0] : []));
     expect(carried.reduce((a, b) => a + b, 0)).toBe(5);

@@ -106,6 +106,7 @@ function changeEvents(c: Coordinator): Array<[EventEmitter, string]> {
     ...of(c.deliverer as EventEmitter, ['webhook:run', 'webhook:sent']),
     ...of(c.counts as EventEmitter, ['counts:run']),
     ...of(c.purger as EventEmitter | undefined, ['purger:run']),
+    ...of(c.vacuumer as EventEmitter | undefined, ['vacuumer:run']),
   ];
 }
 
