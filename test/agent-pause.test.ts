@@ -84,7 +84,7 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
   process.kill(frozen.child.pid!, 'SIGCONT');
   const woke = await frozen.waitFor((l) => l.msg === 'woke between steps');
   expect(woke).toMatchObject({ attemptId: first, aborted: true });
-  await frozen.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded' && l.attemptId === first);
+  await frozen.waitFor((l) => l.setAside === 'superseded' && l.attemptId === first);
   const left = await readOutbox(outbox);
   expect(left.pending).toEqual([]);
   expect(left.superseded).toEqual([expect.objectContaining({ attemptId: first, reason: 'STALE' })]);
@@ -143,7 +143,7 @@ it('frozen while its step is being reserved: the reservation answered meanwhile 
   const aborted = frozen.lines.filter((l) => l.msg === 'attempt aborted' && l.attemptId === first);
   expect(aborted).toHaveLength(1);
   expect(aborted[0]!.time).toBeGreaterThan(stoppedAt);
-  await frozen.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded' && l.attemptId === first);
+  await frozen.waitFor((l) => l.setAside === 'superseded' && l.attemptId === first);
   expect(s.applies.get(`${job.id}:charge`)).toBe(1);
   expect(s.applies.get(`${job.id}:email`)).toBe(1);
   await checkInvariants(t.pool);

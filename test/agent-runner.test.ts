@@ -34,7 +34,8 @@ let work: string;
 interface Runner {
   child: ChildProcess;
   lines: Array<Record<string, unknown>>;
-  waitFor(msg: string | RegExp, ms?: number): Promise<Record<string, unknown>>;
+  /** The first line (now or to come) whose `msg` is `what`, or matches it. */
+  waitFor(what: string | RegExp | ((l: Record<string, unknown>) => boolean), ms?: number): Promise<Record<string, unknown>>;
   exited: Promise<number | null>;
 }
 
@@ -42,12 +43,16 @@ function startRunner(configFile: string): Runner {
   const child = spawn(process.execPath, [bin, '--config', configFile], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
   const lines: Array<Record<string, unknown>> = [];
+  const watchers = new Set<(l: Record<string, unknown>) => void>();
   const onLine = (text: string) => {
+    let line: Record<string, unknown>;
     try {
-      lines.push(JSON.parse(text) as Record<string, unknown>);
+      line = JSON.parse(text) as Record<string, unknown>;
     } catch {
-      lines.push({ msg: text });
+      line = { msg: text };
     }
+    lines.push(line);
+    for (const w of watchers) w(line);
   };
   createInterface({ input: child.stdout! }).on('line', onLine);
   createInterface({ input: child.stderr! }).on('line', onLine);
@@ -56,8 +61,17 @@ function startRunner(configFile: string): Runner {
     child,
     lines,
     exited,
-    waitFor: (msg, ms = 20_000) =>
-      waitFor(`runner log ${String(msg)}`, () => lines.find((l) => (typeof msg === 'string' ? l.msg === msg : msg.test(String(l.msg)))), ms),
+    waitFor: (what, ms = 20_000) => {
+      const match = typeof what === 'function' ? what : (l: Record<string, unknown>) => (typeof what === 'string' ? l.msg === what : what.test(String(l.msg)));
+      const seen = lines.find(match);
+      if (seen) return Promise.resolve(seen);
+      return new Promise((resolve, reject) => {
+        const done = () => (clearTimeout(timer), watchers.delete(watch));
+        const watch = (l: Record<string, unknown>) => void (match(l) && (done(), resolve(l)));
+        const timer = setTimeout(() => (done(), reject(new Error(`timed out after ${ms} ms waiting for the runner's log line ${String(what)}`))), ms);
+        watchers.add(watch);
+      });
+    },
   };
 }
 
@@ -165,7 +179,7 @@ describe('leasehold-agent', () => {
     const client = rawClient('JobService', `127.0.0.1:${lh.port}`);
     await unary(client, 'cancelJob', { jobId: j.id }, ADMIN_KEY).finally(() => client.close());
     await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
-    await r.waitFor('report refused as stale: the attempt was superseded; kept aside as superseded');
+    await r.waitFor((l) => l.setAside === 'superseded');
     expect((await job(j.id)).status).toBe('canceled');
   });
 

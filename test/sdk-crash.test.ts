@@ -83,7 +83,7 @@ describe('an agent killed with SIGKILL', () => {
 
     // The first agent comes back with the same outbox and replays its result.
     const again = agentProcess({ ...env, LH_URL: lh.url });
-    const refused = await again.waitFor((l) => l.msg === 'report refused as stale: the attempt was superseded; kept aside as superseded');
+    const refused = await again.waitFor((l) => l.setAside === 'superseded');
     expect(refused.attemptId).toBe(attemptId);
     const left = await readOutbox(outbox);
     expect(left.superseded).toEqual([expect.objectContaining({ attemptId, reason: 'STALE' })]);

@@ -43,7 +43,13 @@ export class Acks {
         case Outcome.STALE:
           await outbox.supersede(id, outcome);
           log.warn(
-            { attemptId: id, current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId }, message: item.message },
+            {
+              attemptId: id,
+              outcome,
+              setAside: 'superseded',
+              current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId },
+              message: item.message,
+            },
             'report refused as stale: the attempt was superseded; kept aside as superseded',
           );
           break;

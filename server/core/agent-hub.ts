@@ -234,7 +234,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.sessions.delete(s);
     const held = [...s.held.keys()];
     if (held.length && (why.paused || this.watch.stalled())) {
-      this.log.warn({ agentId: s.agentId, sessionId: s.id, held }, 'agent stream ended after a pause of this coordinator: its attempts are left as they are');
+      this.log.warn({ agentId: s.agentId, sessionId: s.id, held, paused: true }, 'agent stream ended after a pause of this coordinator: its attempts are left as they are');
     } else if (held.length) {
       const r = await attemptsMarkSuspect(this.db, { attemptIds: held }).catch((err: unknown) => {
         this.log.warn({ err, agentId: s.agentId }, 'could not mark attempts suspect');
