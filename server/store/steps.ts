@@ -33,18 +33,21 @@ export type StepReservation =
    */
   | { state: 'unknown'; previousAttemptId: string; reservations: number };
 
-// The fence: FOR SHARE on the job row of the current, running attempt $1 of agent $2. It blocks
-// a concurrent transition of the job (which takes FOR UPDATE) until this statement commits, and
-// a transition that committed first makes the fence match nothing. A reservation by another
-// attempt that never recorded is taken over (`previous_attempt_id` remembers whose it was).
-const reserveSql = statement(
-  'stepReserve',
-  `WITH f AS (
+// The fence: FOR SHARE on the job row of the current, running attempt $1 of agent $2 (and job $3
+// when given). It blocks a concurrent transition of the job (which takes FOR UPDATE) until the
+// statement commits, and a transition that committed first makes the fence match nothing.
+const stepFence = `WITH f AS (
      SELECT id FROM jobs_live
      WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'running' AND ($3::uuid IS NULL OR id = $3)
      FOR SHARE
    )
-   INSERT INTO steps AS s (job_id, step, status, attempt_id, started_at)
+`;
+
+// A reservation by another attempt that never recorded is taken over (`previous_attempt_id`
+// remembers whose it was).
+const reserveSql = statement(
+  'stepReserve',
+  `${stepFence}   INSERT INTO steps AS s (job_id, step, status, attempt_id, started_at)
    SELECT f.id, $4, 'started', $1, coalesce($5::timestamptz, now()) FROM f
    ON CONFLICT (job_id, step) DO UPDATE SET
      previous_attempt_id = CASE WHEN s.status = 'started' AND s.attempt_id <> excluded.attempt_id
@@ -149,12 +152,7 @@ export interface StepRecordParams extends StepRef {
 // so each (job_id, step) gets at most one recorded outcome.
 const recordSql = statement(
   'stepRecord',
-  `WITH f AS (
-     SELECT id FROM jobs_live
-     WHERE current_attempt_id = $1 AND agent_id = $2 AND status = 'running' AND ($3::uuid IS NULL OR id = $3)
-     FOR SHARE
-   )
-   UPDATE steps s SET status = 'done', output = $5::jsonb, finished_at = coalesce($6::timestamptz, now())
+  `${stepFence}   UPDATE steps s SET status = 'done', output = $5::jsonb, finished_at = coalesce($6::timestamptz, now())
    FROM f WHERE s.job_id = f.id AND s.step = $4 AND s.attempt_id = $1 AND s.status = 'started'
    RETURNING s.output`,
 );

@@ -8,6 +8,7 @@ import { Code, ConnectError, type ConnectRouter } from '@connectrpc/connect';
 import { AttemptService, ReserveStepResponse_DoneSchema, ReserveStepResponse_ReservedSchema, ReserveStepResponse_UnknownSchema } from '../../gen/leasehold/v1/attempt_service_pb.js';
 import { Outcome } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
+import type { Outcome as StoreOutcome } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import {
   attemptComplete,
@@ -17,6 +18,7 @@ import {
   jobClaim,
   stepRecord,
   stepReserve,
+  type Job,
   type Queryable,
 } from '../store/index.js';
 import { principalKey, requireAgent } from './auth.js';
@@ -40,6 +42,14 @@ const ref = (req: { jobId: string; attemptId: string }, agentId: string) => ({
 
 export function attemptRoutes(deps: AttemptRoutesDeps) {
   const { db, log } = deps;
+  /** A CompleteAttempt or FailAttempt answered: counted, a late one logged, the job returned. */
+  const answerReport = (kind: 'completed' | 'failed', attemptId: string, agentId: string, o: StoreOutcome<Job>) => {
+    deps.activity?.emit('attempt:report', { kind, attemptId, agentId, outcome: o });
+    if (o.outcome === 'stale') log.warn({ attemptId, agentId, current: o.current }, kind === 'completed' ? 'late completion rejected' : 'late failure rejected');
+    const { value, outcome } = unwrap(o);
+    if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId, attemptNo: value.attemptNo, agentId, status: value.status }, kind === 'completed' ? 'attempt completed' : 'attempt failed');
+    return { outcome, job: toPbJob(value) };
+  };
   return (router: ConnectRouter) =>
     router.service(AttemptService, {
       async claimJobs(req, ctx) {
@@ -98,22 +108,12 @@ export function attemptRoutes(deps: AttemptRoutesDeps) {
       },
       async completeAttempt(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
-        const o = await attemptComplete(db, { ...ref(req, agentId), result: req.result ?? {} });
-        deps.activity?.emit('attempt:report', { kind: 'completed', attemptId: req.attemptId, agentId, outcome: o });
-        if (o.outcome === 'stale') log.warn({ attemptId: req.attemptId, agentId, current: o.current }, 'late completion rejected');
-        const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, attemptNo: value.attemptNo, agentId, status: value.status }, 'attempt completed');
-        return { outcome, job: toPbJob(value) };
+        return answerReport('completed', req.attemptId, agentId, await attemptComplete(db, { ...ref(req, agentId), result: req.result ?? {} }));
       },
       async failAttempt(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
         const error = { message: req.error?.message ?? '', ...(req.error?.details ? { details: req.error.details } : {}) };
-        const o = await attemptFail(db, { ...ref(req, agentId), error, retryable: req.retryable });
-        deps.activity?.emit('attempt:report', { kind: 'failed', attemptId: req.attemptId, agentId, outcome: o });
-        if (o.outcome === 'stale') log.warn({ attemptId: req.attemptId, agentId, current: o.current }, 'late failure rejected');
-        const { value, outcome } = unwrap(o);
-        if (o.outcome === 'ok') log.info({ jobId: value.id, attemptId: req.attemptId, attemptNo: value.attemptNo, agentId, status: value.status }, 'attempt failed');
-        return { outcome, job: toPbJob(value) };
+        return answerReport('failed', req.attemptId, agentId, await attemptFail(db, { ...ref(req, agentId), error, retryable: req.retryable }));
       },
       async reserveStep(req, ctx) {
         const agentId = requireAgent(ctx.values.get(principalKey));
