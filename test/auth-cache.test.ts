@@ -7,13 +7,13 @@
  * that is down serves nothing from it; a revoke written in SQL without NOTIFY is refused after
  * the maximum age, whose re-verification also stamps `last_used_at`.
  */
-import { once } from 'node:events';
+import { once, type EventEmitter } from 'node:events';
 import { describe, expect, it } from 'vitest';
 import { loadConfig, ConfigError } from '../server/config.js';
 import { CredentialCache } from '../server/core/credential-cache.js';
 import { agentCreate, keyBootstrap, keyCreate, keyRevoke } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor, type TestCoordinator } from './helpers/coordinator.js';
+import { ADMIN_KEY, untilEvents, useCoordinator, waitFor, type TestCoordinator } from './helpers/coordinator.js';
 import { rpc } from './helpers/http.js';
 import { grpc, rawClient, unary } from './helpers/raw-agent.js';
 
@@ -190,7 +190,11 @@ describe('two coordinators with the default cache (60 s)', () => {
       );
       expect(rows).toEqual([{ done: true }, { done: true }]);
       await reconnected; // the disconnects
-      await waitFor('both listeners back', () => seen.filter((s) => s.reason === 'listener reconnected').length === 2);
+      await untilEvents(
+        [a, b].map((lh) => [lh.c.credentials, 'credentials:cleared'] as [EventEmitter, string]),
+        'both listeners back',
+        () => seen.filter((s) => s.reason === 'listener reconnected').length === 2,
+      );
     } finally {
       for (const off of offs) off();
     }

@@ -9,7 +9,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { QueueWaker } from '../server/core/queue-waker.js';
 import { jobEnqueue, JOBS_CHANNEL } from '../server/store/index.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, untilEvents, useCoordinator } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { rpc } from './helpers/http.js';
 
@@ -32,7 +32,7 @@ afterAll(() => listener.end());
 async function heardSoFar(): Promise<string[]> {
   const marker = `marker-${Math.random()}`;
   await t.pool.query(`SELECT pg_notify($1, $2)`, [JOBS_CHANNEL, marker]);
-  await waitFor('the marker', () => heard.includes(marker));
+  await untilEvents([[listener, 'notification']], 'the marker', () => heard.includes(marker));
   const got = heard.splice(0);
   return got.filter((q) => q !== marker);
 }

@@ -116,8 +116,17 @@ function changeEvents(c: Coordinator): Array<[EventEmitter, string]> {
  * own. Fails after `ms`. For what only another process can change, `waitFor` polls.
  */
 export function until<T>(lh: TestCoordinator, what: string, check: () => Promise<T | undefined | false> | T | undefined | false, ms = 10_000): Promise<T> {
+  return untilEvents(changeEvents(lh.c), what, check, ms);
+}
+
+/** `until` on the events named: `[emitter, event name]` pairs. */
+export function untilEvents<T>(
+  sources: Array<[EventEmitter, string]>,
+  what: string,
+  check: () => Promise<T | undefined | false> | T | undefined | false,
+  ms = 10_000,
+): Promise<T> {
   return new Promise<T>((resolve, reject) => {
-    const sources = changeEvents(lh.c);
     let running = false;
     let again = false;
     let done = false;
