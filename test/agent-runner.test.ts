@@ -15,7 +15,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { readOutbox } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { rawClient, unary } from './helpers/raw-agent.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
@@ -122,7 +122,7 @@ describe('leasehold-agent', () => {
     const r = startRunner(c.file);
     await r.waitFor('leasehold-agent serving');
     const j = await enqueue('add', { a: 2, b: 40 });
-    await waitFor('succeeded', async () => (await job(j.id)).status === 'succeeded');
+    await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded');
     const res = (await job(j.id)).result;
     expect(res.sum).toBe(42);
     expect(res.cwd).toBe(scriptDir);
@@ -138,7 +138,7 @@ describe('leasehold-agent', () => {
     startRunner(c.file);
     const flaky = await enqueue('flaky', { a: 1, b: 1, attemptToSucceed: 2 }, { maxAttempts: 3 });
     const broken = await enqueue('broken', { code: 3 }, { maxAttempts: 3 });
-    await waitFor('both ended', async () => (await job(flaky.id)).status === 'succeeded' && (await job(broken.id)).status === 'failed', 30_000);
+    await until(lh, 'both ended', async () => (await job(flaky.id)).status === 'succeeded' && (await job(broken.id)).status === 'failed', 30_000);
     expect(await job(flaky.id)).toMatchObject({ attempt_no: 2, result: { sum: 2 } });
     const b = await job(broken.id);
     expect(b.attempt_no).toBe(1);
@@ -152,7 +152,7 @@ describe('leasehold-agent', () => {
     const c = await config('runner-unspawnable', { bad: { command: [process.execPath, 'a\u0000b'] } });
     startRunner(c.file);
     const j = await enqueue('bad', {}, { maxAttempts: 5 });
-    await waitFor('failed', async () => (await job(j.id)).status === 'failed', 20_000);
+    await until(lh, 'failed', async () => (await job(j.id)).status === 'failed', 20_000);
     const b = await job(j.id);
     expect(b.attempt_no).toBe(1);
     expect(b.error.message).toMatch(/^cannot start ".*node.*": ERR_INVALID_ARG_VALUE$/);
@@ -165,7 +165,7 @@ describe('leasehold-agent', () => {
     const j = await enqueue('slow', { pidFile }, { maxAttempts: 1 });
     const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
     expect(alive(pids.child) && alive(pids.grandchild)).toBe(true);
-    await waitFor('dead-lettered', async () => (await job(j.id)).status === 'dead', 20_000);
+    await until(lh, 'dead-lettered', async () => (await job(j.id)).status === 'dead', 20_000);
     expect((await job(j.id)).error.message).toMatch(/^timed out after 1000 ms/);
     await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
   });
@@ -191,7 +191,7 @@ describe('leasehold-agent', () => {
     // attempt 2 would outlive the test when the runner is SIGKILLed after it).
     const j = await enqueue('long', { pidFile }, { maxAttempts: 1 });
     const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
-    await waitFor('running', async () => (await job(j.id)).status === 'running');
+    await until(lh, 'running', async () => (await job(j.id)).status === 'running');
     // As if the lease had run out: the reaper takes the job back and revokes the attempt.
     await lh.c.reaper.stop(); // so the run below is ours, not one already going with the real clock
     const rescued = await lh.c.reaper.runOnce(new Date(Date.now() + 3_600_000)).finally(() => lh.c.reaper.start());
@@ -207,7 +207,7 @@ describe('leasehold-agent', () => {
     const viaProxy = await writeConfig('runner-restart-proxy', { ...JSON.parse(readFileSync(c.file, 'utf8')), url: `http://127.0.0.1:${proxy.port}` });
     const first = startRunner(viaProxy);
     await first.waitFor('leasehold-agent serving');
-    await waitFor('stream up', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'runner-restart'));
+    await until(lh, 'stream up', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'runner-restart'));
     // Silence the network as soon as the job is running, so the result cannot get out.
     const j = await enqueue('add', { a: 20, b: 3 });
     await first.waitFor('command started');

@@ -22,7 +22,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
 import { HTTP_READ_MAX_BYTES } from '../server/transport/http.js';
 import { useTestDb } from './helpers/db.js';
-import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { installAgent, packAgent } from './helpers/agent-package.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { missing, request, startCaddy, startNginx, type RunningProxy, type Upstreams } from './helpers/proxies.js';
@@ -98,7 +98,7 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
   const enqueue = async (payload: Record<string, unknown>) => (await rpc('EnqueueJob', { queue, payload })).job.id;
   const getJob = async (id: string) => (await rpc('GetJob', { jobId: id })).job;
   const allSucceeded = (ids: string[]) =>
-    waitFor(`${ids.length} jobs to succeed through ${name}`, async () => {
+    until(lh, `${ids.length} jobs to succeed through ${name}`, async () => {
       const jobs = await Promise.all(ids.map(getJob));
       return jobs.every((j) => j.status === 'JOB_STATUS_SUCCEEDED') && jobs;
     }, 15_000);
@@ -180,7 +180,7 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
   const runnerJobs = async (pairs: Array<[number, number]>) => {
     const ids: string[] = [];
     for (const [a, b] of pairs) ids.push((await rpc('EnqueueJob', { queue: runnerQueue, payload: { a, b } })).job.id);
-    const jobs = await waitFor(`${ids.length} runner jobs to succeed through ${name}`, async () => {
+    const jobs = await until(lh, `${ids.length} runner jobs to succeed through ${name}`, async () => {
       const js = await Promise.all(ids.map(getJob));
       return js.every((j) => j.status === 'JOB_STATUS_SUCCEEDED') && js;
     }, 30_000);
@@ -214,7 +214,7 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
     const gate = deferred();
     const before = await enqueue({ phase: 'before' });
     held.set(before, gate);
-    await waitFor('the held job to be running', async () => (await getJob(before)).status === 'JOB_STATUS_RUNNING');
+    await until(lh, 'the held job to be running', async () => (await getJob(before)).status === 'JOB_STATUS_RUNNING');
 
     const disconnected = once(a, 'disconnected');
     // Ended by SIGTERM within systemd's 5 s, agent stream open or not: no SIGKILL needed.

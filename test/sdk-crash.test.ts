@@ -14,7 +14,7 @@ import { createAgent, readOutbox, type Agent } from '@leasehold/agent-client';
 import { jobEnqueue } from '../server/store/index.js';
 import { agentBundle, spawnAgent, type AgentProcess } from './helpers/agent-process.js';
 import { useTestDb } from './helpers/db.js';
-import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { startSink } from './helpers/sink.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
@@ -79,7 +79,7 @@ describe('an agent killed with SIGKILL', () => {
     inproc.push(other);
     other.handle('crash1', (j) => ({ n: j.payload.n, doubled: 10, by: 'rescuer' }));
     await other.start();
-    await waitFor('redone', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
+    await until(lh, 'redone', async () => (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [job.id])).rows[0].status === 'succeeded', 15_000);
 
     // The first agent comes back with the same outbox and replays its result.
     const again = agentProcess({ ...env, LH_URL: lh.url });
@@ -117,7 +117,8 @@ describe('an agent killed with SIGKILL', () => {
       else moments.beforeWrite++;
       a = agentProcess(env);
     }
-    await waitFor(
+    await until(
+      lh,
       'every job done',
       async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'crash50' AND status = 'succeeded'`)).rows[0].n === RUNS,
       120_000,
@@ -170,7 +171,8 @@ describe('steps against a downstream sink', () => {
         await current.kill();
       }
       current = agentProcess(env);
-      await waitFor(
+      await until(
+        lh,
         'all succeeded',
         async () => (await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'steps' AND status = 'succeeded'`)).rows[0].n === jobs.length,
         60_000,
