@@ -61,7 +61,7 @@ withDbFlags(
         process.exit(1);
       }
       firstAt = performance.now();
-      log.info({ signal }, 'stopping');
+      log.info({ event: 'stopping', signal }, 'stopping');
       coordinator.stop().then(resolve, (err: unknown) => {
         log.error({ err }, 'clean stop failed');
         process.exitCode = 1;

@@ -70,7 +70,7 @@ describe.skipIf(missing)(`an agent whose wall clock is stepped${missing ? ` (ski
       FAKETIME_DONT_FAKE_MONOTONIC: '1',
     });
     procs.push(p);
-    await p.waitFor((l) => l.msg === 'connected to the coordinator');
+    await p.waitFor((l) => l.event === 'connected');
     return { p, outbox, step: (offset: string) => writeFile(clockFile, `${offset}\n`) };
   }
   const enqueue = async (queue: string, payload: Record<string, unknown>) => {
@@ -97,7 +97,7 @@ describe.skipIf(missing)(`an agent whose wall clock is stepped${missing ? ` (ski
     await a.step('+0');
     await waitFor('done', async () => (await row(job.id)).status === 'succeeded', 15_000);
     expect(await row(job.id)).toMatchObject({ status: 'succeeded', attempt_no: 1 });
-    expect(a.p.lines.filter((l) => l.msg === 'attempt aborted')).toEqual([]);
+    expect(a.p.lines.filter((l) => l.event === 'attempt.aborted')).toEqual([]);
     expect(a.p.lines.find((l) => l.msg === 'woke between steps')).toMatchObject({ aborted: false });
     expect(sink.applies.get(`${job.id}:charge`)).toBe(1);
     expect(sink.applies.get(`${job.id}:email`)).toBe(1);

@@ -140,7 +140,7 @@ describe('@leasehold/agent-client installed from its tarball', () => {
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
     try {
-      await waitFor('connected', () => out.includes('connected to the coordinator'), 20_000);
+      await waitFor('connected', () => out.includes('"event":"connected"'), 20_000);
       const enqueueLine = readme.split('\n').find((l) => l.startsWith('npx buf curl'))!;
       const { stdout } = await run('bash', ['-c', enqueueLine.replaceAll('127.0.0.1:50051', `127.0.0.1:${lh.port}`)], {
         cwd: root,

@@ -63,7 +63,7 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
     LH_SINK: s.url,
   });
   procs.push(frozen);
-  await frozen.waitFor((l) => l.msg === 'connected to the coordinator');
+  await frozen.waitFor((l) => l.event === 'connected');
   // Ten seconds between its two steps: only an abort ends that wait early.
   const enq = await jobEnqueue(t.pool, { queue: 'pause', payload: { n: 7, workMs: 10_000 } });
   if (enq.outcome !== 'ok') throw new Error(JSON.stringify(enq));
@@ -114,7 +114,7 @@ it('frozen while its step is being reserved: the reservation answered meanwhile 
     LH_SINK: s.url,
   });
   procs.push(frozen);
-  await frozen.waitFor((l) => l.msg === 'connected to the coordinator');
+  await frozen.waitFor((l) => l.event === 'connected');
   const enq = await jobEnqueue(t.pool, { queue: 'reserve', payload: { n: 5, workMs: 300 } });
   if (enq.outcome !== 'ok') throw new Error(JSON.stringify(enq));
   const job = enq.value;
@@ -137,10 +137,10 @@ it('frozen while its step is being reserved: the reservation answered meanwhile 
 
   // It wakes with the reservation's answer in its socket: the step stops before the effect.
   process.kill(frozen.child.pid!, 'SIGCONT');
-  expect(await frozen.waitFor((l) => l.msg === 'handler finished' && l.attemptId === first)).toMatchObject({ kind: 'failed', aborted: true });
+  expect(await frozen.waitFor((l) => l.event === 'handler.finished' && l.attemptId === first)).toMatchObject({ kind: 'failed', aborted: true });
   // It was frozen with its attempt alive (renewals held back for less than its lease), and
   // aborted after it woke: by its deadline, not by the answer's delay.
-  const aborted = frozen.lines.filter((l) => l.msg === 'attempt aborted' && l.attemptId === first);
+  const aborted = frozen.lines.filter((l) => l.event === 'attempt.aborted' && l.attemptId === first);
   expect(aborted).toHaveLength(1);
   expect(aborted[0]!.time).toBeGreaterThan(stoppedAt);
   await frozen.waitFor((l) => l.setAside === 'superseded' && l.attemptId === first);

@@ -34,8 +34,8 @@ let work: string;
 interface Runner {
   child: ChildProcess;
   lines: Array<Record<string, unknown>>;
-  /** The first line (now or to come) whose `msg` is `what`, or matches it. */
-  waitFor(what: string | RegExp | ((l: Record<string, unknown>) => boolean), ms?: number): Promise<Record<string, unknown>>;
+  /** The first line (now or to come) that `what` accepts. */
+  waitFor(what: (l: Record<string, unknown>) => boolean, ms?: number): Promise<Record<string, unknown>>;
   exited: Promise<number | null>;
 }
 
@@ -62,13 +62,12 @@ function startRunner(configFile: string): Runner {
     lines,
     exited,
     waitFor: (what, ms = 20_000) => {
-      const match = typeof what === 'function' ? what : (l: Record<string, unknown>) => (typeof what === 'string' ? l.msg === what : what.test(String(l.msg)));
-      const seen = lines.find(match);
+      const seen = lines.find(what);
       if (seen) return Promise.resolve(seen);
       return new Promise((resolve, reject) => {
         const done = () => (clearTimeout(timer), watchers.delete(watch));
-        const watch = (l: Record<string, unknown>) => void (match(l) && (done(), resolve(l)));
-        const timer = setTimeout(() => (done(), reject(new Error(`timed out after ${ms} ms waiting for the runner's log line ${String(what)}`))), ms);
+        const watch = (l: Record<string, unknown>) => void (what(l) && (done(), resolve(l)));
+        const timer = setTimeout(() => (done(), reject(new Error(`timed out after ${ms} ms waiting for the runner's log line ${what.toString()}`))), ms);
         watchers.add(watch);
       });
     },
@@ -120,7 +119,7 @@ describe('leasehold-agent', () => {
       add: { command: [process.execPath, path.join(scriptDir, 'echo job.mjs')], cwd: scriptDir, env: { EXTRA: 'yes' } },
     });
     const r = startRunner(c.file);
-    await r.waitFor('leasehold-agent serving');
+    await r.waitFor((l) => l.event === 'serving');
     const j = await enqueue('add', { a: 2, b: 40 });
     await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded');
     const res = (await job(j.id)).result;
@@ -206,13 +205,13 @@ describe('leasehold-agent', () => {
     proxies.push(proxy);
     const viaProxy = await writeConfig('runner-restart-proxy', { ...JSON.parse(readFileSync(c.file, 'utf8')), url: `http://127.0.0.1:${proxy.port}` });
     const first = startRunner(viaProxy);
-    await first.waitFor('leasehold-agent serving');
+    await first.waitFor((l) => l.event === 'serving');
     await until(lh, 'stream up', () => [...lh.c.hub.sessions].some((s) => s.agentId === 'runner-restart'));
     // Silence the network as soon as the job is running, so the result cannot get out.
     const j = await enqueue('add', { a: 20, b: 3 });
-    await first.waitFor('command started');
+    await first.waitFor((l) => l.event === 'command.started');
     proxy.blackhole();
-    const entry = await first.waitFor('handler finished');
+    const entry = await first.waitFor((l) => l.event === 'handler.finished');
     const inOutbox = async () => (await readOutbox(c.outboxDir)).pending.some((e) => e.attemptId === entry.attemptId);
     expect(await inOutbox()).toBe(true);
     first.child.kill('SIGKILL');
@@ -220,7 +219,7 @@ describe('leasehold-agent', () => {
     expect((await job(j.id)).status).toBe('running');
 
     const second = startRunner(c.file);
-    await second.waitFor('report acknowledged');
+    await second.waitFor((l) => l.event === 'report.acknowledged');
     expect(await job(j.id)).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { sum: 23 } });
     expect(await inOutbox()).toBe(false);
     await checkInvariants(t.pool);

@@ -146,7 +146,7 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
 
       const agent = w.node(args, { cwd: work, logFile: path.join(work, `${kind}-serve.log`) });
       try {
-        await waitFor('serving', () => agent.output().includes('leasehold-agent serving'), 60_000);
+        await waitFor('serving', () => agent.output().includes('"event":"serving"'), 60_000);
         const add = await enqueue(q('add'), { a: 2, b: 40 });
         const noshell = await enqueue(q('noshell'), { a: 1, b: 1 }, 5);
         const final = await enqueue(q('exit'), { code: 3 });
@@ -181,7 +181,7 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
         // the Ctrl-C below is about draining an agent, not about one sent amid taskkill runs (once,
         // in CI, a SIGINT sent then was never seen by the agent).
         await waitFor('the canceled handler finished', () =>
-          agent.output().split('\n').some((l) => l.includes(`"jobId":"${canceled}"`) && l.includes('"msg":"handler finished"')),
+          agent.output().split('\n').some((l) => l.includes(`"jobId":"${canceled}"`) && l.includes('"event":"handler.finished"')),
         30_000);
 
         // Ctrl-C drains and exits 0.

@@ -130,7 +130,7 @@ describe('leasehold serve', () => {
       expect(await p.exited).toEqual(signal === 'SIGKILL' ? { code: null, signal: 'SIGKILL' } : { code: 0, signal: null });
       expect(postmasterPid()).toBeUndefined();
       const after = p.lines.slice(before);
-      expect(after.filter((l) => l.msg === 'stopping')).toHaveLength(1);
+      expect(after.filter((l) => l.event === 'stopping')).toHaveLength(1);
       if (signal === 'SIGKILL') expect(after.find((l) => /the process that started this one is gone/.test(String(l.msg)))).toBeDefined();
       expect(after.filter((l) => Number(l.level) >= 40)).toEqual([]);
     });
@@ -146,7 +146,7 @@ describe('leasehold serve', () => {
     await until(() => !alive(Number(ready.pid)) && !alive(pgPid), 10_000);
     // One clean stop: the signal, not the launcher's end, and no warning on the way out.
     const after = p.lines.slice(before);
-    expect(after.filter((l) => l.msg === 'stopping')).toHaveLength(1);
+    expect(after.filter((l) => l.event === 'stopping')).toHaveLength(1);
     expect(after.filter((l) => Number(l.level) >= 40)).toEqual([]);
   });
 

@@ -69,7 +69,7 @@ it('a replica frozen past the lease: its agent resumes on the other, and on waki
     LH_SINK: s.url,
   });
   procs.push(agent);
-  await agent.waitFor((l) => l.msg === 'connected to the coordinator');
+  await agent.waitFor((l) => l.event === 'connected');
   await a.waitFor(/agent connected/);
 
   // A job runs on A: its first step done, 14 s of work before the second.
@@ -83,7 +83,7 @@ it('a replica frozen past the lease: its agent resumes on the other, and on waki
   const frozenAt = performance.now();
   // The agent finds it silent and resumes the attempt on B before the lease runs out.
   await agent.waitFor((l) => l.silentMs !== undefined, 10_000);
-  await agent.waitFor((l) => l.msg === 'connected to the coordinator' && agent.lines.filter((x) => x.msg === 'connected to the coordinator').length === 2, 10_000);
+  await agent.waitFor((l) => l.event === 'connected' && agent.lines.filter((x) => x.event === 'connected').length === 2, 10_000);
   await waitFor('the attempt renewed through B', async () => {
     const r = await jobRow(job.id);
     return r.current_attempt_id === attemptId && r.status === 'running' && r.leased && r.suspect_since === null;

@@ -64,11 +64,11 @@ describe('an agent killed with SIGKILL', () => {
     proxies.push(proxy);
     const env = { LH_TOKEN: token, LH_OUTBOX: outbox, LH_QUEUE: 'crash1', LH_MODE: 'echo' };
     const a = agentProcess({ ...env, LH_URL: `http://127.0.0.1:${proxy.port}` });
-    await a.waitFor((l) => l.msg === 'connected to the coordinator');
+    await a.waitFor((l) => l.event === 'connected');
     const job = await enqueue('crash1', { n: 5, workMs: 300 });
-    const assigned = await a.waitFor((l) => l.msg === 'job assigned');
+    const assigned = await a.waitFor((l) => l.event === 'job.assigned');
     const attemptId = String(assigned.attemptId);
-    await a.waitFor((l) => l.msg === 'start confirmed; running the handler' && l.attemptId === attemptId);
+    await a.waitFor((l) => l.event === 'handler.started' && l.attemptId === attemptId);
     // The network goes silent: the result reaches the outbox but never the coordinator.
     proxy.blackhole();
     await waitFor('result in the outbox', async () => (await readOutbox(outbox)).pending.some((e) => e.attemptId === attemptId));
@@ -108,7 +108,7 @@ describe('an agent killed with SIGKILL', () => {
     for (let i = 0; i < RUNS; i++) {
       jobs.push((await enqueue('crash50', { n: i })).id);
       // Wait for a handler of this process to return, then kill it a random moment later.
-      const returned = await a.waitFor((l) => l.msg === 'handler returned; writing the outbox', 30_000);
+      const returned = await a.waitFor((l) => l.event === 'handler.returned', 30_000);
       await new Promise((r) => setTimeout(r, Math.random() * 15));
       await a.kill();
       const attemptId = String(returned.attemptId);
@@ -166,7 +166,7 @@ describe('steps against a downstream sink', () => {
       // Random kills while the rest run.
       for (let k = 0; k < 3; k++) {
         current = agentProcess(env);
-        await current.waitFor((l) => l.msg === 'job assigned');
+        await current.waitFor((l) => l.event === 'job.assigned');
         await new Promise((r) => setTimeout(r, 20 + Math.random() * 80));
         await current.kill();
       }

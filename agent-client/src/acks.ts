@@ -38,7 +38,7 @@ export class Acks {
         case Outcome.OK:
         case Outcome.DUPLICATE:
           await outbox.remove(id);
-          if (log.isLevelEnabled('info')) log.info({ attemptId: id, outcome }, 'report acknowledged');
+          if (log.isLevelEnabled('info')) log.info({ event: 'report.acknowledged', attemptId: id, outcome }, 'report acknowledged');
           break;
         case Outcome.STALE:
           await outbox.supersede(id, outcome);

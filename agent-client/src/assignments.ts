@@ -160,7 +160,7 @@ export class Assignments {
     });
     this.running.set(c.attemptId, r);
     this.armWatchdog();
-    if (this.o.log.isLevelEnabled('info')) this.o.log.info({ jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
+    if (this.o.log.isLevelEnabled('info')) this.o.log.info({ event: 'job.assigned', jobId: job.id, attemptId: c.attemptId, attemptNo: c.attemptNo, queue: job.queue }, 'job assigned');
     this.o.events.emit('assigned', { attemptId: c.attemptId, jobId: job.id, attemptNo: c.attemptNo });
   }
 
@@ -195,7 +195,7 @@ export class Assignments {
         continue;
       }
       r.started = true;
-      if (this.o.log.isLevelEnabled('debug')) this.o.log.debug({ jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
+      if (this.o.log.isLevelEnabled('debug')) this.o.log.debug({ event: 'handler.started', jobId: r.job.id, attemptId: id }, 'start confirmed; running the handler');
       r.begin?.();
     }
     return notRunning;
@@ -253,11 +253,11 @@ export class Assignments {
       entry = { ...base, kind: 'failed', error: { message: e?.message || String(err), ...(details ? { details } : {}) } as OutboxEntry['error'], retryable };
     }
     entry.writtenAt = new Date().toISOString();
-    if (this.o.log.isLevelEnabled('debug')) this.o.log.debug({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind }, 'handler returned; writing the outbox');
+    if (this.o.log.isLevelEnabled('debug')) this.o.log.debug({ event: 'handler.returned', jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind }, 'handler returned; writing the outbox');
     // Held until the report is on disk: a Hello meanwhile resumes it, a renewal finds it held.
     await this.o.reporter.write(entry);
     this.running.delete(r.attemptId);
-    if (this.o.log.isLevelEnabled('info')) this.o.log.info({ jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.aborted }, 'handler finished');
+    if (this.o.log.isLevelEnabled('info')) this.o.log.info({ event: 'handler.finished', jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.aborted }, 'handler finished');
     this.o.events.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
     this.o.reporter.finished(entry);
   }
@@ -299,7 +299,7 @@ export class Assignments {
     r.abortedAt = monotonic();
     r.abort.abort(new Error(reason));
     if (!r.started) r.cancelBegin?.(); // never ran: nothing to stop, nothing to report
-    this.o.log.warn({ jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
+    this.o.log.warn({ event: 'attempt.aborted', jobId: r.job.id, attemptId: r.attemptId, reason }, 'attempt aborted');
     this.o.events.emit('aborted', { attemptId: r.attemptId, reason, ...(revoke ? { revoke } : {}) });
   }
 }

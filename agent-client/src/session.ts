@@ -277,7 +277,7 @@ export class Session<C extends StreamChannel = StreamChannel> {
         this.ttlMs = k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.ttlMs;
         this.intervalMs = k.value.heartbeatInterval ? durationMs(k.value.heartbeatInterval) : this.intervalMs;
         this.isConnected = true;
-        this.log.info({ sessionId: k.value.sessionId, leaseTtlMs: this.ttlMs, heartbeatMs: this.intervalMs }, 'connected to the coordinator');
+        this.log.info({ event: 'connected', sessionId: k.value.sessionId, leaseTtlMs: this.ttlMs, heartbeatMs: this.intervalMs }, 'connected to the coordinator');
         this.heartbeatTimer = setInterval(() => this.heartbeat(), this.intervalMs);
         this.heartbeat();
         this.hooks.welcomed(k.value);

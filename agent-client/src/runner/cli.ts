@@ -50,7 +50,7 @@ async function serve(config: AgentConfig): Promise<void> {
     agent.handle(queue, (job, ctx) => runCommand(cmd, job, ctx, { log, pidDir }));
   }
   await agent.start();
-  log.info({ queues: Object.keys(config.queues), slots: config.slots, outboxDir: config.outboxDir }, 'leasehold-agent serving');
+  log.info({ event: 'serving', queues: Object.keys(config.queues), slots: config.slots, outboxDir: config.outboxDir }, 'leasehold-agent serving');
 }
 
 async function check(config: AgentConfig): Promise<void> {

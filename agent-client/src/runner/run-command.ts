@@ -61,7 +61,7 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
   await mkdir(opts.pidDir, { recursive: true });
   await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
-  opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
+  opts.log.info({ event: 'command.started', jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
 
   child.stdin.on('error', () => undefined); // a command that does not read its input
   // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
