@@ -2,7 +2,8 @@
  * The direction of the server's layers (README, "Layout"), checked by `npm run lint`:
  * domain ← store ← core ← transport ← the composition at server/'s top (cli, coordinator, config…).
  * A layer imports only the layers below it; `server/log.ts` (the logger's type) is the one file of
- * the top every layer may use. The agent SDK is a package of its own and never imports the server.
+ * the top every layer may use, and `server/lib/` (small helpers, importing nothing of ours) is
+ * below them all. The agent SDK is a package of its own and never imports the server.
  */
 const LOG = '^server/log\\.ts$';
 const TOP = '^server/[^/]+\\.(ts|mjs)$';
@@ -15,6 +16,13 @@ module.exports = {
       severity: 'error',
       from: { path: '^server/domain/' },
       to: { path: '^(server|gen|agent-client|test)/', pathNot: '^server/domain/' },
+    },
+    {
+      name: 'lib-imports-nothing-of-ours',
+      comment: 'server/lib holds small helpers every layer and the launcher may use: it imports only Node and npm packages.',
+      severity: 'error',
+      from: { path: '^server/lib/' },
+      to: { path: '^(server|gen|agent-client|test)/', pathNot: '^server/lib/' },
     },
     {
       name: 'store-imports-only-domain',

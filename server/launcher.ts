@@ -16,6 +16,7 @@
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
+import { alive } from './lib/process.js';
 import type { Logger } from './log.js';
 
 const run = promisify(execFile);
@@ -63,17 +64,6 @@ export function watchLauncher(log: Logger, onGone: (why: string) => void, env: N
       clearTimeout(timer);
     },
   };
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    // EPERM: it exists but belongs to someone else (a pid reused by another user's process is
-    // not npm either, but treating it as alive only delays, never wrongly stops).
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /** What npm runs its scripts with. */

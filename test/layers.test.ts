@@ -41,7 +41,8 @@ describe('the layers import only downward', () => {
       'server/log.ts': 'export type Logger = unknown;\n',
       'server/config.ts': 'export const config = 1;\n',
       'server/domain/outcomes.ts': "import '../store/schema.js';\nexport const ok = 1;\n",
-      'server/store/schema.ts': "import '../core/hub.js';\nimport '../domain/outcomes.js';\nimport type { Logger } from '../log.js';\nexport type L = Logger;\n",
+      'server/lib/process.ts': "import '../domain/outcomes.js';\nexport const alive = 1;\n",
+      'server/store/schema.ts': "import '../core/hub.js';\nimport '../domain/outcomes.js';\nimport '../lib/process.js';\nimport type { Logger } from '../log.js';\nexport type L = Logger;\n",
       'server/core/hub.ts': "import '../transport/routes.js';\nimport '../store/schema.js';\n",
       'server/transport/routes.ts': "import '../config.js';\nimport '../core/hub.js';\n",
       'agent-client/src/agent.ts': "import '../../server/domain/outcomes.js';\nimport '../../test/helpers/x.js';\n",
@@ -55,6 +56,7 @@ describe('the layers import only downward', () => {
     expect(broken).toEqual(
       [
         'domain-imports-nothing-of-ours: server/domain/outcomes.ts → server/store/schema.ts',
+        'lib-imports-nothing-of-ours: server/lib/process.ts → server/domain/outcomes.ts',
         'store-imports-only-domain: server/store/schema.ts → server/core/hub.ts',
         'core-imports-store-and-domain: server/core/hub.ts → server/transport/routes.ts',
         'transport-imports-no-composition: server/transport/routes.ts → server/config.ts',

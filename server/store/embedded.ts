@@ -30,6 +30,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
+import { alive } from '../lib/process.js';
 import type { Logger } from '../log.js';
 
 export interface EmbeddedOptions {
@@ -344,15 +345,6 @@ async function servesDataDir(port: number, creds: Credentials, pgdata: string): 
     return false; // nothing listening, another server, or one that refuses these credentials
   } finally {
     await client.end().catch(() => undefined);
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 
