@@ -36,7 +36,6 @@ import {
   uuid,
 } from 'drizzle-orm/pg-core';
 import {
-  API_KEY_SCOPES,
   ATTEMPT_STATUSES,
   DELIVERY_STATUSES,
   EVENT_KINDS,
@@ -44,7 +43,6 @@ import {
   STEP_STATUSES,
   WEBHOOK_EVENT_TYPES,
 } from '../domain/statuses.js';
-
 
 /** Job states of DESIGN.md (`domain/statuses.ts`). */
 export const jobStatus = pgEnum('job_status', JOB_STATUSES);

@@ -12,7 +12,6 @@ import {
   JobEventSchema,
   JobSchema,
   JobStatus,
-  Outcome as PbOutcome,
   StaleReportSchema,
   StepSchema,
   StepStatus,
@@ -22,7 +21,7 @@ import {
   type Job as PbJob,
   type StaleReport,
 } from '../../gen/leasehold/v1/job_pb.js';
-import type { CurrentState, Failure, Outcome } from '../domain/outcomes.js';
+import type { CurrentState } from '../domain/outcomes.js';
 import type { AttemptView, Claimed, Job, JobDetail } from '../store/index.js';
 import type { AttemptRow, StepRow, StaleReportRow, JobEventRow } from '../store/schema.js';
 import type { JobStatus as DbJobStatus } from '../domain/statuses.js';

@@ -20,7 +20,7 @@ import { createPool } from '../../server/store/index.js';
 import { clockMs } from './clock.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { profileSelf, summarize } from './profile.js';
-import { graphile, leasehold, pgboss, type System, type SystemName, QUEUE } from './systems.js';
+import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
 import { historyReads, HISTORY_EMPTY_JOBS, purgeOldestDay, seedFinished, type ReadTimes } from './history.js';
 import { latencySvg, markdown, results, type Figure, type MetricKey, type Row } from './report.js';
 import type { WorkerConfig } from './worker.js';

@@ -9,7 +9,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
-import { agentCreate, createPool, migrateDatabase } from '../../server/store/index.js';
+import { agentCreate, createPool } from '../../server/store/index.js';
 import type { SystemKey } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
