@@ -19,6 +19,14 @@ export interface Config {
   leaseTtlMs: number;
   claimTtlMs: number;
   heartbeatIntervalMs: number;
+  /**
+   * How long a reported completion that finds no completion statement running waits for others
+   * to share its statement and commit (`LEASEHOLD_COMPLETION_LINGER`, default 20 ms, `0`: none;
+   * at most a tenth of what is left of a lease after a heartbeat interval, and at most 1 s).
+   * Jobs that come one at a time then cost PostgreSQL fewer commits; a job reads as finished,
+   * and the agent hears its ack, that much later. Starts never wait.
+   */
+  completionLingerMs: number;
   reaperIntervalMs: number;
   /**
    * Finished jobs older than this are purged by the purger (`LEASEHOLD_RETENTION`, default 7
@@ -71,6 +79,9 @@ export interface Config {
 }
 
 /** Flags given on the command line; each overrides its environment variable. */
+/** The completion linger when `LEASEHOLD_COMPLETION_LINGER` is not set (less where the lease leaves less room). */
+export const DEFAULT_COMPLETION_LINGER_MS = 20;
+
 export interface ConfigFlags {
   grpcAddr?: string;
   httpAddr?: string;
@@ -149,6 +160,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     leaseTtlMs: duration('LEASEHOLD_LEASE_TTL', env.LEASEHOLD_LEASE_TTL, 30_000, 100),
     claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
     heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
+    completionLingerMs: 0, // set below, from the lease it must fit in
     reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
     retentionMs: ['off', '0'].includes(env.LEASEHOLD_RETENTION?.trim() ?? '')
       ? undefined
@@ -207,6 +219,21 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     throw new ConfigError(
       `LEASEHOLD_HEARTBEAT_INTERVAL (${cfg.heartbeatIntervalMs} ms) must be shorter than LEASEHOLD_LEASE_TTL (${cfg.leaseTtlMs} ms)`,
     );
+  }
+  // A lingering completion is no longer renewed by heartbeats: it must be written well inside
+  // what is left of its lease (or claim) after the last renewal, a heartbeat interval ago at most.
+  const lingerRoom = Math.max(0, Math.floor((Math.min(cfg.leaseTtlMs, cfg.claimTtlMs) - cfg.heartbeatIntervalMs) / 10));
+  const linger = env.LEASEHOLD_COMPLETION_LINGER?.trim();
+  if (linger) {
+    cfg.completionLingerMs = duration('LEASEHOLD_COMPLETION_LINGER', linger, DEFAULT_COMPLETION_LINGER_MS, 0);
+    if (cfg.completionLingerMs > Math.min(1_000, lingerRoom)) {
+      throw new ConfigError(
+        `LEASEHOLD_COMPLETION_LINGER=${linger} is above the maximum of ${Math.min(1_000, lingerRoom)} ms: at most 1s, and at most a tenth of ` +
+          `what a lease or claim (${Math.min(cfg.leaseTtlMs, cfg.claimTtlMs)} ms) leaves after a heartbeat interval (${cfg.heartbeatIntervalMs} ms)`,
+      );
+    }
+  } else {
+    cfg.completionLingerMs = Math.min(DEFAULT_COMPLETION_LINGER_MS, lingerRoom);
   }
   return cfg;
 }

@@ -71,6 +71,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       leaseTtlMs: config.leaseTtlMs,
       claimTtlMs: config.claimTtlMs,
       heartbeatIntervalMs: config.heartbeatIntervalMs,
+      completionLingerMs: config.completionLingerMs,
     });
     const dispatcher = new Dispatcher(db.hot, hub, log.child({ component: 'dispatcher' }), { claimTtlMs: config.claimTtlMs });
     hub.on('credit', () => dispatcher.credit());

@@ -81,3 +81,24 @@ describe('the vacuumer setting', () => {
     }
   });
 });
+
+describe('the completion linger', () => {
+  it('defaults to 20 ms, less where a short lease leaves less room; takes 0 to turn it off; refuses more than the lease allows', () => {
+    expect(loadConfig({}, {}).completionLingerMs).toBe(20);
+    expect(loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: '0' }).completionLingerMs).toBe(0);
+    expect(loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: '5ms' }).completionLingerMs).toBe(5);
+    expect(loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: '1s' }).completionLingerMs).toBe(1000);
+    // A 200 ms lease renewed every 100 ms leaves 100 ms after a renewal: a tenth of it, 10 ms.
+    const short = { LEASEHOLD_LEASE_TTL: '200ms', LEASEHOLD_CLAIM_TTL: '1s', LEASEHOLD_HEARTBEAT_INTERVAL: '100ms' };
+    expect(loadConfig({}, short).completionLingerMs).toBe(10);
+    expect(() => loadConfig({}, { ...short, LEASEHOLD_COMPLETION_LINGER: '20ms' })).toThrow(
+      new ConfigError(
+        'LEASEHOLD_COMPLETION_LINGER=20ms is above the maximum of 10 ms: at most 1s, and at most a tenth of what a lease or claim (200 ms) leaves after a heartbeat interval (100 ms)',
+      ),
+    );
+    expect(() => loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: '2s' })).toThrow(/LEASEHOLD_COMPLETION_LINGER=2s is above the maximum of 1000 ms/);
+    expect(() => loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: 'briefly' })).toThrow(
+      new ConfigError('LEASEHOLD_COMPLETION_LINGER="briefly" is not a duration: use e.g. 500ms, 2s, 1m'),
+    );
+  });
+});

@@ -2,11 +2,13 @@
  * `ReportBatcher` alone, on real PostgreSQL through a pool that counts the named statements and
  * can hold them: what arrives in one turn goes out as one statement per kind, each kind in its
  * own lane of at most two statements at once, every item gets its own outcome, a failed
- * statement fails its items only, and `idle()` waits for everything queued.
+ * statement fails its items only, and `idle()` waits for everything queued. With a completion
+ * linger, a completion that finds its lane idle waits for company; nothing else ever waits.
  */
 import pino from 'pino';
-import { expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { ReportBatcher } from '../server/core/batcher.js';
+import { limits } from '../server/domain/validation.js';
 import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
@@ -144,4 +146,81 @@ it('idle() resolves once everything queued so far is written', async () => {
   await waiting;
   // Every write was answered before idle() resolved.
   expect(answered).toBe(2);
+});
+
+describe('the completion linger', () => {
+  const LINGER = 50;
+  // Only the linger's timer is faked: the other lanes' turns (setImmediate) and PostgreSQL run for real.
+  const fakeTimeouts = () => vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+  afterEach(() => vi.useRealTimers());
+  const turns = async (n = 20) => {
+    for (let i = 0; i < n; i++) await new Promise((r) => setImmediate(r));
+  };
+
+  it('a completion that finds its lane idle waits the linger for others, then all go out in one statement', async () => {
+    const w = watchedPool();
+    const jobs = await runningJobs(3, 'linger-a');
+    fakeTimeouts();
+    const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
+    const first = b.complete({ attemptId: jobs[0]!.currentAttemptId!, agentId: 'linger-a', result: { n: 0 } });
+    await turns();
+    expect(w.started.attemptCompleteMany).toBeUndefined();
+    vi.advanceTimersByTime(LINGER - 1);
+    const later = jobs.slice(1).map((j, i) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'linger-a', result: { n: i + 1 } }));
+    await turns();
+    expect(w.started.attemptCompleteMany).toBeUndefined();
+    vi.advanceTimersByTime(1);
+    const outcomes = await Promise.all([first, ...later]);
+    expect(outcomes.map((o) => [o.outcome, o.outcome === 'ok' && o.value.status])).toEqual(jobs.map(() => ['ok', 'succeeded']));
+    expect(w.started.attemptCompleteMany).toBe(1);
+    expect(b.stats).toMatchObject({ statements: 1, items: 3 });
+    await checkInvariants(t.pool);
+  });
+
+  it('starts and failures never linger', async () => {
+    const w = watchedPool();
+    const [toStart] = await claimedJobs(1, 'linger-b');
+    const [toFail] = await runningJobs(1, 'linger-b');
+    fakeTimeouts();
+    const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
+    // No timer is advanced: both are written on the event loop's next turns.
+    const started = await b.start({ attemptId: toStart!.currentAttemptId!, agentId: 'linger-b' });
+    const failed = await b.fail({ attemptId: toFail!.currentAttemptId!, agentId: 'linger-b', error: { message: 'no' }, retryable: false });
+    expect([started.outcome, failed.outcome]).toEqual(['ok', 'ok']);
+  });
+
+  it('while a completion statement runs, the next batch goes out at once: under load nothing lingers', async () => {
+    const w = watchedPool();
+    const jobs = await runningJobs(2, 'linger-c');
+    fakeTimeouts();
+    const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
+    w.hold('attemptCompleteMany');
+    const first = b.complete({ attemptId: jobs[0]!.currentAttemptId!, agentId: 'linger-c', result: {} });
+    vi.advanceTimersByTime(LINGER);
+    await w.heldReach('attemptCompleteMany', 1);
+    // The first statement is still running: the second completion does not wait for a timer.
+    const second = b.complete({ attemptId: jobs[1]!.currentAttemptId!, agentId: 'linger-c', result: {} });
+    await w.heldReach('attemptCompleteMany', 2);
+    w.release('attemptCompleteMany');
+    expect((await Promise.all([first, second])).map((o) => o.outcome)).toEqual(['ok', 'ok']);
+    expect(b.stats).toMatchObject({ statements: 2, items: 2 });
+  });
+
+  it('a full batch does not wait for the linger, and idle() ends a linger at once', async () => {
+    const w = watchedPool();
+    const jobs = await runningJobs(limits.claimBatch + 1, 'linger-d');
+    fakeTimeouts();
+    const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
+    const full = jobs.slice(0, limits.claimBatch).map((j) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'linger-d', result: {} }));
+    // No timer is advanced: the batch is full, so it goes on the next turn.
+    expect((await Promise.all(full)).every((o) => o.outcome === 'ok')).toBe(true);
+    expect(w.started.attemptCompleteMany).toBe(1);
+    const last = b.complete({ attemptId: jobs[limits.claimBatch]!.currentAttemptId!, agentId: 'linger-d', result: {} });
+    await turns();
+    expect(w.started.attemptCompleteMany).toBe(1);
+    // A stopping hub waits for idle(): the lingering completion is written now, not after the linger.
+    await b.idle();
+    expect((await last).outcome).toBe('ok');
+    expect(w.started.attemptCompleteMany).toBe(2);
+  });
 });

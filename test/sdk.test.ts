@@ -58,6 +58,23 @@ afterAll(async () => {
 });
 
 describe('createAgent', () => {
+  it('hears its ack no sooner than the coordinator\'s completion linger after the handler finished (20 ms by default)', async () => {
+    expect(lh.config.completionLingerMs).toBe(20);
+    const { agent } = await newAgent('sdk-linger', ['sdk-linger']);
+    agent.handle('sdk-linger', async () => ({ ok: true }));
+    let finishedAt = 0;
+    agent.on('finished', () => (finishedAt = performance.now()));
+    await agent.start();
+    const queued = lh.c.hub.batcher.stats.queuedMs;
+    const j = await enqueue('sdk-linger');
+    await once(agent, 'acked');
+    // The completion found no other to share its statement with, so it waited the whole linger
+    // (a timer's millisecond rounding aside) before its statement, and the ack came after that.
+    expect(performance.now() - finishedAt).toBeGreaterThanOrEqual(19);
+    expect(lh.c.hub.batcher.stats.queuedMs - queued).toBeGreaterThanOrEqual(19);
+    expect(await job(j.id)).toMatchObject({ status: 'succeeded', result: { ok: true } });
+  });
+
   it('runs a handler, stores its result, and empties the outbox on the ack', async () => {
     const { agent, outboxDir } = await newAgent('sdk-basic', ['sdk-basic']);
     agent.handle('sdk-basic', async (j, ctx) => ({ doubled: (j.payload.n as number) * 2, attempt: ctx.attempt.number, key: ctx.idempotencyKey('mail') }));

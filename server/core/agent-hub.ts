@@ -57,6 +57,8 @@ export interface HubConfig {
   heartbeatIntervalMs: number;
   /** How often heartbeats are flushed to the database in one UPDATE; default 200 ms. */
   tickMs?: number;
+  /** How long a completion that finds its lane idle waits for others to share its statement (batcher.ts); default 0. */
+  completionLingerMs?: number;
   /**
    * A pause of this process longer than this ends every stream on waking; default the heartbeat
    * interval, at least 1 s (agents give a silent coordinator up after 1.5 intervals, at least 2 s).
@@ -90,7 +92,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     readonly config: HubConfig,
   ) {
     super();
-    this.batcher = new ReportBatcher(db, log, config.leaseTtlMs);
+    this.batcher = new ReportBatcher(db, log, config.leaseTtlMs, { completionLingerMs: config.completionLingerMs ?? 0 });
     this.watch = new StallWatch(config.stallMs ?? Math.max(config.heartbeatIntervalMs, 1000));
     this.watch.on('stall', ({ ms }) => this.wake(ms));
     this.revoker = new Revoker(this.sessions, log, this);

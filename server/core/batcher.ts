@@ -6,7 +6,9 @@
  * Order between them does not matter for correctness: a completion of a claimed attempt starts
  * it implicitly, and a start that arrives after its attempt's report is answered `duplicate`.
  * Under load, batches grow by themselves; alone, an item waits only for the next turn of the
- * event loop.
+ * event loop, except a completion when the coordinator lingers (`completionLingerMs`): a
+ * completion that finds no statement of its kind running waits up to that long for others to
+ * share its statement (and its commit), as jobs that come one at a time otherwise never do.
  */
 import type { Logger } from '../log.js';
 import {
@@ -45,11 +47,15 @@ class Lane<P> {
   private queue: Array<Pending<P>> = [];
   private readonly inFlight = new Set<Promise<void>>();
   private scheduled = false;
+  /** The linger's timer while a batch waits for company (only when nothing of this kind runs). */
+  private lingering: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly run: (items: P[]) => Promise<Array<Outcome<JobSummary>>>,
     private readonly stats: BatcherStats,
     private readonly log: Logger,
+    /** How long a batch that finds its lane idle waits for more items; 0: the next turn. */
+    private readonly lingerMs = 0,
   ) {}
 
   add(p: P): Promise<Outcome<JobSummary>> {
@@ -63,28 +69,45 @@ class Lane<P> {
     return this.scheduled || this.inFlight.size > 0;
   }
 
+  /** Waits until everything queued is written; a lingering batch goes at once. */
   async idle(): Promise<void> {
     while (this.busy) {
+      this.hurry();
       if (this.inFlight.size) await Promise.all(this.inFlight);
       else await new Promise((r) => setImmediate(r));
     }
   }
 
   private schedule(): void {
+    // A full batch has nothing to wait for.
+    if (this.lingering && this.queue.length >= limits.claimBatch) this.hurry();
     if (this.scheduled || this.inFlight.size >= MAX_IN_FLIGHT) return;
     this.scheduled = true;
-    setImmediate(() => {
-      this.scheduled = false;
-      if (!this.queue.length) return;
-      const batch = this.queue.splice(0, limits.claimBatch);
-      const f: Promise<void> = this.settle(batch).finally(() => {
-        this.inFlight.delete(f);
-        if (this.queue.length) this.schedule();
-      });
-      this.inFlight.add(f);
-      // Another batch may start now if more is waiting and there is room.
+    // Only a lane with nothing running lingers: under load, batches fill while statements run.
+    if (this.lingerMs > 0 && this.inFlight.size === 0) this.lingering = setTimeout(() => this.flush(), this.lingerMs);
+    else setImmediate(() => this.flush());
+  }
+
+  /** Ends a linger: its batch goes out on the next turn. */
+  private hurry(): void {
+    if (!this.lingering) return;
+    clearTimeout(this.lingering);
+    this.lingering = undefined;
+    setImmediate(() => this.flush());
+  }
+
+  private flush(): void {
+    this.lingering = undefined;
+    this.scheduled = false;
+    if (!this.queue.length) return;
+    const batch = this.queue.splice(0, limits.claimBatch);
+    const f: Promise<void> = this.settle(batch).finally(() => {
+      this.inFlight.delete(f);
       if (this.queue.length) this.schedule();
     });
+    this.inFlight.add(f);
+    // Another batch may start now if more is waiting and there is room.
+    if (this.queue.length) this.schedule();
   }
 
   private async settle(chunk: Array<Pending<P>>): Promise<void> {
@@ -109,9 +132,9 @@ export class ReportBatcher {
   private readonly completes: Lane<CompleteParams>;
   private readonly fails: Lane<FailParams>;
 
-  constructor(db: Queryable, log: Logger, leaseTtlMs: number) {
+  constructor(db: Queryable, log: Logger, leaseTtlMs: number, opts: { completionLingerMs?: number } = {}) {
     this.starts = new Lane((items) => attemptStartMany(db, { items, leaseTtlMs }), this.stats, log);
-    this.completes = new Lane((items) => attemptCompleteMany(db, { items }), this.stats, log);
+    this.completes = new Lane((items) => attemptCompleteMany(db, { items }), this.stats, log, opts.completionLingerMs ?? 0);
     this.fails = new Lane((items) => Promise.all(items.map((f) => attemptFail(db, f))), this.stats, log);
   }
 

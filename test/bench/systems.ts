@@ -83,6 +83,8 @@ export async function leasehold(
       LEASEHOLD_LOG_LEVEL: 'warn',
       // To compare the vacuumer off (`off`) or at another threshold: passed through.
       ...(process.env.LEASEHOLD_VACUUM_DEAD_ROWS ? { LEASEHOLD_VACUUM_DEAD_ROWS: process.env.LEASEHOLD_VACUUM_DEAD_ROWS } : {}),
+      // To compare the completion linger off (`0`) or at another length: passed through.
+      ...(process.env.LEASEHOLD_COMPLETION_LINGER ? { LEASEHOLD_COMPLETION_LINGER: process.env.LEASEHOLD_COMPLETION_LINGER } : {}),
     },
   );
   const c: Coordinator = await startCoordinator(config, pino({ level: "warn" }));

@@ -78,7 +78,9 @@ async function graphile(batching: boolean) {
         await onJob(payload as Record<string, unknown>);
       },
     },
-    preset: batching ? { worker: { localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } } : {},
+    // BENCH_GRAPHILE_COMPLETE_DELAY (ms): its completions' batch delay for a side run, to set
+    // beside Leasehold's completion linger (docs/performance.md); 0, within one turn, otherwise.
+    preset: batching ? { worker: { localQueue: { size: 500 }, completeJobBatchDelay: Number(process.env.BENCH_GRAPHILE_COMPLETE_DELAY ?? 0), failJobBatchDelay: 0 } } : {},
   });
 }
 
