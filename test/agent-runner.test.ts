@@ -13,7 +13,7 @@ import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { readOutbox } from '@leasehold/agent-client';
-import { jobEnqueue } from '../server/store/index.js';
+import { jobCancel, jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, until, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -28,6 +28,7 @@ const fixtures = path.join(root, 'test/fixtures/commands');
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '4s', LEASEHOLD_CLAIM_TTL: '4s', LEASEHOLD_HEARTBEAT_INTERVAL: '500ms' });
 const children: ChildProcess[] = [];
+const runners: Runner[] = [];
 const proxies: TcpProxy[] = [];
 let work: string;
 
@@ -57,7 +58,7 @@ function startRunner(configFile: string): Runner {
   createInterface({ input: child.stdout! }).on('line', onLine);
   createInterface({ input: child.stderr! }).on('line', onLine);
   const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
-  return {
+  const runner: Runner = {
     child,
     lines,
     exited,
@@ -72,6 +73,8 @@ function startRunner(configFile: string): Runner {
       });
     },
   };
+  runners.push(runner);
+  return runner;
 }
 
 async function writeConfig(name: string, config: Record<string, unknown>): Promise<string> {
@@ -94,7 +97,15 @@ async function enqueue(queue: string, payload: Record<string, unknown>, extra: R
 const job = async (id: string) => (await t.pool.query(`SELECT status::text, result, job_error(id, status) AS error, attempt_no FROM jobs WHERE id = $1`, [id])).rows[0];
 const node = (script: string) => [process.execPath, path.join(fixtures, script)];
 
-afterEach(async () => {
+afterEach(async (ctx) => {
+  // A failed test shows what its runners logged, and leaves no job held: a later test's reaper
+  // run (an hour ahead) must not take back a job this one left running.
+  const ran = runners.splice(0);
+  if (ctx.task.result?.state === 'fail') {
+    for (const r of ran) console.error(`runner ${r.child.pid} logged:\n${r.lines.map((l) => JSON.stringify(l)).join('\n')}`);
+  }
+  const left = await t.pool.query<{ id: string }>('SELECT id FROM jobs_live WHERE current_attempt_id IS NOT NULL OR finished_at IS NULL');
+  for (const { id } of left.rows) await jobCancel(t.pool, { jobId: id });
   for (const c of children.splice(0)) {
     if (c.exitCode === null && c.signalCode === null) {
       c.kill('SIGKILL');
