@@ -78,10 +78,10 @@ export interface Config {
   trustProxy: boolean;
 }
 
-/** Flags given on the command line; each overrides its environment variable. */
 /** The completion linger when `LEASEHOLD_COMPLETION_LINGER` is not set (less where the lease leaves less room). */
 export const DEFAULT_COMPLETION_LINGER_MS = 20;
 
+/** Flags given on the command line; each overrides its environment variable. */
 export interface ConfigFlags {
   grpcAddr?: string;
   httpAddr?: string;
