@@ -1,9 +1,10 @@
 /**
  * The claim under real concurrency: 32 connections claim from 5,000 queued jobs at once.
- * Every job is claimed exactly once and no attempt id is ever reused.
+ * Every job is claimed exactly once and no attempt id is ever reused. And a claim whose
+ * transaction began before the end of the attempt it follows records its claim after that end.
  */
 import { expect, it } from 'vitest';
-import { jobClaim } from '../server/store/index.js';
+import { jobClaim, jobEnqueue, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { makeQueuedJobs } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -53,5 +54,42 @@ it(`${CLAIMERS} connections claim ${JOBS} jobs: each exactly once, attempt ids u
   const handed = new Map(claims.map((c) => [c.jobId, c.attemptId]));
   const { rows } = await t.pool.query('SELECT id, current_attempt_id FROM jobs');
   for (const r of rows) expect(r.current_attempt_id).toBe(handed.get(r.id));
+  await checkInvariants(t.pool);
+});
+
+// PostgreSQL's now() is when the transaction began, and a statement sees what committed before its
+// snapshot, taken later: after parsing and planning (1–2 ms for the claim, more on a busy machine
+// or a new connection). Chaos caught the gap (seed 133801): the reaper ended two expired attempts
+// at 12:25:44.911773 and one claim took both jobs back, recorded as claimed at 12:25:44.905183,
+// before the end it followed. An explicit transaction holds that gap open here: it begins, the
+// reaper ends the attempt and commits, then the claim runs in the transaction and sees the job
+// queued again.
+it('records a claim after the end it follows, even when its transaction began before that end', async () => {
+  await t.truncate();
+  const e = await jobEnqueue(t.pool, { queue: 'gap', payload: {} });
+  if (e.outcome !== 'ok') throw new Error(JSON.stringify(e));
+  const first = await jobClaim(t.pool, { agentId: 'a', queues: ['gap'], limit: 1, claimTtlMs: 60_000 });
+  if (first.outcome !== 'ok' || first.value.length !== 1) throw new Error(JSON.stringify(first));
+  // Its start deadline passed (bypassing the store: the reaper then runs on PostgreSQL's clock).
+  await t.pool.query(`UPDATE jobs_live SET claim_deadline = now() - interval '1 s', lease_expires_at = now() - interval '1 s'`);
+
+  const c = await t.pool.connect();
+  try {
+    await c.query('BEGIN');
+    const began = (await c.query<{ at: Date }>('SELECT now() AS at')).rows[0]!.at;
+    const rescued = await jobRescueExpired(t.pool, { limit: 10 });
+    expect(rescued.outcome === 'ok' && rescued.value.map((r) => r.reason)).toEqual(['claim_expired']);
+    const again = await jobClaim(c, { agentId: 'b', queues: ['gap'], limit: 1, claimTtlMs: 60_000 });
+    await c.query('COMMIT');
+    if (again.outcome !== 'ok' || again.value.length !== 1) throw new Error(JSON.stringify(again));
+    const { rows } = await t.pool.query<{ ended: Date; claimed: Date }>(
+      `SELECT a.ended_at AS ended, j.claimed_at AS claimed FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.attempt_no = 1`,
+    );
+    expect(rows[0]!.ended.getTime()).toBeGreaterThan(began.getTime());
+    expect(rows[0]!.claimed.getTime()).toBeGreaterThanOrEqual(rows[0]!.ended.getTime());
+    expect(again.value[0]!.job.claimedAt!.getTime()).toBe(rows[0]!.claimed.getTime());
+  } finally {
+    c.release();
+  }
   await checkInvariants(t.pool);
 });

@@ -63,9 +63,19 @@ export const attemptIdSql = (at: string, random: string): string =>
 // is often a single job). Only jobs whose required labels the agents carry ($7, jsonb
 // containment) are candidates. The claim writes only the jobs row: the attempt's own row is
 // written when it ends.
+//
+// The claim's time is the clock read once as the statement runs (t), not now(): now() is when
+// the transaction began, before the statement was parsed and planned and so before its snapshot
+// was taken. A job the reaper gave back in between (its statement began after the claim's and
+// committed before the claim's snapshot) would be recorded as claimed before its last attempt
+// ended (seen in chaos: 6.6 ms before). The clock read here comes after the snapshot, so after
+// every end the claim saw. Which jobs are due still uses now(): the index scan needs a stable
+// value, and the earlier time only ever leaves a job due this instant for the next claim.
 export const claimSql = statement(
   'jobClaim',
-  `WITH c AS MATERIALIZED (
+  `WITH t AS MATERIALIZED (
+     SELECT coalesce($6::timestamptz, clock_timestamp()) AS at
+   ), c AS MATERIALIZED (
      -- Per queue, the first $2 claimable jobs in index order (locked, others' locks skipped);
      -- of those, the first $2 overall. Unclaimed extras are unlocked when the statement
      -- commits. MATERIALIZED: it runs once, as written, before the UPDATE reads it.
@@ -99,12 +109,12 @@ export const claimSql = statement(
    -- a job beside 200,000 finished jobs (docs/decisions.md, "Attempt ids in time order too"). The
    -- dispatcher's hand-off makes the same shape (core/dispatcher.ts, randomAttemptId).
    UPDATE jobs_live j SET status = 'claimed', attempt_no = j.attempt_no + 1,
-     current_attempt_id = ${attemptIdSql('coalesce($6::timestamptz, now())', `sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int))`)},
+     current_attempt_id = ${attemptIdSql('(SELECT at FROM t)', `sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int))`)},
      agent_id = ($4::text[])[($8::int2[])[((SELECT rn FROM m) ->> j.id::text)::int]], progress = NULL, heartbeat_at = NULL,
-     claimed_at = coalesce($6::timestamptz, now()),
-     claim_deadline = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
-     lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5::float8 / 1000.0),
-     updated_at = coalesce($6::timestamptz, now())
+     claimed_at = (SELECT at FROM t),
+     claim_deadline = (SELECT at FROM t) + make_interval(secs => $5::float8 / 1000.0),
+     lease_expires_at = (SELECT at FROM t) + make_interval(secs => $5::float8 / 1000.0),
+     updated_at = (SELECT at FROM t)
    WHERE j.id = ANY ((SELECT ids FROM m)::uuid[])
    -- What an Assign carries, times as epoch milliseconds (cheaper to read than timestamps). A
    -- job's error is that of an earlier attempt: only a job claimed before can have one.
