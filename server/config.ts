@@ -222,18 +222,19 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
   }
   // A lingering completion is no longer renewed by heartbeats: it must be written well inside
   // what is left of its lease (or claim) after the last renewal, a heartbeat interval ago at most.
-  const lingerRoom = Math.max(0, Math.floor((Math.min(cfg.leaseTtlMs, cfg.claimTtlMs) - cfg.heartbeatIntervalMs) / 10));
+  const held = Math.min(cfg.leaseTtlMs, cfg.claimTtlMs);
+  const maxLinger = Math.min(1_000, Math.max(0, Math.floor((held - cfg.heartbeatIntervalMs) / 10)));
   const linger = env.LEASEHOLD_COMPLETION_LINGER?.trim();
   if (linger) {
     cfg.completionLingerMs = duration('LEASEHOLD_COMPLETION_LINGER', linger, DEFAULT_COMPLETION_LINGER_MS, 0);
-    if (cfg.completionLingerMs > Math.min(1_000, lingerRoom)) {
+    if (cfg.completionLingerMs > maxLinger) {
       throw new ConfigError(
-        `LEASEHOLD_COMPLETION_LINGER=${linger} is above the maximum of ${Math.min(1_000, lingerRoom)} ms: at most 1s, and at most a tenth of ` +
-          `what a lease or claim (${Math.min(cfg.leaseTtlMs, cfg.claimTtlMs)} ms) leaves after a heartbeat interval (${cfg.heartbeatIntervalMs} ms)`,
+        `LEASEHOLD_COMPLETION_LINGER=${linger} is above the maximum of ${maxLinger} ms: at most 1s, and at most a tenth of ` +
+          `what a lease or claim (${held} ms) leaves after a heartbeat interval (${cfg.heartbeatIntervalMs} ms)`,
       );
     }
   } else {
-    cfg.completionLingerMs = Math.min(DEFAULT_COMPLETION_LINGER_MS, lingerRoom);
+    cfg.completionLingerMs = Math.min(DEFAULT_COMPLETION_LINGER_MS, maxLinger);
   }
   return cfg;
 }

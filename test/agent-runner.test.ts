@@ -104,7 +104,7 @@ afterEach(async (ctx) => {
   if (ctx.task.result?.state === 'fail') {
     for (const r of ran) console.error(`runner ${r.child.pid} logged:\n${r.lines.map((l) => JSON.stringify(l)).join('\n')}`);
   }
-  const left = await t.pool.query<{ id: string }>('SELECT id FROM jobs_live WHERE current_attempt_id IS NOT NULL OR finished_at IS NULL');
+  const left = await t.pool.query<{ id: string }>('SELECT id FROM jobs_live WHERE finished_at IS NULL');
   for (const { id } of left.rows) await jobCancel(t.pool, { jobId: id });
   for (const c of children.splice(0)) {
     if (c.exitCode === null && c.signalCode === null) {
