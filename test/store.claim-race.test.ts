@@ -1,10 +1,11 @@
 /**
  * The claim under real concurrency: 32 connections claim from 5,000 queued jobs at once.
  * Every job is claimed exactly once and no attempt id is ever reused. And a claim whose
- * transaction began before the end of the attempt it follows records its claim after that end.
+ * transaction began before the end of the attempt it follows records its claim after that end;
+ * a cancel whose transaction began before the claim or the start it follows, its end after them.
  */
 import { expect, it } from 'vitest';
-import { jobClaim, jobEnqueue, jobRescueExpired } from '../server/store/index.js';
+import { attemptStart, jobCancel, jobClaim, jobEnqueue, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { makeQueuedJobs } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -90,6 +91,49 @@ it('records a claim after the end it follows, even when its transaction began be
     expect(again.value[0]!.job.claimedAt!.getTime()).toBe(rows[0]!.claimed.getTime());
   } finally {
     c.release();
+  }
+  await checkInvariants(t.pool);
+});
+
+// The same gap the other way: an operator's cancel whose transaction began before a claim (or a
+// start) committed, and that then ends the attempt the claim made, waiting for its row lock if
+// the claim still holds it. With now() it was recorded as ended before it was claimed (or
+// started), which the invariant checker refuses.
+it('records a cancel after the claim and the start it follows, even when its transaction began before them', async () => {
+  await t.truncate();
+  for (const step of ['claim', 'start'] as const) {
+    const e = await jobEnqueue(t.pool, { queue: `cancel-${step}`, payload: {} });
+    if (e.outcome !== 'ok') throw new Error(JSON.stringify(e));
+    const c = await t.pool.connect();
+    try {
+      await c.query('BEGIN');
+      const began = (await c.query<{ at: Date }>('SELECT now() AS at')).rows[0]!.at;
+      await new Promise((r) => setTimeout(r, 20)); // the clock moves on, as it does while a statement is planned
+      const claimed = await jobClaim(t.pool, { agentId: 'a', queues: [`cancel-${step}`], limit: 1, claimTtlMs: 60_000 });
+      if (claimed.outcome !== 'ok' || claimed.value.length !== 1) throw new Error(JSON.stringify(claimed));
+      const attemptId = claimed.value[0]!.attemptId;
+      let after = claimed.value[0]!.job.claimedAt!;
+      if (step === 'start') {
+        await new Promise((r) => setTimeout(r, 20));
+        const started = await attemptStart(t.pool, { attemptId, agentId: 'a', leaseTtlMs: 60_000 });
+        if (started.outcome !== 'ok') throw new Error(JSON.stringify(started));
+        after = started.value.startedAt!;
+      }
+      const canceled = await jobCancel(c, { jobId: e.value.id });
+      await c.query('COMMIT');
+      if (canceled.outcome !== 'ok') throw new Error(JSON.stringify(canceled));
+      expect(canceled.value.canceledAttempt?.attemptId).toBe(attemptId);
+      const { rows } = await t.pool.query<{ ended: Date; finished: Date }>(
+        `SELECT a.ended_at AS ended, j.finished_at AS finished FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1`,
+        [attemptId],
+      );
+      expect(after.getTime() - began.getTime(), step).toBeGreaterThanOrEqual(20);
+      expect(rows[0]!.ended.getTime(), step).toBeGreaterThanOrEqual(after.getTime());
+      expect(rows[0]!.finished.getTime(), step).toBe(rows[0]!.ended.getTime());
+      expect(canceled.value.job.finishedAt!.getTime(), step).toBe(rows[0]!.finished.getTime());
+    } finally {
+      c.release();
+    }
   }
   await checkInvariants(t.pool);
 });

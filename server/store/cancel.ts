@@ -27,15 +27,20 @@ export interface Canceled {
 // The job moves to its day's partition of jobs, as every end does (ends.ts, endedColumn). A
 // held job's attempt ends as `canceled` (its row written here); a queued job's cancel is a
 // job_events row (no attempt made it), without done_day (where the row is kept, not a change).
+// The end's time `t` is the clock read once the row is locked, not now(): an operator's cancel
+// can race a claim or a start, and now() (when the cancel's transaction began) may come before
+// the claim or start it follows and ends (docs/decisions.md, "A claim is stamped with the clock").
 const cancelSql = statement(
   'jobCancel',
   `WITH o AS (
      SELECT * FROM jobs_live WHERE id = $1 AND status IN ('queued', 'claimed', 'running') FOR UPDATE
+   ), t AS MATERIALIZED (
+     SELECT coalesce($2::timestamptz, clock_timestamp()) AS at FROM o
    ), m AS (
      DELETE FROM jobs_live j USING o WHERE j.id = o.id RETURNING j.*
    ), u AS (
      INSERT INTO jobs (${JOB_COLUMNS.join(', ')})
-     SELECT ${movedRowSql('m', { ...endedColumn('coalesce($2::timestamptz, now())'), status: "'canceled'" })} FROM m
+     SELECT ${movedRowSql('m', { ...endedColumn('t.at'), status: "'canceled'" })} FROM m, t
      RETURNING *
    ), a AS (
      ${attemptEndSql(`SELECT o.current_attempt_id, o.id, o.attempt_no, o.agent_id, o.claimed_at, o.claim_deadline, o.started_at,
