@@ -90,3 +90,28 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
   expect(md).toMatch(/# Benchmark results/);
   expect([...outboxes()].filter((f) => !before.has(f)), 'outbox directories left behind').toEqual([]);
 }, 600_000);
+
+it('npm run bench -- --systems floor --scenarios latency: the contract\'s floor runs every job through its steps', async () => {
+  const lines: string[] = [];
+  const { rows } = await bench({
+    jobs: 300,
+    reps: 1,
+    rate: 100,
+    seconds: 2,
+    concurrency: 32,
+    recoveryJobs: 10,
+    historyJobs: 3000,
+    leaseMs: 2000,
+    streams: 50,
+    warmupSeconds: 0,
+    systems: ['floor'],
+    scenarios: ['latency'],
+    log: (l) => lines.push(l),
+  });
+  // Every job's handler started (the repetition throws otherwise) and every completion committed.
+  const [row] = rows;
+  expect(row).toMatchObject({ scenarioKey: 'latency', systemKey: 'floor', system: "the contract's floor (bare Node and SQL)" });
+  expect(row!.figures.find((f) => f.metric === 'p50_ms')?.median).toBeGreaterThan(0);
+  if (process.platform === 'linux') expect(row!.figures.find((f) => f.metric === 'cpu_ms_per_job')?.median).toBeGreaterThan(0);
+  expect(lines.some((l) => /^latency the contract's floor .* rep 1: p50 /.test(l))).toBe(true);
+}, 120_000);

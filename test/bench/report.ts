@@ -4,7 +4,7 @@
  */
 /** The names `results.json` uses (scripts read these, not the markdown). */
 export type ScenarioKey = 'throughput' | 'latency' | 'writes' | 'recovery' | 'heartbeats' | 'history' | 'ceiling';
-export type SystemKey = 'leasehold' | 'graphile-on' | 'graphile-off' | 'pg-boss' | 'postgresql';
+export type SystemKey = 'leasehold' | 'graphile-on' | 'graphile-off' | 'pg-boss' | 'postgresql' | 'floor';
 export type MetricKey =
   | 'jobs_per_s'
   | 'cpu_ms_per_job'

@@ -20,6 +20,7 @@ import { createPool } from '../../server/store/index.js';
 import { clockMs } from './clock.js';
 import { postgresCpu, postmasterPid, processCpu } from './cpu.js';
 import { profileSelf, summarize } from './profile.js';
+import { floor } from './floor.js';
 import { graphile, leasehold, pgboss, type System, type SystemName } from './systems.js';
 import { historyReads, HISTORY_EMPTY_JOBS, purgeOldestDay, seedFinished, type ReadTimes } from './history.js';
 import { latencySvg, markdown, results, type Figure, type MetricKey, type Row } from './report.js';
@@ -451,7 +452,9 @@ async function latencyRep(s: System, o: BenchOptions, warmSeconds = o.warmupSeco
     const ok = await until('all started', async () => w.started.size >= total, 60_000);
     if (!ok) throw new Error(`${s.label}: only ${w.started.size} of ${total} jobs started`);
     // Every job started; its handler returns at once and its completion follows within moments.
-    await until('all done', () => s.drained(), 10_000);
+    // The CPU is read once every completion has committed: a system whose completions stopped
+    // would otherwise be measured cheaper for the work it never did.
+    if (!(await until('all done', () => s.drained(), 10_000))) throw new Error(`${s.label}: not every job completed within 10 s of the last start`);
     const cpu = cpuPerJob(cpu0, w, pm, total);
     return { latencies: [...w.started].map(([id, t]) => t - sent.get(id as number)!), cpu };
   } finally {
@@ -572,10 +575,17 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       if (name === 'graphile-off') systems.push(await graphile(db.url, false));
       if (name === 'graphile-on') systems.push(await graphile(db.url, true));
       if (name === 'pgboss') systems.push(await pgboss(db.url, { expireMs: o.leaseMs }));
+      if (name === 'floor') systems.push(await floor(db.url));
     }
-    // Warm-up: a discarded load (these machines run slower for their first ~30 s of work).
+    // Warm-up: a discarded load (these machines run slower for their first ~30 s of work); bulk
+    // drains for the systems that have them, the latency load for the floor (floor.ts).
     const warmEnd = Date.now() + o.warmupSeconds * 1000;
-    while (Date.now() < warmEnd) for (const s of systems) if (Date.now() < warmEnd) await throughputRep(s, o, Math.min(o.jobs, 2000));
+    const drains = systems.filter((s) => s.name !== 'floor');
+    while (Date.now() < warmEnd) {
+      for (const s of drains.length ? drains : systems) {
+        if (Date.now() < warmEnd) await (s.name === 'floor' ? latencyRep(s, { ...o, seconds: Math.min(o.seconds, 5) }, 0) : throughputRep(s, o, Math.min(o.jobs, 2000)));
+      }
+    }
     // The one-by-one enqueue path (for Leasehold an HTTP call to the gateway) is cold after a
     // bulk warm-up: a discarded stretch of the latency load, for every system alike. With 3 s of
     // it (until 2e52ce0), Leasehold's coordinator spent less CPU per job in each repetition than
@@ -1036,7 +1046,7 @@ if (isMain) {
     .option('--quick', 'the smoke version: a few hundred jobs, a few seconds')
     .option('--jobs <n>', 'jobs per throughput repetition', '20000')
     .option('--reps <n>', 'repetitions per figure', '3')
-    .option('--systems <list>', 'leasehold,graphile-off,graphile-on,pgboss', 'leasehold,graphile-off,graphile-on,pgboss')
+    .option('--systems <list>', 'of leasehold,graphile-off,graphile-on,pgboss; and floor, the contract\'s steps in bare Node (floor.ts, latency only)', 'leasehold,graphile-off,graphile-on,pgboss')
     .option(
       '--scenarios <list>',
       'throughput,writes,latency,recovery,heartbeats,history,pgbench (pgbench is the ceiling)',
@@ -1054,10 +1064,14 @@ if (isMain) {
     .parse();
   const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string; historyJobs: string }>();
   const quick = Boolean(f.quick);
-  const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'history', 'pgbench', 'ceiling'] };
+  const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss', 'floor'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'history', 'pgbench', 'ceiling'] };
   for (const [flag, list] of [['systems', f.systems], ['scenarios', f.scenarios]] as const) {
     const bad = list.split(',').filter((x) => !known[flag].includes(x));
     if (bad.length) program.error(`--${flag}: unknown ${bad.join(', ')} (one of ${known[flag].join(', ')})`);
+  }
+  const beyondLatency = f.scenarios.split(',').filter((x) => !['latency', 'pgbench', 'ceiling'].includes(x));
+  if (f.systems.split(',').includes('floor') && beyondLatency.length) {
+    program.error(`--systems floor runs the latency scenario only (floor.ts), not ${beyondLatency.join(', ')}: add --scenarios latency`);
   }
   const o: BenchOptions = {
     jobs: quick ? 300 : Number(f.jobs),

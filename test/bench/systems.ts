@@ -48,7 +48,8 @@ function withDb(url: string, db: string) {
   return u.toString();
 }
 
-async function createDb(adminUrl: string, name: string) {
+/** A new database `name` (dropped first if it exists) on the server of `adminUrl`; its URL. */
+export async function createDb(adminUrl: string, name: string) {
   const c = new pg.Client({ connectionString: adminUrl });
   await c.connect();
   await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);

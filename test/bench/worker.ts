@@ -1,6 +1,7 @@
 /**
  * A worker process for the benchmarks: Leasehold agents (the SDK over real streams),
- * graphile-worker or pg-boss, each with its own workers and a no-op (or holding) handler.
+ * graphile-worker, pg-boss or the floor's agent (floor-agent.ts), each with its own workers and a
+ * no-op (or holding) handler.
  * Started with `fork()`; reports over IPC: `ready`, and in `latency`/`hold` mode the time each
  * job's handler began (`clockMs()`), in `started` messages sent every `STARTS_FLUSH_MS`.
  */
@@ -11,7 +12,7 @@ import pino from 'pino';
 import { clockMs } from './clock.js';
 
 export interface WorkerConfig {
-  system: 'leasehold' | 'graphile-off' | 'graphile-on' | 'pgboss';
+  system: 'leasehold' | 'graphile-off' | 'graphile-on' | 'pgboss' | 'floor';
   mode: 'drain' | 'latency' | 'hold';
   /** Concurrency: total handler slots. */
   concurrency: number;
@@ -99,7 +100,12 @@ async function pgboss() {
   }
 }
 
-const start = { leasehold, 'graphile-off': () => graphile(false), 'graphile-on': () => graphile(true), pgboss }[cfg.system];
+async function floor() {
+  const { floorAgent } = await import('./floor-agent.js');
+  await floorAgent(cfg.url, cfg.tokens!.length, mkdtempSync(path.join(process.env.BENCH_OUTBOX_DIR ?? os.tmpdir(), 'bench-outbox-')), onJob);
+}
+
+const start = { leasehold, 'graphile-off': () => graphile(false), 'graphile-on': () => graphile(true), pgboss, floor }[cfg.system];
 start().then(
   () => send({ type: 'ready' }),
   (err: unknown) => {
