@@ -9,12 +9,13 @@ import { open } from 'node:fs/promises';
 import path from 'node:path';
 import { frame, reader, FLOOR_PATH, type FloorMessage } from './floor.js';
 
-export async function floorAgent(url: string, streams: number, outboxDir: string, onJob: (payload: Record<string, unknown>) => unknown): Promise<void> {
+/** `streams` streams to the floor at `url`, `concurrency` slots among them. */
+export async function floorAgent(url: string, streams: number, concurrency: number, outboxDir: string, onJob: (payload: Record<string, unknown>) => unknown): Promise<void> {
   const session = http2.connect(url);
   session.on('error', () => undefined);
   const outbox = await open(path.join(outboxDir, 'floor-outbox.log'), 'a');
   for (let k = 0; k < streams; k++) {
-    const stream = session.request({ ':method': 'POST', ':path': FLOOR_PATH, 'content-type': 'application/grpc+json' });
+    const stream = session.request({ ':method': 'POST', ':path': FLOOR_PATH, 'content-type': 'application/grpc+json', 'floor-slots': String(Math.ceil(concurrency / streams)) });
     stream.on('error', () => undefined);
     await new Promise((r) => stream.once('response', r));
     const assigned = new Map<string, { id: string; payload: Record<string, unknown> }>();

@@ -34,7 +34,6 @@ export type FloorMessage =
 
 export const FLOOR_PATH = '/floor.Agent/Connect';
 const LINGER_MS = 20;
-const SLOTS_PER_STREAM = 128;
 
 export function frame(m: FloorMessage): Buffer {
   const body = Buffer.from(JSON.stringify(m));
@@ -165,7 +164,8 @@ export async function floor(adminUrl: string): Promise<System> {
       return;
     }
     stream.respond({ ':status': 200, 'content-type': 'application/grpc+json' });
-    const s: Stream = { name: `agent-${streams.length + 1}`, h2: stream, free: SLOTS_PER_STREAM };
+    // The stream's slots, as a Hello gives them.
+    const s: Stream = { name: `agent-${streams.length + 1}`, h2: stream, free: Number(headers['floor-slots']) || 1 };
     streams.push(s);
     stream.on('data', reader((m) => onMessage(s, m)));
     stream.on('close', () => streams.splice(streams.indexOf(s), 1));

@@ -102,7 +102,7 @@ async function pgboss() {
 
 async function floor() {
   const { floorAgent } = await import('./floor-agent.js');
-  await floorAgent(cfg.url, cfg.tokens!.length, mkdtempSync(path.join(process.env.BENCH_OUTBOX_DIR ?? os.tmpdir(), 'bench-outbox-')), onJob);
+  await floorAgent(cfg.url, cfg.tokens!.length, cfg.concurrency, mkdtempSync(path.join(process.env.BENCH_OUTBOX_DIR ?? os.tmpdir(), 'bench-outbox-')), onJob);
 }
 
 const start = { leasehold, 'graphile-off': () => graphile(false), 'graphile-on': () => graphile(true), pgboss, floor }[cfg.system];
