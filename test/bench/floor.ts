@@ -98,7 +98,6 @@ interface Stream {
 export async function floor(adminUrl: string): Promise<System> {
   const url = await createDb(adminUrl, 'bench_floor');
   const pool: pg.Pool = createPool(url, 8);
-  await pool.query('DROP TABLE IF EXISTS jobs, done');
   await pool.query(SCHEMA);
   const streams: Stream[] = [];
   let next = 0;
