@@ -28,15 +28,19 @@ const registerSql = statement(
    ON CONFLICT (id) DO NOTHING`,
 );
 
+// Built once (a zod schema costs tens of microseconds to build): every Hello is checked.
+const queuesSchema = z.array(schemas.queue).max(limits.queuesPerClaim);
+const slotsSchema = z.int().min(1);
+
 /** Records an open stream (a repeat is ignored). */
 export async function sessionRegister(db: Queryable, s: SessionRecord): Promise<Outcome<null>> {
   const bad = checkAll(
     check('id', schemas.id, s.id),
     check('agentId', schemas.agentId, s.agentId),
     check('coordinatorId', schemas.id, s.coordinatorId),
-    check('queues', z.array(schemas.queue).max(limits.queuesPerClaim), s.queues),
+    check('queues', queuesSchema, s.queues),
     check('labels', schemas.labels, s.labels),
-    check('slots', z.int().min(1), s.slots),
+    check('slots', slotsSchema, s.slots),
   );
   if (bad) return bad;
   await run(db, registerSql, [s.id, s.agentId, s.coordinatorId, s.queues, JSON.stringify(s.labels), s.slots, s.connectedAt]);

@@ -75,6 +75,7 @@ const failSql = statement(
    SELECT u.*, $4::jsonb AS error FROM u`,
 );
 
+const retryableSchema = z.boolean();
 const errorSchema = z.object({ message: z.string().min(1, 'must not be empty') }).loose();
 
 /**
@@ -82,7 +83,7 @@ const errorSchema = z.object({ message: z.string().min(1, 'must not be empty') }
  * attempt cap. Repeats are `duplicate` / `conflict` as for `attemptComplete`.
  */
 export async function attemptFail(db: Queryable, p: FailParams): Promise<Outcome<Job>> {
-  const bad = checkRef(p) ?? check('error', errorSchema, p.error) ?? check('retryable', z.boolean(), p.retryable);
+  const bad = checkRef(p) ?? check('error', errorSchema, p.error) ?? check('retryable', retryableSchema, p.retryable);
   if (bad) return bad;
   const error = checkJson('error', p.error, { maxBytes: limits.errorBytes, object: true });
   if ('failure' in error) return error.failure;

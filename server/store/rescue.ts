@@ -128,12 +128,15 @@ function errorSql(t: string): string {
                            WHEN 'lease_expired' THEN ${of('lease_expired', 'lease expired: no heartbeat from the agent')} END`;
 }
 
+/** Built once: a zod schema costs tens of microseconds to build, and the reaper calls this every tick. */
+const limitSchema = z.int().min(1).max(10_000);
+
 /**
  * Ends up to `limit` expired attempts and requeues their jobs (`dead` at the cap). The reaper
  * calls it until it returns fewer than `limit`.
  */
 export async function jobRescueExpired(db: Queryable, p: RescueParams): Promise<Outcome<Rescued[]>> {
-  const bad = checkAll(check('limit', z.int().min(1).max(10_000), p.limit));
+  const bad = checkAll(check('limit', limitSchema, p.limit));
   if (bad) return bad;
   const backoff = p.backoff ?? DEFAULT_BACKOFF;
   const rows = await withDays(db, () => run<{

@@ -49,7 +49,10 @@ const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
 /** Creates a registry fed by `src`'s events. */
 export function createMetrics(src: MetricsSources): Metrics {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
+  // The event loop's delay is sampled by a timer of its own: every 100 ms, not prom-client's 10,
+  // which woke an idle coordinator a hundred times a second (docs/performance.md, "An idle
+  // coordinator"). A percentile of a scrape interval's samples loses nothing that matters.
+  collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 100 });
   const r = [registry];
   const offs: Array<() => void> = [];
   /** Subscribes `fn` to `event` of `emitter` (when there is one) until `close()`. */
