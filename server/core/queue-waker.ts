@@ -7,7 +7,7 @@
  * its end, WAL flush included. Enqueues that NOTIFY therefore commit one at a time, each
  * waiting for its own flush, instead of sharing flushes; once one enqueue finds jobs waiting
  * ahead of it (no hand-off), every enqueue after it NOTIFYs, and a single slow flush became a
- * queue of enqueues half a second long (measured: docs/performance.md, "The NOTIFY lock").
+ * queue of enqueues half a second long (measured: docs/performance-history.md, "The NOTIFY lock").
  * Here the notifications go out afterwards, batched, in a transaction that commits
  * asynchronously, so the lock is held for microseconds.
  *

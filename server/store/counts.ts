@@ -2,7 +2,7 @@
  * Job counts per queue and status, kept rather than counted (the `job_counts` table).
  *
  * Finished jobs are the history: counting them on every read scanned every job kept (885 ms at
- * ten million, docs/performance.md). So each statement that moves jobs into a finished status
+ * ten million, docs/performance-history.md). So each statement that moves jobs into a finished status
  * or out of one appends its change, in the same statement (`countChangeSql`): one row per queue
  * and status it touched, `n` the signed number of jobs. Appending, never updating a total, so
  * concurrent transitions never wait on one another's row. `jobCountsCompact` folds the rows

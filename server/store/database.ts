@@ -145,7 +145,7 @@ function databaseSettingProblem(url: string, err: Error & { code?: string; path?
  * How long a pool keeps a connection nobody uses (pg's default is 10 s). Opening one costs a
  * backend process, a SCRAM exchange and every statement planned afresh; with the 10 s default a
  * pool shrank between bursts and grew again in the next one, opening a dozen connections at once
- * on a busy machine: enqueues waited half a second for them (docs/performance.md, "Connections
+ * on a busy machine: enqueues waited half a second for them (docs/performance-history.md, "Connections
  * that came and went").
  */
 export const IDLE_CONNECTION_MS = 600_000;

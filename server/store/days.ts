@@ -188,7 +188,7 @@ export async function withDays<T>(db: Queryable, statement: () => Promise<T>): P
  * `share` of its time, and drops the table. Those rows belong to no job any read can reach (a key
  * of a gone job is free: enqueue.ts, `keyFreeSql`), so the sweep may take minutes and leave the hot
  * path its cores; deleting them in one statement made a drain run at half its speed meanwhile
- * (docs/performance.md, "Cost as the work grows"). A day whose jobs ended within the per-minute
+ * (docs/performance-history.md, "Cost as the work grows"). A day whose jobs ended within the per-minute
  * counts' window (a retention under a day) is dropped in one transaction instead, as the counts of
  * what ended lose its attempts with the rows.
  */
@@ -351,7 +351,7 @@ async function sweep(c: pg.PoolClient | pg.Client, table: string, p: Omit<DaysDr
  * seventh of what they hold, under autovacuum's threshold (a fifth), so its dead rows would
  * otherwise stay until the next day's drop; meanwhile every index read over them steps past their
  * entries, and the planner's probe of an index's ends reads them too: an agent's list took 8.6
- * ms instead of 2.4 on a database whose attempts were four-fifths dead rows (docs/performance.md,
+ * ms instead of 2.4 on a database whose attempts were four-fifths dead rows (docs/performance-history.md,
  * "Cost as the work grows"). `signal` cancels a VACUUM under way (harmless: autovacuum or the
  * next drop does it).
  */

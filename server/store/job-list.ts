@@ -217,7 +217,7 @@ export async function jobListPage(
   // custom plans first and the generic plan once it looks no costlier, went generic on a small
   // history and stayed custom on a large one (the generic plan's estimates grow with the
   // tables), so the page of an agent took 2.2 ms at 5,000 jobs and 4.4 ms at ten million,
-  // against 1.8 ms in the generic plan (docs/performance.md, "Cost as the work grows"). Every
+  // against 1.8 ms in the generic plan (docs/performance-history.md, "Cost as the work grows"). Every
   // shape's generic plan reads the indexes it should (store.history-reads.test.ts). The setting
   // rides with the BEGIN: one round trip more than the statement alone (its COMMIT).
   const rows = await withTransaction(db, (tx) => run<Record<string, unknown> & { created_us: number; id: string }>(tx, s, values), {

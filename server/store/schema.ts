@@ -226,7 +226,7 @@ export const endedCounts = pgTable(
     n: bigint('n', { mode: 'number' }).notNull(),
   },
   // GetStats reads its window's minutes (15 by default) of the day kept: without it, every row
-  // of the day (8,635 at a busy day's end, 0.51 ms against 0.15 with it; docs/performance.md,
+  // of the day (8,635 at a busy day's end, 0.51 ms against 0.15 with it; docs/performance-history.md,
   // "Cost as the work grows").
   (t) => [index('ended_counts_minute_idx').on(t.minute)],
 );

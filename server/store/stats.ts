@@ -40,7 +40,7 @@ export async function jobDepths(db: Queryable): Promise<{ depths: QueueDepth[]; 
     async (tx) => {
       // Planned serial. Both statements have no parameters, so a connection plans each once and
       // keeps the plan; one made while a burst had jobs_live past 8 MB was parallel, and stayed:
-      // two workers launched on every call, 5.6 ms for 0.2 of work (docs/performance.md, "Cost
+      // two workers launched on every call, 5.6 ms for 0.2 of work (docs/performance-history.md, "Cost
       // as the work grows"). A few thousand live jobs never need a parallel plan.
       await tx.query('SET LOCAL max_parallel_workers_per_gather = 0');
       const depths = await jobCounts(tx);

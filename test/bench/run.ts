@@ -827,7 +827,7 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
       // measured one after the other (the empty round first, the full one minutes later), the
       // same reads on an unchanged database moved by 1.4 × and back between rounds (GetStats
       // 2.7, 1.9, 2.7 ms), and the ratio of the same code's GetStats was 0.97 in one run and
-      // 2.83 in another (docs/performance.md, "Cost as the work grows").
+      // 2.83 in another (docs/performance-history.md, "Cost as the work grows").
       const twin = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history_empty', keepHistory: true });
       const h = await leasehold(db.url, { leaseMs: o.leaseMs, agents: 2, database: 'bench_leasehold_history', keepHistory: true }).catch(async (err: unknown) => {
         await twin.close();

@@ -153,7 +153,7 @@ export async function leasehold(
     },
     async reset() {
       // With a history, nothing is removed: the drains' finished jobs stay in the history, as a
-      // real day's jobs do (docs/performance.md, "The hot path's 0.9 ×"). Deleting them after
+      // real day's jobs do (docs/performance-history.md, "The hot path's 0.9 ×"). Deleting them after
       // each drain reopened their room in the pages of today's partition that the seeded jobs,
       // larger than these no-op ones, had left part empty; the next drain's rows then went into
       // those pages, each already on disk: on the ten-million database, 6,609 full-page images
