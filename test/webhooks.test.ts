@@ -5,6 +5,8 @@
  * retry), takes back claims of a deliverer that died, and raises an alert for every
  * dead-lettering.
  */
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { WEBHOOK_HEADERS, WebhookDeliverer, type DeadLetterAlert } from '../server/core/webhook-deliverer.js';
@@ -202,6 +204,53 @@ describe('retries, the cap, and the operator', () => {
     expect(value(await deliveryList(t.pool, {}))[0]!.lastError).toBe('no answer within 300 ms');
     value(await subscriptionRemove(t.pool, { id: s.id }));
     expect(value(await deliveryList(t.pool, {}))).toEqual([]);
+  });
+
+  it('gives up in time when a garbage collection comes while the receiver keeps silent (a collection)', async () => {
+    // Node 20 holds an `AbortSignal.timeout` signal weakly: combined with `AbortSignal.any`, a
+    // collection took the timeout away and the send waited for ever (CI, stop 49).
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    await subscribe('collected', '/collected');
+    rx.policy('/collected', 'hang');
+    const j = await running('collected');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const started = Date.now();
+    const run = deliverer({ timeoutMs: 1000 }).runOnce();
+    await rx.waitFor('the send', (r) => r.received.length === 1);
+    gc();
+    gc();
+    let bound: NodeJS.Timeout | undefined;
+    const hung = new Promise<never>((_, reject) => {
+      bound = setTimeout(() => reject(new Error('the send outlived its 1 s timeout by 10 s')), 11_000);
+    });
+    try {
+      expect(await Promise.race([run, hung])).toMatchObject({ sent: 1, retried: 1 });
+    } finally {
+      clearTimeout(bound);
+    }
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1000);
+    expect(value(await deliveryList(t.pool, {}))[0]!.lastError).toBe('no answer within 1000 ms');
+  });
+
+  it('stop() cuts a send in flight at once, and the delivery is sent again later', async () => {
+    await subscribe('cut', '/cut');
+    rx.policy('/cut', 'hang');
+    const j = await running('cut');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const d = deliverer({ timeoutMs: 60_000 });
+    const run = d.runOnce();
+    await rx.waitFor('the send', (r) => r.received.length === 1);
+    const stopped = Date.now();
+    await d.stop();
+    expect(Date.now() - stopped).toBeLessThan(30_000);
+    expect(await run).toMatchObject({ sent: 1, retried: 1, delivered: 0 });
+    const [cut] = value(await deliveryList(t.pool, {}));
+    expect(cut).toMatchObject({ status: 'pending', attempts: 1, lastError: 'the deliverer stopped' });
+    rx.policy('/cut', 'ok');
+    await t.pool.query(`UPDATE webhook_deliveries SET next_attempt_at = now()`);
+    expect(await deliverer().runOnce()).toMatchObject({ sent: 1, delivered: 1 });
+    expect(rx.events.size).toBe(1);
   });
 
   it('takes back a delivery claimed by a deliverer that died, and sends it again (deduped by event id)', async () => {

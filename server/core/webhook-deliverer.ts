@@ -250,6 +250,16 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   /** POSTs the body, signed; never throws. */
   private async send(d: ClaimedDelivery, secret: string): Promise<SendResult> {
     const timestamp = Math.floor(Date.now() / 1000);
+    // One controller per send, aborted by a timer of our own or by stop(). Not
+    // `AbortSignal.any([AbortSignal.timeout(ms), …])`: Node 20 holds a timeout signal only
+    // weakly, so a garbage collection while the receiver kept silent took the timeout with it
+    // and the send, and the run, waited for ever (test/webhooks.test.ts, "a collection").
+    const sending = new AbortController();
+    const stopping = this.abort.signal;
+    const onStop = () => sending.abort(stopping.reason);
+    if (stopping.aborted) onStop();
+    else stopping.addEventListener('abort', onStop, { once: true });
+    const timer = setTimeout(() => sending.abort(new DOMException(`no answer within ${this.config.timeoutMs} ms`, 'TimeoutError')), this.config.timeoutMs);
     try {
       const res = await fetch(d.url, {
         method: 'POST',
@@ -265,7 +275,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
           [WEBHOOK_HEADERS.attempt]: String(d.attempt),
           ...(d.header ? { [d.header.name]: d.header.value } : {}),
         },
-        signal: AbortSignal.any([AbortSignal.timeout(this.config.timeoutMs), this.abort.signal]),
+        signal: sending.signal,
       });
       await res.body?.cancel().catch(() => undefined);
       if (res.status >= 200 && res.status < 300) return { ok: true, httpStatus: res.status };
@@ -277,6 +287,9 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       const e = err as Error & { cause?: { code?: string; message?: string } };
       const why = e.name === 'TimeoutError' ? `no answer within ${this.config.timeoutMs} ms` : (e.cause?.code ?? e.cause?.message ?? e.message);
       return { ok: false, error: why };
+    } finally {
+      clearTimeout(timer);
+      stopping.removeEventListener('abort', onStop);
     }
   }
 }
