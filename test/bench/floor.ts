@@ -117,14 +117,17 @@ export async function floor(adminUrl: string): Promise<System> {
     }
     return undefined;
   };
+  /** Gives free slots to the enqueues waiting for one, oldest first. */
+  const serveWaiting = () => {
+    while (waiting.length > 0) {
+      const to = takeSlot();
+      if (!to) return;
+      waiting.shift()!(to);
+    }
+  };
   const freed = (s: Stream) => {
     s.free++;
-    const w = waiting.shift();
-    if (w) {
-      const to = takeSlot();
-      if (to) w(to);
-      else waiting.unshift(w);
-    }
+    serveWaiting();
   };
   /** A statement that failed: the run stops on it (`drained`), not measured without its work. */
   let failed: Error | undefined;
@@ -191,14 +194,7 @@ export async function floor(adminUrl: string): Promise<System> {
     // The stream's slots, as a Hello gives them.
     const s: Stream = { name: `agent-${streams.length + 1}`, h2: stream, free: Number(headers['floor-slots']) || 1 };
     streams.push(s);
-    for (let w = waiting.shift(); w; w = waiting.shift()) {
-      const to = takeSlot();
-      if (!to) {
-        waiting.unshift(w);
-        break;
-      }
-      w(to);
-    }
+    serveWaiting();
     stream.on('data', reader((m) => onMessage(s, m)));
     stream.on('close', () => {
       const i = streams.indexOf(s);
