@@ -77,6 +77,16 @@ function startRunner(configFile: string): Runner {
   return runner;
 }
 
+/**
+ * The pids that test/fixtures/commands/tree.mjs records: once the runner says its command started
+ * (the runner's own start, its stream and the dispatch may take a while on a busy machine), then
+ * the file, so a timeout says which of the two was slow.
+ */
+async function treePids(r: Runner, pidFile: string): Promise<{ child: number; grandchild: number }> {
+  await r.waitFor((l) => l.event === 'command.started');
+  return waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+}
+
 async function writeConfig(name: string, config: Record<string, unknown>): Promise<string> {
   const file = path.join(work, `${name}.json`);
   await writeFile(file, JSON.stringify(config, null, 2));
@@ -170,10 +180,10 @@ describe('leasehold-agent', () => {
 
   it('kills the command and its grandchild on timeout', async () => {
     const c = await config('runner-timeout', { slow: { command: node('tree.mjs'), timeout: '1s', killGrace: '300ms' } });
-    startRunner(c.file);
+    const r = startRunner(c.file);
     const pidFile = path.join(work, 'timeout-pids.json');
     const j = await enqueue('slow', { pidFile }, { maxAttempts: 1 });
-    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    const pids = await treePids(r, pidFile);
     expect(alive(pids.child) && alive(pids.grandchild)).toBe(true);
     await until(lh, 'dead-lettered', async () => (await job(j.id)).status === 'dead', 20_000);
     expect((await job(j.id)).error.message).toMatch(/^timed out after 1000 ms/);
@@ -185,7 +195,7 @@ describe('leasehold-agent', () => {
     const r = startRunner(c.file);
     const pidFile = path.join(work, 'cancel-pids.json');
     const j = await enqueue('long', { pidFile });
-    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    const pids = await treePids(r, pidFile);
     const client = rawClient('JobService', `127.0.0.1:${lh.port}`);
     await unary(client, 'cancelJob', { jobId: j.id }, ADMIN_KEY).finally(() => client.close());
     await waitFor('tree gone', () => !alive(pids.child) && !alive(pids.grandchild), 5000);
@@ -195,12 +205,12 @@ describe('leasehold-agent', () => {
 
   it('kills the tree when the attempt is revoked after its lease was lost', async () => {
     const c = await config('runner-revoke', { long: { command: node('tree.mjs'), killGrace: '300ms' } });
-    startRunner(c.file);
+    const r = startRunner(c.file);
     const pidFile = path.join(work, 'revoke-pids.json');
     // One attempt only: the rescued job goes dead instead of starting again on this runner (an
     // attempt 2 would outlive the test when the runner is SIGKILLed after it).
     const j = await enqueue('long', { pidFile }, { maxAttempts: 1 });
-    const pids = await waitFor('pids', () => existsSync(pidFile) && (JSON.parse(readFileSync(pidFile, 'utf8')) as { child: number; grandchild: number }));
+    const pids = await treePids(r, pidFile);
     await until(lh, 'running', async () => (await job(j.id)).status === 'running');
     // As if the lease had run out: the reaper takes the job back and revokes the attempt.
     await lh.c.reaper.stop(); // so the run below is ours, not one already going with the real clock
