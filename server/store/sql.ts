@@ -3,6 +3,7 @@
  * named prepared statements for the hot path, and `withTransaction`.
  */
 import pg from 'pg';
+import { queryShaped } from './shaped-query.js';
 
 /** A pool or a checked-out client: every store verb takes one as its first argument. */
 export type Queryable = pg.Pool | pg.PoolClient | pg.Client;
@@ -21,15 +22,17 @@ export function statement(name: string, text: string): Statement {
 }
 const statementNames = new Set<string>();
 
-/** Runs a named statement and returns its rows. */
+/**
+ * Runs a named statement and returns its rows. After its first execution on a connection it is
+ * sent without a Describe, its rows read as that one described them (shaped-query.ts).
+ */
 export async function run<R extends pg.QueryResultRow>(
   db: Queryable,
   stmt: Statement,
   values: unknown[],
 ): Promise<R[]> {
-  const query = { name: stmt.name, text: stmt.text, values };
   try {
-    return (await db.query<R>(query)).rows;
+    return await queryShaped<R>(db, stmt.name, stmt.text, values);
   } catch (err) {
     // On the pool a statement is a transaction of its own, rolled back whole when PostgreSQL ends
     // it as the victim of a deadlock: it runs once more, as if for the first time. Seen once in a
@@ -37,7 +40,7 @@ export async function run<R extends pg.QueryResultRow>(
     // rows in another order (batch.ts, `batchFence`). Inside a transaction the caller decides.
     if (db instanceof pg.Pool && isDeadlock(err)) {
       try {
-        return (await db.query<R>(query)).rows;
+        return await queryShaped<R>(db, stmt.name, stmt.text, values);
       } catch (again) {
         err = again;
       }
