@@ -102,9 +102,30 @@ it('a value that cannot be sent fails its call and leaves the connection working
   const cyc: Record<string, unknown> = {};
   cyc.self = cyc;
   const one = statement('testShapedJson', 'SELECT $1::jsonb AS j');
+  // On its first execution (its Parse goes out, and stands) and on a later one.
+  await expect(run(client, one, [cyc])).rejects.toThrow(/circular/i);
   expect(await run(client, one, ['{"a":1}'])).toEqual([{ j: { a: 1 } }]);
-  await expect(run(client, one, [cyc])).rejects.toThrow();
+  await expect(run(client, one, [cyc])).rejects.toThrow(/circular/i);
   expect(await run(client, one, ['{"b":2}'])).toEqual([{ j: { b: 2 } }]);
+  // Described by the first call that was sent, and again after the error.
+  expect(described).toEqual(['testShapedJson', 'testShapedJson']);
+});
+
+it('many rows, no rows, and a statement without a result read as before', async () => {
+  await client.query('CREATE TEMP TABLE shaped_many (i int, t timestamptz)');
+  const add = statement('testShapedAdd', 'INSERT INTO shaped_many SELECT g, $2::timestamptz FROM generate_series(1, $1::int) g');
+  const some = statement('testShapedSome', 'SELECT i, t FROM shaped_many WHERE i <= $1::int ORDER BY i');
+  const at = new Date('2026-01-02T03:04:05Z');
+  expect(await run(client, add, [300, at])).toEqual([]);
+  expect(await run(client, add, [2, at])).toEqual([]);
+  expect(await run(client, some, [0])).toEqual([]);
+  // Described by the first execution, which had no rows; read with that description since.
+  const rows = await run<{ i: number; t: Date }>(client, some, [300]);
+  expect(rows.map((r) => r.i)).toEqual([1, 1, 2, 2, ...Array.from({ length: 298 }, (_, k) => k + 3)]);
+  expect(rows.every((r) => r.t.getTime() === at.getTime())).toBe(true);
+  expect(await run(client, some, [1])).toEqual([{ i: 1, t: at }, { i: 1, t: at }]);
+  // An INSERT without RETURNING has no row description: it is described each time.
+  expect(described).toEqual(['testShapedAdd', 'testShapedAdd', 'testShapedSome']);
 });
 
 it('each connection of a pool describes a statement once', async () => {
