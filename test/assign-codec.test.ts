@@ -2,7 +2,8 @@
  * The hand-written encodings of `Assign`, `Ack` and `Renewed` (server/transport/assign-codec.ts)
  * write exactly the bytes protobuf-es writes for the same messages (the jobs through
  * `toPbClaimed`), on random ones: every field set or not, payloads of any JSON, labels, errors,
- * times.
+ * times; both through protobuf-es (the messages' unknown fields) and as the whole bytes each
+ * message keeps for the agent stream's lane (`handEncoded`).
  */
 import { create, toBinary, type JsonObject } from '@bufbuild/protobuf';
 import { durationFromMs } from '@bufbuild/protobuf/wkt';
@@ -10,7 +11,7 @@ import fc from 'fast-check';
 import { expect, it } from 'vitest';
 import { ServerMessageSchema } from '../gen/leasehold/v1/agent_service_pb.js';
 import type { AckItem } from '../server/core/agent-hub.js';
-import { ackMessage, assignMessage, renewedMessage } from '../server/transport/assign-codec.js';
+import { ackMessage, assignMessage, handEncoded, renewedMessage } from '../server/transport/assign-codec.js';
 import { toPbClaimed, toPbCurrent } from '../server/transport/codec.js';
 import { toPbOutcome } from '../server/transport/outcome-wire.js';
 import { claimed, json, object } from './helpers/arbitraries.js';
@@ -19,8 +20,9 @@ it('encodes an Assign byte for byte as protobuf-es does', () => {
   fc.assert(
     fc.property(fc.array(claimed, { maxLength: 6 }), (jobs) => {
       const reflective = toBinary(ServerMessageSchema, create(ServerMessageSchema, { kind: { case: 'assign', value: { jobs: jobs.map(toPbClaimed) } } }));
-      const byHand = toBinary(ServerMessageSchema, assignMessage(jobs));
-      expect(Buffer.from(byHand).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+      const m = assignMessage(jobs);
+      expect(Buffer.from(toBinary(ServerMessageSchema, m)).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+      expect(Buffer.from(handEncoded(m)!).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
     }),
     { numRuns: 500 },
   );
@@ -63,7 +65,9 @@ it('encodes an Ack byte for byte as protobuf-es does', () => {
           },
         }),
       );
-      expect(Buffer.from(toBinary(ServerMessageSchema, ackMessage(items))).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+      const m = ackMessage(items);
+      expect(Buffer.from(toBinary(ServerMessageSchema, m)).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+      expect(Buffer.from(handEncoded(m)!).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
     }),
     { numRuns: 500 },
   );
@@ -77,7 +81,11 @@ it('encodes a Renewed byte for byte as protobuf-es does', () => {
       fc.oneof(fc.constant(0n), fc.bigInt({ min: 0n, max: 2n ** 64n - 1n })),
       (attemptIds, leaseTtlMs, seq) => {
         const reflective = toBinary(ServerMessageSchema, create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds, leaseTtl: durationFromMs(leaseTtlMs), seq } } }));
-        expect(Buffer.from(toBinary(ServerMessageSchema, renewedMessage(attemptIds, leaseTtlMs, seq))).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+        const m = renewedMessage(attemptIds, leaseTtlMs, seq);
+        expect(Buffer.from(toBinary(ServerMessageSchema, m)).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+        // A negative lease is left to protobuf-es whole: no bytes kept.
+        if (leaseTtlMs >= 0) expect(Buffer.from(handEncoded(m)!).toString('hex')).toBe(Buffer.from(reflective).toString('hex'));
+        else expect(handEncoded(m)).toBeUndefined();
       },
     ),
     { numRuns: 500 },

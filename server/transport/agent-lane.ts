@@ -24,6 +24,7 @@ import { Code, ConnectError } from '@connectrpc/connect';
 import { setTrailerStatus } from '@connectrpc/connect/protocol-grpc';
 import { AgentService, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
 import { decodeAgentMessage } from './agent-codec.js';
+import { handEncoded } from './assign-codec.js';
 
 /** The method this lane serves, named from the generated service. */
 export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
@@ -73,7 +74,7 @@ async function respond(output: AsyncIterable<ServerMessage>, res: http2.Http2Ser
     for await (const m of output) {
       if (gone(res)) break;
       if (!res.headersSent) res.writeHead(200, HEADERS);
-      if (!res.write(frame(toBinary(ServerMessageSchema, m)))) await drained(res);
+      if (!res.write(frame(handEncoded(m) ?? toBinary(ServerMessageSchema, m)))) await drained(res);
     }
   } catch (err) {
     error = err instanceof ConnectError ? err : new ConnectError('internal error', Code.Internal, undefined, undefined, err);

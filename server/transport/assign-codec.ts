@@ -7,7 +7,8 @@
  * hands them to the transport as the `Assign`'s unknown fields, which protobuf-es writes as they
  * are. On the wire it is an ordinary `Assign` (test/assign-codec.test.ts compares the bytes with
  * protobuf-es's, on random jobs). `Ack` and `Renewed`, sent once per job too, are written the
- * same way (the writer is the agent's, agent-client/src/wire.ts).
+ * same way (the writer is the agent's, agent-client/src/wire.ts). Each is also kept whole as
+ * bytes (`handEncoded`), which the agent stream's lane writes as they are.
  */
 import { create, toBinary } from '@bufbuild/protobuf';
 import { WireType } from '@bufbuild/protobuf/wire';
@@ -149,14 +150,52 @@ export function encodeClaimedJob(c: Claimed): Uint8Array {
   return o.buf;
 }
 
+/** An unknown field as protobuf-es keeps it: `data` is what follows the tag. */
+interface UnknownField {
+  no: number;
+  wireType: WireType;
+  data: Uint8Array;
+}
+
+/** The whole `ServerMessage` of each message made here, as protobuf-es would encode it. */
+const encoded = new WeakMap<ServerMessage, Uint8Array>();
+
+/**
+ * The bytes of `m` when it was made here (an `Assign`, `Ack` or `Renewed` encoded by hand), so
+ * that a transport that writes bytes (agent-lane.ts) need not walk it with protobuf-es; otherwise
+ * undefined.
+ */
+export function handEncoded(m: ServerMessage): Uint8Array | undefined {
+  return encoded.get(m);
+}
+
+/**
+ * A `ServerMessage` whose oneof `kind` is field `no`, a message of `fields` only (its unknown
+ * fields), remembered with its bytes: the tag of `no`, the length, each field's tag and data.
+ */
+function withBytes(no: number, fields: UnknownField[], m: ServerMessage): ServerMessage {
+  let body = 0;
+  for (const f of fields) body += varintSize((f.no << 3) | f.wireType) + f.data.length;
+  const o = Writer.sized(varintSize((no << 3) | LEN) + varintSize(body) + body);
+  o.tag(no, LEN);
+  o.varint(body);
+  for (const f of fields) {
+    o.tag(f.no, f.wireType);
+    o.buf.set(f.data, o.pos);
+    o.pos += f.data.length;
+  }
+  encoded.set(m, o.buf);
+  return m;
+}
+
 /**
  * A `ServerMessage` with an `Assign` of `jobs`, the jobs encoded by hand and attached as the
- * `Assign`'s unknown fields (field 1, one per job), which the transport writes unchanged.
+ * `Assign`'s unknown fields (field 1, one per job), which protobuf-es writes unchanged.
  */
 export function assignMessage(jobs: Claimed[]): ServerMessage {
   const assign = create(ServerMessage_AssignSchema);
   assign.$unknown = jobs.map((c) => ({ no: 1, wireType: LEN, data: encodeClaimedJob(c) }));
-  return create(ServerMessageSchema, { kind: { case: 'assign', value: assign } });
+  return withBytes(2, assign.$unknown, create(ServerMessageSchema, { kind: { case: 'assign', value: assign } }));
 }
 
 /** One `Ack.Item` as its unknown-field data (length first), as `toServerMessage` would build it. */
@@ -192,7 +231,7 @@ function encodeAckItem(i: AckItem): Uint8Array {
 export function ackMessage(items: AckItem[]): ServerMessage {
   const ack = create(ServerMessage_AckSchema);
   ack.$unknown = items.map((i) => ({ no: 1, wireType: LEN, data: encodeAckItem(i) }));
-  return create(ServerMessageSchema, { kind: { case: 'ack', value: ack } });
+  return withBytes(3, ack.$unknown, create(ServerMessageSchema, { kind: { case: 'ack', value: ack } }));
 }
 
 /** A `ServerMessage` with a `Renewed`, its fields encoded by hand. */
@@ -200,7 +239,7 @@ export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bi
   // A lease is never negative; such a duration (ten-byte varints) is left to protobuf-es.
   if (!(leaseTtlMs >= 0)) return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds, leaseTtl: durationFromMs(leaseTtlMs), seq } } });
   const renewed = create(ServerMessage_RenewedSchema);
-  const unknown: Array<{ no: number; wireType: WireType; data: Uint8Array }> = attemptIds.map((id) => {
+  const unknown: UnknownField[] = attemptIds.map((id) => {
     const o = Writer.sized(lenField(Buffer.byteLength(id)) - 1);
     o.stringBody(id);
     return { no: 1, wireType: LEN, data: o.buf };
@@ -214,5 +253,5 @@ export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bi
     unknown.push({ no: 3, wireType: WireType.Varint, data: o.buf });
   }
   renewed.$unknown = unknown;
-  return create(ServerMessageSchema, { kind: { case: 'renewed', value: renewed } });
+  return withBytes(7, unknown, create(ServerMessageSchema, { kind: { case: 'renewed', value: renewed } }));
 }
