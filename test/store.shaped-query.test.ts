@@ -55,6 +55,15 @@ it('describes a statement on its first execution only, and reads the same values
   expect(rows[0]![0]).not.toBe(rows[1]![0]);
 });
 
+it('of two columns of one name the last one stands, as in node-postgres', async () => {
+  const twice = statement('testShapedTwice', 'SELECT $1::int AS a, NULL::int AS a, $1::int AS b, $1::int + 1 AS b');
+  for (let i = 0; i < 2; i++) {
+    expect(await run(client, twice, [7])).toEqual([{ a: null, b: 8 }]);
+    expect(await run(client, twice, [7])).toEqual((await client.query('SELECT $1::int AS a, NULL::int AS a, $1::int AS b, $1::int + 1 AS b', [7])).rows);
+  }
+  expect(described.filter((d) => d === 'testShapedTwice')).toEqual(['testShapedTwice']);
+});
+
 it("a store verb's rows read without the Describe are the rows read with it", async () => {
   for (let i = 0; i < 3; i++) {
     const made = await jobEnqueue(client, { queue: 'shaped', payload: { a: i }, labels: { os: 'windows' }, maxAttempts: 3, runAt: new Date(Date.now() + 60_000) });

@@ -124,9 +124,11 @@ class ShapedQuery<R> {
     const row: Record<string, unknown> = { ...empty };
     const values = msg.fields;
     try {
+      // Every column assigned in order, nulls too: of two columns of one name the last one
+      // stands, as in node-postgres' rows.
       for (let i = 0; i < values.length; i++) {
         const v = values[i];
-        if (v !== null && v !== undefined) row[names[i]!] = parsers[i]!(v);
+        row[names[i]!] = v === null || v === undefined ? null : parsers[i]!(v);
       }
     } catch (err) {
       // A value its parser refuses: the call fails when PostgreSQL is done answering it.
