@@ -8,6 +8,7 @@ import pg from 'pg';
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import { jobEnqueue, jobGet } from '../server/store/index.js';
 import { run, statement } from '../server/store/sql.js';
+import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 
 const t = useTestDb();
@@ -135,6 +136,29 @@ it('many rows, no rows, and a statement without a result read as before', async 
   expect(await run(client, some, [1])).toEqual([{ i: 1, t: at }, { i: 1, t: at }]);
   // An INSERT without RETURNING has no row description: it is described each time.
   expect(described).toEqual(['testShapedAdd', 'testShapedAdd', 'testShapedSome']);
+});
+
+it("a call's result carries PostgreSQL's command and row count, as node-postgres' does", async () => {
+  await client.query('CREATE TABLE shaped_counted (i int)');
+  const seen: Array<{ command: string | null; rowCount: number | null }> = [];
+  const pool = interceptPool(t.pool, async (_q, go) => {
+    const res = await go();
+    seen.push({ command: res.command, rowCount: res.rowCount });
+    return res;
+  });
+  const add = statement('testShapedCounted', 'INSERT INTO shaped_counted SELECT generate_series(1, $1::int) RETURNING i');
+  const upd = statement('testShapedCountedUp', 'UPDATE shaped_counted SET i = i + 1 WHERE i <= $1::int');
+  for (let k = 0; k < 2; k++) {
+    expect((await run(pool, add, [3])).length).toBe(3);
+    expect(await run(pool, upd, [2])).toEqual([]);
+  }
+  expect(seen).toEqual([
+    { command: 'INSERT', rowCount: 3 },
+    { command: 'UPDATE', rowCount: 2 }, // 1 and 2 of 1, 2, 3
+    { command: 'INSERT', rowCount: 3 },
+    { command: 'UPDATE', rowCount: 3 }, // 1, 2 and 2 of 2, 3, 3, 1, 2, 3
+  ]);
+  await client.query('DROP TABLE shaped_counted');
 });
 
 it('each connection of a pool describes a statement once', async () => {

@@ -51,6 +51,16 @@ interface PgConnection {
 
 const { prepareValue } = (pg as unknown as { utils: { prepareValue: (v: unknown) => unknown } }).utils;
 
+/**
+ * What a call gives its callback: its rows, and the command and row count of PostgreSQL's
+ * CommandComplete, as in node-postgres' `Result` (code that watches a pool's queries reads them).
+ */
+export interface ShapedResult<R> {
+  command: string | null;
+  rowCount: number | null;
+  rows: R[];
+}
+
 /** Per connection: each statement's shape, by statement name. */
 const shapes = new WeakMap<PgConnection, Map<string, Shape>>();
 
@@ -59,12 +69,12 @@ const shapes = new WeakMap<PgConnection, Map<string, Shape>>();
  * `handle*` methods, `submit`, `name`, `text`, `callback`; pg/lib/client.js).
  */
 class ShapedQuery<R> {
-  /** Set by the client (or by `queryShaped`): called once, with the rows or the error. */
-  callback: ((err: Error | null, res?: { rows: R[] }) => void) | undefined;
+  /** Set by the client (or by `queryShaped`): called once, with the result or the error. */
+  callback: ((err: Error | null, res?: ShapedResult<R>) => void) | undefined;
   /** The client's type parsers: the client sets `_result._types` on a query that has `_result`. */
   readonly _result: { _types?: { getTypeParser(oid: number, format: string): Parser } } = {};
   binary: boolean | undefined;
-  private readonly rows: R[] = [];
+  private readonly result: ShapedResult<R> = { command: null, rowCount: null, rows: [] };
   private shape: Shape | undefined;
   private connection: PgConnection | undefined;
   private failed: Error | undefined;
@@ -135,10 +145,17 @@ class ShapedQuery<R> {
       this.failed = err as Error;
       return;
     }
-    this.rows.push(row as R);
+    this.result.rows.push(row as R);
   }
 
-  handleCommandComplete(): void {}
+  handleCommandComplete(msg: { text: string }): void {
+    // As node-postgres reads it: "INSERT 0 3", "UPDATE 3", "SELECT 3".
+    const m = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/.exec(msg.text);
+    if (!m) return;
+    this.result.command = m[1]!;
+    const n = m[3] ?? m[2];
+    if (n !== undefined) this.result.rowCount = Number(n);
+  }
 
   handleEmptyQuery(): void {}
 
@@ -165,7 +182,7 @@ class ShapedQuery<R> {
     if (this.done) return;
     this.done = true;
     if (this.failed) this.callback?.(this.failed);
-    else this.callback?.(null, { rows: this.rows });
+    else this.callback?.(null, this.result);
   }
 }
 
@@ -174,7 +191,7 @@ export function queryShaped<R>(db: pg.Pool | pg.PoolClient | pg.Client, name: st
   const q = new ShapedQuery<R>(name, text, values);
   // A pool checks a client out and gives the query its own callback; a client given a query
   // object returns it, so the promise is made here.
-  if (db instanceof pg.Pool) return (db.query(q as never) as unknown as Promise<{ rows: R[] }>).then((r) => r.rows);
+  if (db instanceof pg.Pool) return (db.query(q as never) as unknown as Promise<ShapedResult<R>>).then((r) => r.rows);
   return new Promise<R[]>((resolve, reject) => {
     q.callback = (err, res) => (err ? reject(err) : resolve(res!.rows));
     db.query(q as never);
