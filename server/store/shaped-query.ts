@@ -7,7 +7,7 @@
  * Sync. PostgreSQL answers the Describe with the row's description, and node-postgres rebuilds the
  * row's parsers and its empty row from it, on every execution; its `Query` also copies its config
  * property by property and is an event emitter that emits each row. For a statement returning the
- * 30 columns of a job, taken one at a time, that was a sixth of the store's client-side CPU
+ * 30 columns of a job, taken one at a time, that was about a fifth of the store's client-side CPU
  * (docs/performance.md, "The row's description, once a connection").
  *
  * Here the first execution of a statement on a connection is sent as node-postgres sends it, and
