@@ -170,6 +170,8 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
   const violations: string[] = [];
   let db: EmbeddedDatabase | undefined;
   const cleanup: Array<() => Promise<unknown>> = [];
+  // Whether the run got to its report; a run that did not keeps its logs for the error to point at.
+  let reported = false;
   try {
     // ── PostgreSQL, kept on one port so a restart is found again ──
     const pgPort = await freePort();
@@ -609,11 +611,12 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
       `resets=${figures.resets} delays=${figures.delays} silences=${figures.silences} half-opens=${figures.halfOpens} ` +
       `stale-reports=${figures.staleReports} late-applies-refused=${figures.lateApplies} notifications=${figures.notifications} deliveries=${figures.deliveries} receiver-500s=${figures.receiver500s} ` +
       `lost=${figures.lost} duplicated=${figures.duplicated} violations=${violations.length}`;
+    reported = true;
     return { line, violations, figures };
   } finally {
     for (const c of cleanup.reverse()) await c().catch(() => undefined);
     await db?.stop().catch(() => undefined);
-    if (process.env.LEASEHOLD_CHAOS_KEEP) o.log(`kept ${work}`);
+    if (process.env.LEASEHOLD_CHAOS_KEEP || !reported || violations.length) o.log(`kept ${work}`);
     else await rm(work, { recursive: true, force: true });
   }
 }
