@@ -10,7 +10,7 @@
  * same way (the writer is the agent's, agent-client/src/wire.ts). Each is also kept whole as
  * bytes (`handEncoded`), which the agent stream's lane writes as they are.
  */
-import { create, toBinary } from '@bufbuild/protobuf';
+import { create, toBinary, type UnknownField } from '@bufbuild/protobuf';
 import { WireType } from '@bufbuild/protobuf/wire';
 import { LEN, Writer, int32Size, isObject, lenField, lenField2, structSize, timeSize, uint64Size, valueSize, varintSize } from '../../agent-client/src/wire.js';
 import { durationFromMs } from '@bufbuild/protobuf/wkt';
@@ -148,13 +148,6 @@ export function encodeClaimedJob(c: Claimed): Uint8Array {
   }
   o.time(4, c.claimDeadline.getTime());
   return o.buf;
-}
-
-/** An unknown field as protobuf-es keeps it: `data` is what follows the tag. */
-interface UnknownField {
-  no: number;
-  wireType: WireType;
-  data: Uint8Array;
 }
 
 /** The whole `ServerMessage` of each message made here, as protobuf-es would encode it. */
