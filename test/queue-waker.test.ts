@@ -44,7 +44,7 @@ it('the enqueue statement NOTIFYs a due queued job by default, and not with noti
   expect(await heardSoFar()).toEqual(['w-default']);
 });
 
-it('a gateway enqueue wakes every coordinator after its commit, once per queue for a batch of enqueues', async () => {
+it('a gateway enqueue wakes every coordinator after its commit, and the enqueue statement itself sends nothing', async () => {
   await heardSoFar();
   const rounds: unknown[] = [];
   const onRound = (r: unknown) => rounds.push(r);
@@ -59,8 +59,11 @@ it('a gateway enqueue wakes every coordinator after its commit, once per queue f
     await lh.c.waker.idle();
     const got = await heardSoFar();
     expect(new Set(got)).toEqual(new Set(['w-gateway', 'w-other']));
-    // Batched: far fewer notifications than enqueues (PostgreSQL folds equal ones in a transaction).
-    expect(got.length).toBeLessThan(answers.length);
+    // One at most per enqueue: the enqueue statement itself stays silent (notify: false), or each
+    // of these 21 would be heard from it as well as from the waker. How many the waker folds into
+    // one NOTIFY depends on how the enqueues' commits interleave with its sends (a busy machine
+    // may send each alone); the folding itself is the next test's, made deterministic there.
+    expect(got.length).toBeLessThanOrEqual(answers.length);
     // A job due later wakes nobody now.
     const later = await enqueue('w-later', { runAt: new Date(Date.now() + 3_600_000).toISOString() });
     expect(later.json.job.status).toBe('JOB_STATUS_QUEUED');
