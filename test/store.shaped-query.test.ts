@@ -7,6 +7,7 @@
 import pg from 'pg';
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import { jobEnqueue, jobGet } from '../server/store/index.js';
+import { queryShaped } from '../server/store/shaped-query.js';
 import { run, statement } from '../server/store/sql.js';
 import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
@@ -119,6 +120,13 @@ it('a value that cannot be sent fails its call and leaves the connection working
   expect(await run(client, one, ['{"b":2}'])).toEqual([{ j: { b: 2 } }]);
   // Described by the first call that was sent, and again after the error.
   expect(described).toEqual(['testShapedJson', 'testShapedJson']);
+});
+
+it('one name used for two statements on a connection fails the second, as node-postgres does, and the connection goes on', async () => {
+  expect(await queryShaped(client, 'testShapedOneName', 'SELECT 1 AS a', [])).toEqual([{ a: 1 }]);
+  await expect(queryShaped(client, 'testShapedOneName', 'SELECT 2 AS b', [])).rejects.toThrow(/Prepared statements must be unique - 'testShapedOneName'/);
+  expect(await queryShaped(client, 'testShapedOneName', 'SELECT 1 AS a', [])).toEqual([{ a: 1 }]);
+  expect(await run(client, echo, [7, 's', '{}', new Date(0), 1, true])).toHaveLength(1);
 });
 
 it('many rows, no rows, and a statement without a result read as before', async () => {

@@ -86,7 +86,13 @@ class ShapedQuery<R> {
     private readonly values: unknown[],
   ) {}
 
-  submit(connection: PgConnection): null {
+  submit(connection: PgConnection): Error | null {
+    // node-postgres' own check: one name on a connection is one statement (the client fails the
+    // call with this error, and goes on with the next).
+    const previous = connection.parsedStatements[this.name] ?? connection.submittedNamedStatements[this.name];
+    if (previous !== undefined && previous !== this.text) {
+      return new Error(`Prepared statements must be unique - '${this.name}' was used for a different statement`);
+    }
     this.connection = connection;
     const parsed = connection.parsedStatements[this.name] === this.text;
     this.shape = parsed ? shapes.get(connection)?.get(this.name) : undefined;
