@@ -10,7 +10,7 @@ import pino from 'pino';
 import { afterEach, expect, it, vi } from 'vitest';
 import { LeaseTicker } from '../server/core/lease-ticker.js';
 import { Session, type HubEvents, type RevokeReason } from '../server/core/session.js';
-import { jobCancel } from '../server/store/index.js';
+import { attemptComplete, jobCancel } from '../server/store/index.js';
 import { sentTo as sent } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
@@ -79,11 +79,14 @@ it('renews what the sessions that heartbeated hold, keeps their progress, and an
   await checkInvariants(t.pool);
 });
 
-it('hands the attempts the heartbeat lost to the revoker, one call per reason', async () => {
+it('hands the attempts the heartbeat lost to the revoker, one call per reason, a canceled one as canceled', async () => {
   const s = new Session('tick-lost', ['q'], {}, 8);
   const live = await runningFor(s);
   const canceled = await runningFor(s);
   expect((await jobCancel(t.pool, { jobId: canceled.id })).outcome).toBe('ok');
+  // Ended otherwise (here by a completion the session did not see): no longer current.
+  const ended = await runningFor(s);
+  expect((await attemptComplete(t.pool, { attemptId: ended.currentAttemptId!, agentId: s.agentId, result: {} })).outcome).toBe('ok');
   const othersJob = await runningFor(s, 'someone-else');
   const overdue = await runningFor(s, s.agentId, { executionTimeoutMs: 1000, executionDeadline: new Date(Date.now() - 1000) });
   const unknown = randomUUID();
@@ -92,12 +95,15 @@ it('hands the attempts the heartbeat lost to the revoker, one call per reason', 
   const { ticker, ticks, revoked } = setup([s]);
   await ticker.tick();
   expect(revoked.sort((x, y) => x[1].localeCompare(y[1]))).toEqual([
+    // A canceled attempt is told Cancel, as the cancel's own push would: the ticker can find
+    // it before that push reaches the session.
+    [[canceled.currentAttemptId], 'canceled'],
     [[othersJob.currentAttemptId], 'forbidden'],
-    [[canceled.currentAttemptId], 'not_current'],
+    [[ended.currentAttemptId], 'not_current'],
     [[unknown], 'not_found'],
     [[overdue.currentAttemptId], 'timed_out'],
   ]);
-  expect(ticks).toEqual([{ renewed: 1, lost: 4 }]);
+  expect(ticks).toEqual([{ renewed: 1, lost: 5 }]);
   // Revoking is the revoker's job (a fake here): the ticker only told it; Renewed names the live one.
   expect(await sent(s)).toEqual([{ type: 'renewed', attemptIds: [live.currentAttemptId], leaseTtlMs: TTL, seq: 0n }]);
 });

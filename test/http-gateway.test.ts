@@ -266,6 +266,25 @@ describe('the seed scenario over HTTP alone', () => {
   });
 });
 
+describe('a heartbeat after a cancel', () => {
+  it('is 409 stale, says the attempt was canceled, and is logged', async () => {
+    const agent = await key('cancel-hb', ['agent']);
+    const enq = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, { queue: 'cancel-hb', payload: {} }, ADMIN_KEY);
+    const jobId = enq.json.job.id as string;
+    const claimed = await rpc(lh.httpUrl, `${ATTEMPTS}/ClaimJobs`, { queues: ['cancel-hb'], maxJobs: 1 }, agent);
+    const attemptId = claimed.json.jobs[0].attemptId as string;
+    expect((await rpc(lh.httpUrl, `${ATTEMPTS}/StartAttempt`, { jobId, attemptId }, agent)).status).toBe(200);
+    expect((await rpc(lh.httpUrl, `${JOBS}/CancelJob`, { jobId }, ADMIN_KEY)).json.outcome).toBe('OUTCOME_OK');
+    const hb = await rpc(lh.httpUrl, `${ATTEMPTS}/Heartbeat`, { jobId, attemptId }, agent);
+    expect(hb).toMatchObject({
+      status: 409,
+      json: { code: 'aborted', outcome: 'stale', message: `attempt ${attemptId} was canceled`, current: { jobId, status: 'JOB_STATUS_CANCELED' } },
+    });
+    const detail = await rpc(lh.httpUrl, `${JOBS}/GetJob`, { jobId }, ADMIN_KEY);
+    expect(detail.json.staleReports.map((r: { call: string }) => r.call)).toEqual(['heartbeat']);
+  });
+});
+
 describe('what a stranger learns', () => {
   it('/healthz says up or unavailable and nothing more: not why (stopping, the database unreachable)', async () => {
     const log = pino({ level: 'silent' });

@@ -56,6 +56,8 @@ interface MAttempt {
   id: string;
   jobId: string;
   agent: string;
+  /** A cancel ended it (a heartbeat then says canceled, not stale). */
+  canceled?: boolean;
 }
 interface MStep {
   status: 'started' | 'done';
@@ -252,7 +254,7 @@ class Heartbeat implements fc.AsyncCommand<Model, Real> {
           j.current!.lease = Math.min(m.now + TTL, deadline ?? Infinity);
         }
       } else {
-        want.lost.push(`${a.id}:stale`);
+        want.lost.push(`${a.id}:${a.canceled ? 'canceled' : 'stale'}`);
         predictStale(m);
       }
     }
@@ -334,6 +336,8 @@ class Cancel implements fc.AsyncCommand<Model, Real> {
         expect(o.value.canceledAttempt?.attemptId).toBe(j.current?.attemptId);
       }
       j.status = 'canceled';
+      const current = m.attempts.find((a) => a.id === j.current?.attemptId);
+      if (current) current.canceled = true;
       endAttempt(j);
     } else expectOutcome(o, j.status === 'canceled' ? 'duplicate' : 'conflict', 'cancel a finished job');
   }

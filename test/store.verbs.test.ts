@@ -217,6 +217,19 @@ describe('attemptHeartbeat', () => {
     expect(rows).toMatchObject([{ attempt_id: r1.attemptId, current_attempt_id: r2.attemptId, call: 'heartbeat' }]);
   });
 
+  it('says canceled for an attempt a cancel ended, and logs it as stale', async () => {
+    const r = await runningOne();
+    value(await jobCancel(t.pool, { jobId: r.job.id, now: at(100) }));
+    const res = value(
+      await attemptHeartbeat(t.pool, { items: [{ attemptId: r.attemptId, agentId: 'a1' }], leaseTtlMs: TTL, now: at(200) }),
+    );
+    expect(res.lost).toEqual([
+      { attemptId: r.attemptId, reason: 'canceled', current: { jobId: r.job.id, status: 'canceled', attemptNo: 1, currentAttemptId: null } },
+    ]);
+    const { rows } = await t.pool.query('SELECT * FROM stale_reports');
+    expect(rows).toMatchObject([{ attempt_id: r.attemptId, call: 'heartbeat' }]);
+  });
+
   it('stops renewing past the execution deadline and says timed_out', async () => {
     const r = await runningOne({ executionTimeoutMs: 5000 });
     const res = value(

@@ -86,7 +86,7 @@ export class LeaseTicker {
       const ids = [...s.held.keys()].filter((id) => renewed.has(id));
       if (ids.length) s.send({ type: 'renewed', attemptIds: ids, leaseTtlMs: this.config.leaseTtlMs, seq });
     }
-    const lost = new Map<string, RevokeReason>();
+    const lost = new Map<string, RevokeReason | 'canceled'>();
     for (const l of o.value.lost) lost.set(l.attemptId, lostReason(l.reason));
     for (const reason of new Set(lost.values())) {
       this.revoker.revoke([...lost].filter(([, r]) => r === reason).map(([id]) => id), reason);
@@ -95,9 +95,14 @@ export class LeaseTicker {
   }
 }
 
-/** Why a heartbeat lost an attempt (the store's reason), as the agent is told. */
-function lostReason(reason: string): RevokeReason {
+/**
+ * Why a heartbeat lost an attempt (the store's reason), as the agent is told: a canceled attempt
+ * gets `Cancel`, as from the cancel itself; any other gets `Revoke` with its reason.
+ */
+function lostReason(reason: string): RevokeReason | 'canceled' {
   switch (reason) {
+    case 'canceled':
+      return 'canceled';
     case 'timed_out':
       return 'timed_out';
     case 'stale':

@@ -24,8 +24,11 @@ export interface HeartbeatResult {
   renewed: Array<{ attemptId: string; leaseExpiresAt: Date }>;
   /** Current but only claimed: nothing to renew until `start`. */
   pending: string[];
-  /** No longer to be worked on: superseded, ended, canceled, or past its execution timeout. */
-  lost: Array<{ attemptId: string; reason: 'stale' | 'timed_out' | 'not_found' | 'forbidden'; current?: CurrentState }>;
+  /**
+   * No longer to be worked on: canceled (the attempt itself ended as `canceled`), stale
+   * (superseded or ended otherwise), past its execution timeout, unknown, or another agent's.
+   */
+  lost: Array<{ attemptId: string; reason: 'canceled' | 'stale' | 'timed_out' | 'not_found' | 'forbidden'; current?: CurrentState }>;
 }
 
 // One UPDATE renews every item whose attempt is current (batchFence), running, and not past its
@@ -51,9 +54,10 @@ const heartbeatSql = statement(
 const heartbeatLookupSql = statement(
   'attemptHeartbeatLookup',
   `SELECT x.id AS attempt_id, x.agent_id, j.id AS job_id, coalesce(a.agent_id, l.agent_id) AS attempt_agent_id,
-          j.status, j.attempt_no, j.current_attempt_id, j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
+          a.status AS attempt_status, j.status, j.attempt_no, j.current_attempt_id,
+          j.execution_deadline <= coalesce($3::timestamptz, now()) AS timed_out
    FROM unnest($1::uuid[], $2::text[]) AS x(id, agent_id)
-   LEFT JOIN LATERAL (SELECT e.job_id, e.agent_id FROM attempt_log e WHERE e.id = x.id LIMIT 1) a ON true
+   LEFT JOIN LATERAL (SELECT e.job_id, e.agent_id, e.status FROM attempt_log e WHERE e.id = x.id LIMIT 1) a ON true
    LEFT JOIN jobs_live l ON l.current_attempt_id = x.id
    LEFT JOIN jobs j ON j.id = coalesce(a.job_id, l.id)`,
 );
@@ -123,6 +127,7 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
     agent_id: string;
     job_id: string | null;
     attempt_agent_id: string | null;
+    attempt_status: string | null;
     status: JobStatus | null;
     attempt_no: number | null;
     current_attempt_id: string | null;
@@ -153,7 +158,10 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
         call: 'heartbeat',
         now: p.now,
       });
-      result.lost.push({ attemptId: f.attempt_id, reason: 'stale', ...(s.outcome === 'stale' ? { current: s.current } : {}) });
+      // An attempt a cancel ended says so: the agent hears `Cancel` whether the cancel's own push
+      // or this heartbeat reaches it first.
+      const reason = f.attempt_status === 'canceled' ? 'canceled' : 'stale';
+      result.lost.push({ attemptId: f.attempt_id, reason, ...(s.outcome === 'stale' ? { current: s.current } : {}) });
     }
   }
   return ok(result);

@@ -102,6 +102,8 @@ export function attemptRoutes(deps: AttemptRoutesDeps) {
             throw toConnectError({ outcome: 'forbidden', message: `attempt ${req.attemptId} belongs to another agent` });
           case 'timed_out':
             throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} ran past its execution timeout`, current: lost.current! });
+          case 'canceled':
+            throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} was canceled`, current: lost.current! });
           default:
             throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} is not current`, current: lost.current! });
         }

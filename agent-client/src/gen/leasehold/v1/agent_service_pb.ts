@@ -812,7 +812,8 @@ export enum RevokeReason {
   TIMED_OUT = 3,
 
   /**
-   * A heartbeat found it no longer the job's current attempt (it was rescued, ended or canceled).
+   * A heartbeat found it no longer the job's current attempt (it was rescued or ended). A canceled
+   * attempt is not revoked: the agent gets Cancel, from the cancel or from the heartbeat.
    *
    * @generated from enum value: REVOKE_REASON_NOT_CURRENT = 4;
    */
