@@ -10,7 +10,7 @@ import pino from 'pino';
 import { afterEach, expect, it, vi } from 'vitest';
 import { LeaseTicker } from '../server/core/lease-ticker.js';
 import { Session, type HubEvents, type RevokeReason } from '../server/core/session.js';
-import { attemptComplete, jobCancel } from '../server/store/index.js';
+import { attemptComplete, jobCancel, jobRescueExpired } from '../server/store/index.js';
 import { sentTo as sent } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
@@ -79,7 +79,7 @@ it('renews what the sessions that heartbeated hold, keeps their progress, and an
   await checkInvariants(t.pool);
 });
 
-it('hands the attempts the heartbeat lost to the revoker, one call per reason, a canceled one as canceled', async () => {
+it('hands the attempts the heartbeat lost to the revoker, one call per reason; a canceled or reaped one with the reason of that push', async () => {
   const s = new Session('tick-lost', ['q'], {}, 8);
   const live = await runningFor(s);
   const canceled = await runningFor(s);
@@ -87,6 +87,10 @@ it('hands the attempts the heartbeat lost to the revoker, one call per reason, a
   // Ended otherwise (here by a completion the session did not see): no longer current.
   const ended = await runningFor(s);
   expect((await attemptComplete(t.pool, { attemptId: ended.currentAttemptId!, agentId: s.agentId, result: {} })).outcome).toBe('ok');
+  // Taken back by the reaper (of this coordinator or another), its push not seen here.
+  const reaped = await runningFor(s, s.agentId, { leaseExpiresAt: new Date(Date.now() - 1000) });
+  const rescue = await jobRescueExpired(t.pool, { limit: 10 });
+  expect(rescue.outcome === 'ok' && rescue.value.map((r) => r.jobId)).toEqual([reaped.id]);
   const othersJob = await runningFor(s, 'someone-else');
   const overdue = await runningFor(s, s.agentId, { executionTimeoutMs: 1000, executionDeadline: new Date(Date.now() - 1000) });
   const unknown = randomUUID();
@@ -99,11 +103,12 @@ it('hands the attempts the heartbeat lost to the revoker, one call per reason, a
     // it before that push reaches the session.
     [[canceled.currentAttemptId], 'canceled'],
     [[othersJob.currentAttemptId], 'forbidden'],
+    [[reaped.currentAttemptId], 'lease_expired'],
     [[ended.currentAttemptId], 'not_current'],
     [[unknown], 'not_found'],
     [[overdue.currentAttemptId], 'timed_out'],
   ]);
-  expect(ticks).toEqual([{ renewed: 1, lost: 5 }]);
+  expect(ticks).toEqual([{ renewed: 1, lost: 6 }]);
   // Revoking is the revoker's job (a fake here): the ticker only told it; Renewed names the live one.
   expect(await sent(s)).toEqual([{ type: 'renewed', attemptIds: [live.currentAttemptId], leaseTtlMs: TTL, seq: 0n }]);
 });

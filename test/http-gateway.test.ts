@@ -242,7 +242,10 @@ describe('the seed scenario over HTTP alone', () => {
       current: { jobId, status: 'JOB_STATUS_RUNNING', attemptNo: 2, currentAttemptId: a2.attemptId },
     });
     const lateHb = await rpc(lh.httpUrl, `${ATTEMPTS}/Heartbeat`, { jobId, attemptId: a1.attemptId }, slow);
-    expect(lateHb).toMatchObject({ status: 409, json: { outcome: 'stale', current: { attemptNo: 2 } } });
+    expect(lateHb).toMatchObject({
+      status: 409,
+      json: { outcome: 'stale', message: `attempt ${a1.attemptId} was taken back: lease expired: no heartbeat renewed it in time`, current: { attemptNo: 2 } },
+    });
 
     const done = await rpc(lh.httpUrl, `${ATTEMPTS}/CompleteAttempt`, { jobId, attemptId: a2.attemptId, result: { by: 'fast', pages: 3 } }, fast);
     expect(done).toMatchObject({ status: 200, json: { outcome: 'OUTCOME_OK', job: { status: 'JOB_STATUS_SUCCEEDED', result: { by: 'fast', pages: 3 } } } });

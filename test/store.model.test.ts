@@ -56,8 +56,8 @@ interface MAttempt {
   id: string;
   jobId: string;
   agent: string;
-  /** A cancel ended it (a heartbeat then says canceled, not stale). */
-  canceled?: boolean;
+  /** How a cancel or the reaper ended it (a heartbeat then says so, not stale). */
+  takenBack?: 'canceled' | 'claim_expired' | 'lease_expired' | 'timed_out';
 }
 interface MStep {
   status: 'started' | 'done';
@@ -87,6 +87,13 @@ const jobOf = (m: Model, a: MAttempt) => m.jobs.find((j) => j.id === a.jobId)!;
 
 function endAttempt(j: MJob) {
   j.current = undefined;
+}
+
+/** A cancel or the reaper ends the job's current attempt, if it has one. */
+function takeBack(m: Model, j: MJob, how: NonNullable<MAttempt['takenBack']>) {
+  const a = m.attempts.find((x) => x.id === j.current?.attemptId);
+  if (a) a.takenBack = how;
+  endAttempt(j);
 }
 
 /**
@@ -254,7 +261,7 @@ class Heartbeat implements fc.AsyncCommand<Model, Real> {
           j.current!.lease = Math.min(m.now + TTL, deadline ?? Infinity);
         }
       } else {
-        want.lost.push(`${a.id}:${a.canceled ? 'canceled' : 'stale'}`);
+        want.lost.push(`${a.id}:${a.takenBack ?? 'stale'}`);
         predictStale(m);
       }
     }
@@ -336,9 +343,7 @@ class Cancel implements fc.AsyncCommand<Model, Real> {
         expect(o.value.canceledAttempt?.attemptId).toBe(j.current?.attemptId);
       }
       j.status = 'canceled';
-      const current = m.attempts.find((a) => a.id === j.current?.attemptId);
-      if (current) current.canceled = true;
-      endAttempt(j);
+      takeBack(m, j, 'canceled');
     } else expectOutcome(o, j.status === 'canceled' ? 'duplicate' : 'conflict', 'cancel a finished job');
   }
   toString = () => `cancel(${this.index})`;
@@ -456,7 +461,7 @@ class Rescue implements fc.AsyncCommand<Model, Real> {
       want.push(`${j.id}:${reason}:${next}`);
       tally(reason);
       tally(next);
-      endAttempt(j);
+      takeBack(m, j, reason);
       j.status = next;
       if (next === 'queued' && reason === 'timed_out') {
         const row = (await r.pool.query('SELECT run_at FROM jobs WHERE id = $1', [j.id])).rows[0];

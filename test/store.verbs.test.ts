@@ -199,7 +199,7 @@ describe('attemptHeartbeat', () => {
     }
   });
 
-  it('reports a superseded attempt as stale and logs it', async () => {
+  it('says lease_expired for an attempt the reaper took back and another attempt replaced, and logs it', async () => {
     const r1 = await runningOne();
     value(await jobRescueExpired(t.pool, { limit: 10, now: at(TTL + 1) }));
     const r2 = await claimOne('a1', at(TTL + 2));
@@ -209,12 +209,25 @@ describe('attemptHeartbeat', () => {
     expect(res.lost).toEqual([
       {
         attemptId: r1.attemptId,
-        reason: 'stale',
+        reason: 'lease_expired',
         current: { jobId: r1.job.id, status: 'claimed', attemptNo: 2, currentAttemptId: r2.attemptId },
       },
     ]);
     const { rows } = await t.pool.query('SELECT * FROM stale_reports');
     expect(rows).toMatchObject([{ attempt_id: r1.attemptId, current_attempt_id: r2.attemptId, call: 'heartbeat' }]);
+  });
+
+  it('says stale for an attempt its own report ended (ended otherwise than taken back), and logs it', async () => {
+    const r = await runningOne();
+    value(await attemptComplete(t.pool, { attemptId: r.attemptId, agentId: 'a1', result: {}, now: at(100) }));
+    const res = value(
+      await attemptHeartbeat(t.pool, { items: [{ attemptId: r.attemptId, agentId: 'a1' }], leaseTtlMs: TTL, now: at(200) }),
+    );
+    expect(res.lost).toEqual([
+      { attemptId: r.attemptId, reason: 'stale', current: { jobId: r.job.id, status: 'succeeded', attemptNo: 1, currentAttemptId: null } },
+    ]);
+    const { rows } = await t.pool.query('SELECT * FROM stale_reports');
+    expect(rows).toMatchObject([{ attempt_id: r.attemptId, call: 'heartbeat' }]);
   });
 
   it('says canceled for an attempt a cancel ended, and logs it as stale', async () => {

@@ -7,7 +7,7 @@
  */
 import type { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
-import { attemptHeartbeat, type Queryable } from '../store/index.js';
+import { attemptHeartbeat, type LostReason, type Queryable } from '../store/index.js';
 import type { Revoker } from './revoker.js';
 import type { HubEvents, RevokeReason, Session } from './session.js';
 
@@ -97,14 +97,16 @@ export class LeaseTicker {
 
 /**
  * Why a heartbeat lost an attempt (the store's reason), as the agent is told: a canceled attempt
- * gets `Cancel`, as from the cancel itself; any other gets `Revoke` with its reason.
+ * gets `Cancel`, as from the cancel itself; any other gets `Revoke` with its reason, the one the
+ * reaper's own push gives for an attempt it took back.
  */
-function lostReason(reason: string): RevokeReason | 'canceled' {
+function lostReason(reason: LostReason): RevokeReason | 'canceled' {
   switch (reason) {
     case 'canceled':
-      return 'canceled';
+    case 'claim_expired':
+    case 'lease_expired':
     case 'timed_out':
-      return 'timed_out';
+      return reason;
     case 'stale':
       return 'not_current';
     case 'forbidden':

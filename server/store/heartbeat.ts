@@ -25,11 +25,20 @@ export interface HeartbeatResult {
   /** Current but only claimed: nothing to renew until `start`. */
   pending: string[];
   /**
-   * No longer to be worked on: canceled (the attempt itself ended as `canceled`), stale
-   * (superseded or ended otherwise), past its execution timeout, unknown, or another agent's.
+   * No longer to be worked on, and why: what ended the attempt when a cancel or the reaper did
+   * (`canceled`, `claim_expired`, `lease_expired`, `timed_out`: the reason that ending's own push
+   * gives the agent), `timed_out` too for a running attempt past its execution deadline, `stale`
+   * for one superseded or ended otherwise, `not_found`, or `forbidden` (another agent's).
    */
-  lost: Array<{ attemptId: string; reason: 'canceled' | 'stale' | 'timed_out' | 'not_found' | 'forbidden'; current?: CurrentState }>;
+  lost: Array<{ attemptId: string; reason: LostReason; current?: CurrentState }>;
 }
+
+/** Why a heartbeat lost an attempt (HeartbeatResult.lost). */
+export type LostReason = TakenBack | 'stale' | 'not_found' | 'forbidden';
+
+/** How a cancel or the reaper ended an attempt (its `attempts` status): a heartbeat says so. */
+type TakenBack = 'canceled' | 'claim_expired' | 'lease_expired' | 'timed_out';
+const TAKEN_BACK: ReadonlySet<string> = new Set<TakenBack>(['canceled', 'claim_expired', 'lease_expired', 'timed_out']);
 
 // One UPDATE renews every item whose attempt is current (batchFence), running, and not past its
 // execution deadline, keeping the progress an item brings ($5, a map). It changes no indexed
@@ -158,9 +167,9 @@ export async function attemptHeartbeat(db: Queryable, p: HeartbeatParams): Promi
         call: 'heartbeat',
         now: p.now,
       });
-      // An attempt a cancel ended says so: the agent hears `Cancel` whether the cancel's own push
-      // or this heartbeat reaches it first.
-      const reason = f.attempt_status === 'canceled' ? 'canceled' : 'stale';
+      // An attempt a cancel or the reaper ended says how: the agent hears the same reason whether
+      // that ending's own push or this heartbeat reaches it first.
+      const reason = f.attempt_status !== null && TAKEN_BACK.has(f.attempt_status) ? (f.attempt_status as TakenBack) : 'stale';
       result.lost.push({ attemptId: f.attempt_id, reason, ...(s.outcome === 'stale' ? { current: s.current } : {}) });
     }
   }

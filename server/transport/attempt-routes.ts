@@ -8,6 +8,7 @@ import { Code, ConnectError, type ConnectRouter } from '@connectrpc/connect';
 import { AttemptService, ReserveStepResponse_DoneSchema, ReserveStepResponse_ReservedSchema, ReserveStepResponse_UnknownSchema } from '../../gen/leasehold/v1/attempt_service_pb.js';
 import { Outcome } from '../../gen/leasehold/v1/job_pb.js';
 import type { Activity } from '../core/activity.js';
+import { REVOKE_DETAIL } from '../core/session.js';
 import type { Outcome as StoreOutcome } from '../domain/outcomes.js';
 import type { Logger } from '../log.js';
 import {
@@ -104,6 +105,9 @@ export function attemptRoutes(deps: AttemptRoutesDeps) {
             throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} ran past its execution timeout`, current: lost.current! });
           case 'canceled':
             throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} was canceled`, current: lost.current! });
+          case 'claim_expired':
+          case 'lease_expired':
+            throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} was taken back: ${REVOKE_DETAIL[lost.reason]}`, current: lost.current! });
           default:
             throw toConnectError({ outcome: 'stale', message: `attempt ${req.attemptId} is not current`, current: lost.current! });
         }

@@ -812,8 +812,9 @@ export enum RevokeReason {
   TIMED_OUT = 3,
 
   /**
-   * A heartbeat found it no longer the job's current attempt (it was rescued or ended). A canceled
-   * attempt is not revoked: the agent gets Cancel, from the cancel or from the heartbeat.
+   * A heartbeat found it no longer the job's current attempt, ended by a report. An attempt the
+   * reaper took back is revoked with the reaper's reason (CLAIM_EXPIRED, LEASE_EXPIRED,
+   * TIMED_OUT) and a canceled one gets Cancel, whether that push or a heartbeat finds it first.
    *
    * @generated from enum value: REVOKE_REASON_NOT_CURRENT = 4;
    */
