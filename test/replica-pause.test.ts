@@ -103,11 +103,13 @@ it('a replica frozen past the lease: its agent resumes on the other, and on waki
   await waitFor('A sees the stream end', () => a.lines.slice(before).some((l) => /^agent (stream|disconnected)/.test(String(l.msg))), 5000);
   await new Promise((r) => setTimeout(r, 1500));
   const after = a.lines.slice(before);
-  expect(after.find((l) => l.pausedMs !== undefined)).toMatchObject({
-    streams: 1,
-    held: 1,
-    pausedMs: expect.any(Number),
-  });
+  // It noticed its pause. Whether its stall watch beat before it read the stream's end from the
+  // socket (then it ended the stream itself: one stream, one attempt) or after (none left) is the
+  // event loop's choice; either way the stream's close says it left the attempt alone, below
+  // (both orders, deterministically: core-hub-pause.test.ts).
+  const woke = after.find((l) => l.pausedMs !== undefined);
+  expect(woke?.pausedMs).toBeGreaterThan(7_000);
+  expect([{ streams: 1, held: 1 }, { streams: 0, held: 0 }]).toContainEqual({ streams: woke!.streams, held: woke!.held });
   // Nothing it held was marked suspect from here (that line carries `suspect`).
   expect(after.filter((l) => l.suspect !== undefined)).toEqual([]);
   expect(after.filter((l) => Array.isArray(l.attemptIds) && l.reason !== undefined), 'attempts revoked').toEqual([]);
