@@ -4,7 +4,7 @@
  */
 import { z } from 'zod';
 import { ok, type CurrentState, type Outcome } from '../domain/outcomes.js';
-import type { JobStatus } from '../domain/statuses.js';
+import { RESCUE_REASONS, type JobStatus, type RescueReason } from '../domain/statuses.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { batchFence, byAttempt, fenceParams, firstOfEach } from './batch.js';
 import { currentOf } from './rows.js';
@@ -37,8 +37,8 @@ export interface HeartbeatResult {
 export type LostReason = TakenBack | 'stale' | 'not_found' | 'forbidden';
 
 /** How a cancel or the reaper ended an attempt (its `attempts` status): a heartbeat says so. */
-type TakenBack = 'canceled' | 'claim_expired' | 'lease_expired' | 'timed_out';
-const TAKEN_BACK: ReadonlySet<string> = new Set<TakenBack>(['canceled', 'claim_expired', 'lease_expired', 'timed_out']);
+type TakenBack = RescueReason | 'canceled';
+const TAKEN_BACK: ReadonlySet<string> = new Set<TakenBack>([...RESCUE_REASONS, 'canceled']);
 
 // One UPDATE renews every item whose attempt is current (batchFence), running, and not past its
 // execution deadline, keeping the progress an item brings ($5, a map). It changes no indexed
