@@ -2,10 +2,15 @@
  * What a handler gets besides the job: its attempt, an abort signal, progress, stable
  * idempotency keys and the step ledger.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import { fromJson, toJson, type JsonValue } from '@bufbuild/protobuf';
 import { ValueSchema } from '@bufbuild/protobuf/wkt';
 import type { CoordinatorChannel } from './channel.js';
 import { grpc } from './channel.js';
+
+/** The waits between sends of a step's ledger call that got no answer: 50 ms, doubling up to 1 s. */
+const STEP_RETRY_FIRST_MS = 50;
+const STEP_RETRY_MAX_MS = 1000;
 
 /** A job as a handler sees it. */
 export interface JobInfo {
@@ -106,16 +111,27 @@ export function createContext(opts: {
   const { job, attemptId, abort, channel } = opts;
   const key = (step: string) => `${job.id}:${step}`;
   const ref = { jobId: job.id, attemptId };
+  // A ledger call that got no answer (UNAVAILABLE: the connection dropped or is being made again)
+  // is sent again by this attempt until it is answered or the attempt is over (its signal: the
+  // lease lost, a cancel, the local deadline passed). Both calls are idempotent for their
+  // attempt: a reservation it already holds is reserved to it again (or unknown again, if it took
+  // it over from an earlier attempt), and the same output recorded again is a duplicate, answered
+  // OK. Thrown instead, a lost answer failed the attempt and left the step reserved: the next
+  // attempt found it unknown.
   const call = async <R>(f: () => Promise<R>): Promise<R> => {
-    try {
-      return await f();
-    } catch (err) {
-      const e = err as grpc.ServiceError;
-      if (e.code === grpc.status.ABORTED) {
-        opts.onLeaseLost(e.details);
-        throw new LeaseLostError(`attempt ${attemptId} is no longer current: ${e.details}`, { cause: err });
+    for (let wait = STEP_RETRY_FIRST_MS; ; wait = Math.min(2 * wait, STEP_RETRY_MAX_MS)) {
+      try {
+        return await f();
+      } catch (err) {
+        const e = err as grpc.ServiceError;
+        if (e.code === grpc.status.ABORTED) {
+          opts.onLeaseLost(e.details);
+          throw new LeaseLostError(`attempt ${attemptId} is no longer current: ${e.details}`, { cause: err });
+        }
+        if (e.code !== grpc.status.UNAVAILABLE || abort.signal.aborted) throw err;
+        await sleep(wait, undefined, { signal: abort.signal }).catch(() => undefined);
+        abort.signal.throwIfAborted();
       }
-      throw err;
     }
   };
   const record = async (name: string, output: unknown) => {
