@@ -87,7 +87,7 @@ const PROGRAM_NODES = new Set(['object', 'array', 'string', 'concatenated string
  * objects, arrays, strings, closures and numbers. Not V8's code and what it keeps beside it
  * (bytecode, feedback vectors, deoptimization data), object shapes or internal lists: those go on
  * growing for tens of thousands of jobs as more paths get compiled (0.69 MB from round 10 to
- * round 30 of one run, of which the program's objects 0.03 MB), and would hide a leak.
+ * round 30 of one run, of which the program's objects 0.03 MB), and would pass for a leak.
  */
 async function objectsMb(): Promise<number> {
   collect();

@@ -79,16 +79,11 @@ async function lostAnswer(queue: string, lose: 'reserve' | 'record') {
   }
 }
 
-it('finishes a step in the same attempt when the answer to its reservation is lost', async () => {
-  const r = await lostAnswer('step-reserve-lost', 'reserve');
-  expect(r.job).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { charged: 7 } });
-  expect(r.attempts).toHaveLength(1);
-  expect(r.effects).toBe(1);
-  expect(r.step).toEqual({ status: 'done', attempt_id: r.attempts[0], output: { charged: 7 } });
-});
-
-it('finishes a step in the same attempt when the answer to its record is lost', async () => {
-  const r = await lostAnswer('step-record-lost', 'record');
+it.each([
+  ['reservation', 'reserve'],
+  ['record', 'record'],
+] as const)('finishes a step in the same attempt when the answer to its %s is lost', async (_, lose) => {
+  const r = await lostAnswer(`step-${lose}-lost`, lose);
   expect(r.job).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { charged: 7 } });
   expect(r.attempts).toHaveLength(1);
   expect(r.effects).toBe(1);
