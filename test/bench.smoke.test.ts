@@ -117,3 +117,26 @@ it('npm run bench -- --systems floor --scenarios latency: the contract\'s floor 
   if (process.platform === 'linux') expect(row!.figures.find((f) => f.metric === 'cpu_ms_per_job')?.median).toBeGreaterThan(0);
   expect(lines.some((l) => /^latency the contract's floor .* rep 1: p50 /.test(l))).toBe(true);
 }, 120_000);
+
+it('npm run bench with the floor among the systems: the floor takes part in the latency scenario only, the others in every one', async () => {
+  const { rows } = await bench({
+    jobs: 300,
+    reps: 1,
+    rate: 100,
+    seconds: 2,
+    concurrency: 32,
+    recoveryJobs: 10,
+    historyJobs: 3000,
+    leaseMs: 2000,
+    streams: 50,
+    warmupSeconds: 0,
+    systems: ['leasehold', 'floor'],
+    scenarios: ['throughput', 'writes', 'latency', 'recovery'],
+    log: () => undefined,
+  });
+  const who = (scenario: string) => rows.filter((r) => r.scenarioKey === scenario).map((r) => r.systemKey);
+  expect(who('throughput')).toEqual(['leasehold']);
+  expect(who('writes')).toEqual(['leasehold']);
+  expect(who('recovery')).toEqual(['leasehold']);
+  expect(who('latency')).toEqual(['leasehold', 'floor']);
+}, 300_000);
