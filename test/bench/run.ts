@@ -1071,9 +1071,11 @@ if (isMain) {
     const bad = list.split(',').filter((x) => !known[flag].includes(x));
     if (bad.length) program.error(`--${flag}: unknown ${bad.join(', ')} (one of ${known[flag].join(', ')})`);
   }
-  // The floor takes part in the latency scenario only; alone, it needs that scenario.
-  if (f.systems.split(',').every((x) => x === 'floor') && !f.scenarios.split(',').includes('latency')) {
-    program.error(`--systems floor runs the latency scenario only (floor.ts), not ${f.scenarios}: add --scenarios latency`);
+  // The floor takes part in the latency scenario only (and leaves pgbench's ceiling be): alone,
+  // any other scenario would run nothing.
+  const beyondLatency = f.scenarios.split(',').filter((x) => !['latency', 'pgbench', 'ceiling'].includes(x));
+  if (f.systems.split(',').every((x) => x === 'floor') && beyondLatency.length) {
+    program.error(`--systems floor runs the latency scenario only (floor.ts), not ${beyondLatency.join(', ')}: add --scenarios latency`);
   }
   const o: BenchOptions = {
     jobs: quick ? 300 : Number(f.jobs),
