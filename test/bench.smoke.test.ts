@@ -140,3 +140,33 @@ it('npm run bench with the floor among the systems: the floor takes part in the 
   expect(who('recovery')).toEqual(['leasehold']);
   expect(who('latency')).toEqual(['leasehold', 'floor']);
 }, 300_000);
+
+it('npm run bench -- --rep-warmup: each latency repetition\'s fresh worker runs that much of the load, discarded, before it is measured', async () => {
+  const run = async (repWarmupSeconds: number) => {
+    const lines: string[] = [];
+    const { rows } = await bench({
+      jobs: 300,
+      reps: 1,
+      rate: 50,
+      seconds: 1,
+      concurrency: 8,
+      recoveryJobs: 10,
+      historyJobs: 3000,
+      leaseMs: 2000,
+      streams: 50,
+      warmupSeconds: 1,
+      repWarmupSeconds,
+      systems: ['floor'],
+      scenarios: ['latency'],
+      log: (l) => lines.push(l),
+    });
+    return { lines, rows };
+  };
+  // 50 jobs a second: one second of warm-up is 50 jobs; none without it. The measured jobs are
+  // the repetition's own second either way (the repetition throws unless every one started).
+  const warmed = await run(1);
+  expect(warmed.lines.filter((l) => /^latency the contract's floor .* rep 1: /.test(l))).toEqual([expect.stringMatching(/its worker warmed by 50 discarded jobs$/)]);
+  expect(warmed.rows[0]!.figures.find((f) => f.metric === 'p50_ms')?.median).toBeGreaterThan(0);
+  const cold = await run(0);
+  expect(cold.lines.filter((l) => /^latency the contract's floor .* rep 1: /.test(l))).toEqual([expect.stringMatching(/its worker warmed by 0 discarded jobs$/)]);
+}, 180_000);

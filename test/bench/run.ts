@@ -51,6 +51,12 @@ export interface BenchOptions {
   leaseMs: number;
   streams: number;
   warmupSeconds: number;
+  /**
+   * Seconds of the latency load each latency repetition's fresh worker process runs, discarded,
+   * before it is measured (0 with no warm-up): long enough for V8 to have optimized its hot code
+   * (docs/performance.md, "How the benchmark runs").
+   */
+  repWarmupSeconds?: number;
   /** Give up waiting for a recovery after this long (default: 4 leases, at least 20 s). */
   recoveryCapMs?: number;
   systems: SystemName[];
@@ -239,6 +245,8 @@ const WARM_JOBS = 2000;
 
 /** Seconds of discarded latency load per system after the warm-up (at most `--warmup`). */
 const LATENCY_WARM_SECONDS = 20;
+/** Each latency repetition's worker warm-up (`--rep-warmup`). */
+const DEFAULT_REP_WARMUP_SECONDS = 10;
 
 const concurrencyOf = (s: System, o: BenchOptions) => o.concurrencyOf?.[s.name] ?? o.concurrency;
 
@@ -430,14 +438,18 @@ async function steadyLoad(s: System, rate: number, seconds: number, first: numbe
  * One latency repetition: jobs enqueued one by one at `rate`/s; latency = handler start − enqueue
  * call. The repetition's worker process first runs `warmSeconds` of the same load, discarded: a
  * fresh process runs its first second of jobs on cold code (for Leasehold's agent, jobs of a
- * repetition's first second took 2–3 times as long as the rest).
+ * repetition's first second took 2–3 times as long as the rest), and V8 goes on optimizing it
+ * for seconds after (after 2 s, its optimizing compiler still took 16 % of Leasehold's agent
+ * process over the measured 10 s; after 10 s, 6 %; after 20 s, under 1 %).
  */
-async function latencyRep(s: System, o: BenchOptions, warmSeconds = o.warmupSeconds > 0 ? 2 : 0) {
+async function latencyRep(s: System, o: BenchOptions, warmSeconds = o.warmupSeconds > 0 ? (o.repWarmupSeconds ?? DEFAULT_REP_WARMUP_SECONDS) : 0) {
   await s.reset();
   const w = await forkWorker(await s.worker('latency', concurrencyOf(s, o)));
+  let warmJobs = 0;
   try {
     if (warmSeconds > 0) {
       const warm = await steadyLoad(s, o.rate, warmSeconds, -1_000_000);
+      warmJobs = warm.size;
       if (!(await until('warm-up started', async () => [...warm.keys()].every((id) => w.started.has(id)), 60_000))) {
         throw new Error(`${s.label}: the warm-up load never started`);
       }
@@ -456,7 +468,7 @@ async function latencyRep(s: System, o: BenchOptions, warmSeconds = o.warmupSeco
     // would otherwise be measured cheaper for the work it never did.
     if (!(await until('all done', () => s.drained(), 10_000))) throw new Error(`${s.label}: not every job completed within 10 s of the last start`);
     const cpu = cpuPerJob(cpu0, w, pm, total);
-    return { latencies: [...w.started].map(([id, t]) => t - sent.get(id as number)!), cpu };
+    return { latencies: [...w.started].map(([id, t]) => t - sent.get(id as number)!), cpu, warmJobs };
   } finally {
     await stopWorker(w);
   }
@@ -716,7 +728,8 @@ export async function bench(o: BenchOptions): Promise<{ rows: Row[]; md: string 
           const { latencies: l, cpu: c } = x;
           log(
             `latency ${s.label} rep ${r + 1}: p50 ${pct(l, 50).toFixed(1)} ms, p95 ${pct(l, 95).toFixed(1)} ms, p99 ${pct(l, 99).toFixed(1)} ms; ` +
-              `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator and HTTP client' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL)`,
+              `CPU ms/job ${c.main.toFixed(2)} (${s.name === 'leasehold' ? 'coordinator and HTTP client' : 'client'}) + ${c.worker?.toFixed(2) ?? '?'} (workers) + ${c.db?.toFixed(2) ?? '?'} (PostgreSQL); ` +
+              `its worker warmed by ${x.warmJobs} discarded jobs`,
           );
         }
       }
@@ -1055,6 +1068,7 @@ if (isMain) {
       'throughput,writes,latency,recovery,heartbeats,history,pgbench',
     )
     .option('--warmup <seconds>', 'discarded load before measuring', '30')
+    .option('--rep-warmup <seconds>', "discarded latency load each latency repetition's fresh worker runs before it is measured (none with --warmup 0 or --quick)", String(DEFAULT_REP_WARMUP_SECONDS))
     .option('--history-jobs <n>', 'the history scenario: finished jobs seeded before its second round', '10000000')
     .option('--profile <dir>', 'write CPU profiles of the measured scenarios (bench process, workers) to DIR and summarize them')
     .option('--pg-statements', 'load pg_stat_statements and print the costliest statements of the measured scenarios')
@@ -1064,7 +1078,7 @@ if (isMain) {
       '256,graphile-off=best',
     )
     .parse();
-  const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; concurrency: string; historyJobs: string }>();
+  const f = program.opts<{ quick?: boolean; profile?: string; pgStatements?: boolean; jobs: string; reps: string; systems: string; scenarios: string; warmup: string; repWarmup: string; concurrency: string; historyJobs: string }>();
   const quick = Boolean(f.quick);
   const known = { systems: ['leasehold', 'graphile-off', 'graphile-on', 'pgboss', 'floor'], scenarios: ['throughput', 'writes', 'latency', 'recovery', 'heartbeats', 'history', 'pgbench', 'ceiling'] };
   for (const [flag, list] of [['systems', f.systems], ['scenarios', f.scenarios]] as const) {
@@ -1077,6 +1091,10 @@ if (isMain) {
   if (f.systems.split(',').every((x) => x === 'floor') && beyondLatency.length) {
     program.error(`--systems floor runs the latency scenario only (floor.ts), not ${beyondLatency.join(', ')}: add --scenarios latency`);
   }
+  const seconds = (flag: string, v: string): number => {
+    const n = Number(v);
+    return v.trim() !== '' && Number.isFinite(n) && n >= 0 ? n : program.error(`${flag}: ${JSON.stringify(v)} is not a number of seconds (0 or more)`);
+  };
   const o: BenchOptions = {
     jobs: quick ? 300 : Number(f.jobs),
     reps: quick ? 1 : Number(f.reps),
@@ -1093,7 +1111,8 @@ if (isMain) {
     historyJobs: quick ? 3000 : Number(f.historyJobs),
     leaseMs: quick ? 2000 : 5000,
     streams: quick ? 50 : 2000,
-    warmupSeconds: quick ? 0 : Number(f.warmup),
+    warmupSeconds: quick ? 0 : seconds('--warmup', f.warmup),
+    repWarmupSeconds: seconds('--rep-warmup', f.repWarmup),
     systems: f.systems.split(',') as SystemName[],
     scenarios: f.scenarios.split(',').map((x) => (x === 'ceiling' ? 'pgbench' : x)),
     ...(f.profile ? { profileDir: path.resolve(f.profile) } : {}),
