@@ -75,8 +75,9 @@ it("a store verb's rows read without the Describe are the rows read with it", as
     if (read.outcome !== 'ok') throw new Error(JSON.stringify(read));
     expect(made.value).toEqual(read.value.job);
   }
-  // The enqueue's statement was described once, the first time; Drizzle's reads every time.
-  expect(described.filter((d) => d === 'jobEnqueue')).toEqual(['jobEnqueue']);
+  // The enqueue's statement (without a key or a header: jobEnqueuePlain) was described once, the
+  // first time; Drizzle's reads every time.
+  expect(described.filter((d) => d.startsWith('jobEnqueue'))).toEqual(['jobEnqueuePlain']);
   expect(described.filter((d) => d === '').length).toBeGreaterThanOrEqual(3);
 });
 

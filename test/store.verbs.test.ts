@@ -2,6 +2,7 @@
  * Each store verb, outcome by outcome, on real PostgreSQL with a pinned clock; the invariants
  * are checked after every test.
  */
+import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -58,6 +59,33 @@ describe('jobEnqueue', () => {
     const j = await enqueueOne();
     expect(j).toMatchObject({ queue: 'q', payload: { n: 1 }, status: 'queued', attemptNo: 0, maxAttempts: 5, priority: 0 });
     expect(j.runAt).toEqual(T0);
+  });
+
+  it('writes the same job whether it takes the statement with the key and header CTEs or the one without', async () => {
+    // jobEnqueuePlain (no key, no header) and jobEnqueue (either): queued, and claimed by a hand-off.
+    const handOff = (agentId: string) => ({ agentId, agentLabels: {}, attemptId: randomUUID(), claimTtlMs: 30_000 });
+    const ask = { queue: 'both', payload: { n: 1 }, priority: 2, labels: { os: 'windows' }, maxAttempts: 3, now: T0 };
+    const plain = value(await jobEnqueue(t.pool, ask));
+    const keyed = value(await jobEnqueue(t.pool, { ...ask, idempotencyKey: 'both-1' }));
+    const headed = value(await jobEnqueue(t.pool, { ...ask, notifyUrl: 'https://example.com/n', notifyHeader: { name: 'x-secret', value: 's' } }));
+    const same = (j: Awaited<typeof plain>) => ({ ...j, id: undefined, idempotencyKey: undefined, notifyUrl: undefined });
+    expect(same(keyed)).toEqual(same(plain));
+    expect(same(headed)).toEqual(same(plain));
+    expect(keyed.idempotencyKey).toBe('both-1');
+    expect((await t.pool.query('SELECT name, value FROM notify_headers WHERE job_id = $1', [headed.id])).rows).toEqual([{ name: 'x-secret', value: 's' }]);
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM job_keys')).rows[0].n).toBe(1);
+    // A waiting agent: the job is claimed by the enqueue itself on either statement, unless a queued
+    // job of its queue comes first (the three above, of priority 2).
+    const q = { queue: 'handed', payload: { n: 2 }, now: T0 };
+    const a = handOff('quick-a');
+    const b = handOff('quick-b');
+    const claimedPlain = value(await jobEnqueue(t.pool, { ...q, handOff: a }));
+    const claimedKeyed = value(await jobEnqueue(t.pool, { ...q, idempotencyKey: 'handed-1', handOff: b }));
+    expect(claimedPlain).toMatchObject({ status: 'claimed', attemptNo: 1, currentAttemptId: a.attemptId, agentId: 'quick-a' });
+    expect(claimedKeyed).toMatchObject({ status: 'claimed', attemptNo: 1, currentAttemptId: b.attemptId, agentId: 'quick-b' });
+    const behind = value(await jobEnqueue(t.pool, { ...ask, priority: 1, handOff: handOff('quick-c') }));
+    expect(behind).toMatchObject({ status: 'queued', attemptNo: 0, currentAttemptId: null });
+    await checkInvariants(t.pool);
   });
 
   it('returns the existing job for the same key and payload, conflict for another payload', async () => {

@@ -7,7 +7,7 @@ import { conflict, duplicate, invalid, ok, type Outcome } from '../domain/outcom
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { currentOf, jobColumns, toJob, withoutNotified, type Job } from './rows.js';
-import { run, statement, type Queryable } from './sql.js';
+import { run, statement, StoreError, type Queryable } from './sql.js';
 
 export interface EnqueueParams {
   queue: string;
@@ -62,8 +62,13 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 // check reads jobs_claim_idx from the front of the queue and stops at the first match. Then no
 // NOTIFY is sent: the job is not waiting. Nor when $15 is false: the caller wakes the
 // dispatchers after the commit (see `jobsNotify`).
-const enqueueSql = statement(
-  'jobEnqueue',
+//
+// Two statements of the same parameters: with `extras`, the idempotency key's CTE (k) and the
+// notification header's (nh); without, for an enqueue with neither (most of them), the same
+// statement without those two, each of which PostgreSQL would otherwise set up on every
+// execution, a table and its indexes opened, for nothing to insert (9 µs of a backend's CPU a
+// job of about 140, measured: docs/performance.md, "What would close what is left").
+const enqueueText = (extras: boolean) =>
   `WITH h AS MATERIALIZED (
      SELECT $12::text IS NOT NULL
        AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
@@ -75,12 +80,16 @@ const enqueueSql = statement(
        ) AS yes
    ), i AS MATERIALIZED (
      SELECT job_id_v7() AS id
-   ), k AS (
+   ), ${
+     extras
+       ? `k AS (
      -- The key taken for this job, unless another job holds it (then no job is inserted).
      INSERT INTO job_keys (key, job_id) SELECT $6, i.id FROM i WHERE $6::text IS NOT NULL
      ON CONFLICT (key) DO NOTHING
      RETURNING job_id
-   ), n AS (
+   ), `
+       : ''
+   }n AS (
      INSERT INTO jobs_live (id, queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
                        labels, notify_url, created_at, updated_at,
                        status, attempt_no, current_attempt_id, agent_id, claimed_at, claim_deadline, lease_expires_at)
@@ -92,16 +101,21 @@ const enqueueSql = statement(
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END
      FROM h, i
-     WHERE $6::text IS NULL OR EXISTS (SELECT 1 FROM k)
+     WHERE ${extras ? '$6::text IS NULL OR EXISTS (SELECT 1 FROM k)' : '$6::text IS NULL AND $16::text IS NULL AND $17::text IS NULL'}
      RETURNING *
-   ), nh AS (
+   )${
+     extras
+       ? `, nh AS (
      INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $16, $17 FROM n WHERE $16::text IS NOT NULL
-   )
+   )`
+       : ''
+   }
    -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
    SELECT n.*, NULL::jsonb AS error,
      (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE $15::boolean AND n.status = 'queued' AND n.run_at <= now()) AS notified
-   FROM n`,
-);
+   FROM n`;
+const enqueueSql = statement('jobEnqueue', enqueueText(true));
+const enqueuePlainSql = statement('jobEnqueuePlain', enqueueText(false));
 
 // Runs after the key's ON CONFLICT DO NOTHING inserted nothing: a new snapshot, so it sees the
 // competing insert that made it skip (READ COMMITTED). The job is looked up by id in every
@@ -138,7 +152,8 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
   if ('failure' in payload) return payload.failure;
 
-  const rows = await run(db, enqueueSql, [
+  const plain = p.idempotencyKey === undefined && p.notifyHeader === undefined;
+  const rows = await run(db, plain ? enqueuePlainSql : enqueueSql, [
     p.queue,
     payload.json,
     p.priority ?? 0,
@@ -158,6 +173,8 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.notifyHeader?.value ?? null,
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
+  // Without a key the job is always inserted (the statement's WHERE holds for these parameters).
+  if (plain) throw new StoreError('jobEnqueuePlain inserted no job');
 
   const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
     p.idempotencyKey,
