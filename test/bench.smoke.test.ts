@@ -10,6 +10,9 @@ import { expect, it } from 'vitest';
 import { bench } from './bench/run.js';
 import { results } from './bench/report.js';
 
+/** The toy sizes of the runs below that take a few systems and scenarios. */
+const TOY = { jobs: 300, reps: 1, rate: 100, seconds: 2, recoveryJobs: 10, historyJobs: 3000, leaseMs: 2000, streams: 50, warmupSeconds: 0 };
+
 it('npm run bench --quick: every system, every scenario, a report', async () => {
   const lines: string[] = [];
   // The agents' outboxes (worker.ts) are the run's to remove: its workers die by SIGKILL.
@@ -94,18 +97,10 @@ it('npm run bench --quick: every system, every scenario, a report', async () => 
 it('npm run bench -- --systems floor --scenarios latency: the contract\'s floor runs every job through its steps', async () => {
   const lines: string[] = [];
   const { rows } = await bench({
-    jobs: 300,
-    reps: 1,
-    rate: 100,
-    seconds: 2,
+    ...TOY,
     // Two slots for 100 jobs a second, each held until its completion's ack (20 ms of linger
     // included): enqueues find every slot taken and wait for one, as under a busy machine.
     concurrency: 2,
-    recoveryJobs: 10,
-    historyJobs: 3000,
-    leaseMs: 2000,
-    streams: 50,
-    warmupSeconds: 0,
     systems: ['floor'],
     scenarios: ['latency'],
     log: (l) => lines.push(l),
@@ -120,16 +115,8 @@ it('npm run bench -- --systems floor --scenarios latency: the contract\'s floor 
 
 it('npm run bench with the floor among the systems: the floor takes part in the latency scenario only, the others in every one', async () => {
   const { rows } = await bench({
-    jobs: 300,
-    reps: 1,
-    rate: 100,
-    seconds: 2,
+    ...TOY,
     concurrency: 32,
-    recoveryJobs: 10,
-    historyJobs: 3000,
-    leaseMs: 2000,
-    streams: 50,
-    warmupSeconds: 0,
     systems: ['leasehold', 'floor'],
     scenarios: ['throughput', 'writes', 'latency', 'recovery'],
     log: () => undefined,
@@ -145,15 +132,10 @@ it('npm run bench -- --rep-warmup: each latency repetition\'s fresh worker runs 
   const run = async (repWarmupSeconds: number) => {
     const lines: string[] = [];
     const { rows } = await bench({
-      jobs: 300,
-      reps: 1,
+      ...TOY,
       rate: 50,
       seconds: 1,
       concurrency: 8,
-      recoveryJobs: 10,
-      historyJobs: 3000,
-      leaseMs: 2000,
-      streams: 50,
       warmupSeconds: 1,
       repWarmupSeconds,
       systems: ['floor'],
