@@ -156,13 +156,13 @@ it('a Credit that arrives while an enqueue hand-off is in flight does not free t
   }
 });
 
-it('claims again when a wake for its queues came while its claim ran, even though the claim came back short', async () => {
-  // The race CI once hit by chance (82e936b), made to happen: the claim has read the queue
-  // (empty) and its answer is held back; meanwhile a job commits and its wake arrives, while the
-  // claim holds every free slot, so the wake cannot start a round of its own. When the claim's
-  // short answer comes, the round must not mark the queue drained: the job would wait for the
-  // poll (here an hour).
-  const made = await agentCreate(t.pool, { agentId: 'overtaken' });
+/**
+ * An agent session (`agentId`, serving the queue of that name, `slots` slots) and a started
+ * dispatcher whose first claim's answer is held back until `release()`: `claimed` resolves once
+ * that claim has read the queue; `claims` lists every claim's row count.
+ */
+async function heldFirstClaim(agentId: string, slots: number) {
+  const made = await agentCreate(t.pool, { agentId });
   if (made.outcome !== 'ok') throw new Error(JSON.stringify(made));
   const log = pino({ level: 'silent' });
   const hub = new AgentHub(t.pool, log, { leaseTtlMs: 30_000, claimTtlMs: 30_000, heartbeatIntervalMs: 5_000 });
@@ -182,11 +182,42 @@ it('claims again when a wake for its queues came while its claim ran, even thoug
     }
     return res;
   });
-  const opened = await hub.open({ agentId: 'overtaken', token: made.value.token, queues: ['overtaken'], labels: {}, slots: 2, resume: [], seq: 0n });
+  const opened = await hub.open({ agentId, token: made.value.token, queues: [agentId], labels: {}, slots, resume: [], seq: 0n });
   if (opened.outcome !== 'ok') throw new Error(JSON.stringify(opened));
-  const session = opened.value;
   const dispatcher = new Dispatcher(db, hub, log, { claimTtlMs: 30_000, pollMs: 3_600_000 });
   dispatcher.start();
+  return { hub, session: opened.value, dispatcher, claims, claimed, release };
+}
+
+it('runOnce, asked while a round runs, waits for it and then claims in a round of its own what that round could not see', async () => {
+  // The race a CI run hit in the test above ("a Credit that arrives..."): the jobs committed, a
+  // round woken by the first of them was still claiming from a snapshot without the others, and
+  // runOnce joined that round and returned with a slot empty. Here the round's answer is held
+  // back while a job commits without a wake (notify: false): only a round after it can see it.
+  const { hub, session, dispatcher, claims, claimed, release } = await heldFirstClaim('after-round', 1);
+  try {
+    dispatcher.credit();
+    await claimed; // the round's claim read an empty queue; its answer waits
+    const job = await jobEnqueue(t.pool, { queue: 'after-round', payload: {}, notify: false });
+    if (job.outcome !== 'ok') throw new Error(JSON.stringify(job));
+    const once = dispatcher.runOnce();
+    release();
+    await once;
+    expect(claims).toEqual([0, 1]);
+    expect([...session.held.values()]).toEqual([{ jobId: job.value.id, status: 'claimed' }]);
+  } finally {
+    await dispatcher.stop();
+    await hub.close(session, { lost: false });
+  }
+});
+
+it('claims again when a wake for its queues came while its claim ran, even though the claim came back short', async () => {
+  // The race CI once hit by chance (82e936b), made to happen: the claim has read the queue
+  // (empty) and its answer is held back; meanwhile a job commits and its wake arrives, while the
+  // claim holds every free slot, so the wake cannot start a round of its own. When the claim's
+  // short answer comes, the round must not mark the queue drained: the job would wait for the
+  // poll (here an hour).
+  const { hub, session, dispatcher, claims, claimed, release } = await heldFirstClaim('overtaken', 2);
   try {
     dispatcher.credit();
     await claimed; // the claim read an empty queue; its answer waits

@@ -159,10 +159,14 @@ export class Dispatcher extends EventEmitter<DispatcherEvents> {
     while (this.loops.size) await Promise.all(this.loops);
   }
 
-  /** One round now, for every group (tests, tools); joins the rounds in progress if there are some. */
+  /**
+   * One round now, for every group (tests, tools), after the rounds in progress: those may have
+   * read the queues before the caller's last commits (their wakes not yet delivered), so a round
+   * of its own reads them afresh.
+   */
   async runOnce(): Promise<void> {
+    await this.idle();
     this.drained.clear();
-    if (this.loops.size) return this.idle();
     await this.round();
   }
 
