@@ -84,7 +84,7 @@ it('what arrives in one turn goes out as one statement per kind, each item answe
     [toFail[1]!.id, 'failed'],
   ]);
   expect(w.started.attemptStartMany).toBe(1);
-  expect(w.started.attemptCompleteMany).toBe(1);
+  expect(w.started.attemptCompleteManyUnheard).toBe(1);
   // Failures are one statement each, run as one batch.
   expect(w.started.attemptFail).toBe(2);
   expect(b.stats).toMatchObject({ statements: 3, items: 8 });
@@ -123,7 +123,7 @@ it('a statement that fails rejects the items of its batch only; the next batch i
   const w = watchedPool();
   const b = new ReportBatcher(w.db, log, TTL);
   const jobs = await runningJobs(3, 'broken-a');
-  w.breakNext('attemptCompleteMany');
+  w.breakNext('attemptCompleteManyUnheard');
   const lost = jobs.slice(0, 2).map((j) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'broken-a', result: {} }));
   for (const p of lost) await expect(p).rejects.toThrow('connection reset');
   const again = await b.complete({ attemptId: jobs[2]!.currentAttemptId!, agentId: 'broken-a', result: {} });
@@ -164,15 +164,15 @@ describe('the completion linger', () => {
     const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
     const first = b.complete({ attemptId: jobs[0]!.currentAttemptId!, agentId: 'linger-a', result: { n: 0 } });
     await turns();
-    expect(w.started.attemptCompleteMany).toBeUndefined();
+    expect(w.started.attemptCompleteManyUnheard).toBeUndefined();
     vi.advanceTimersByTime(LINGER - 1);
     const later = jobs.slice(1).map((j, i) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'linger-a', result: { n: i + 1 } }));
     await turns();
-    expect(w.started.attemptCompleteMany).toBeUndefined();
+    expect(w.started.attemptCompleteManyUnheard).toBeUndefined();
     vi.advanceTimersByTime(1);
     const outcomes = await Promise.all([first, ...later]);
     expect(outcomes.map((o) => [o.outcome, o.outcome === 'ok' && o.value.status])).toEqual(jobs.map(() => ['ok', 'succeeded']));
-    expect(w.started.attemptCompleteMany).toBe(1);
+    expect(w.started.attemptCompleteManyUnheard).toBe(1);
     expect(b.stats).toMatchObject({ statements: 1, items: 3 });
     await checkInvariants(t.pool);
   });
@@ -194,14 +194,14 @@ describe('the completion linger', () => {
     const jobs = await runningJobs(2, 'linger-c');
     fakeTimeouts();
     const b = new ReportBatcher(w.db, log, TTL, { completionLingerMs: LINGER });
-    w.hold('attemptCompleteMany');
+    w.hold('attemptCompleteManyUnheard');
     const first = b.complete({ attemptId: jobs[0]!.currentAttemptId!, agentId: 'linger-c', result: {} });
     vi.advanceTimersByTime(LINGER);
-    await w.heldReach('attemptCompleteMany', 1);
+    await w.heldReach('attemptCompleteManyUnheard', 1);
     // The first statement is still running: the second completion does not wait for a timer.
     const second = b.complete({ attemptId: jobs[1]!.currentAttemptId!, agentId: 'linger-c', result: {} });
-    await w.heldReach('attemptCompleteMany', 2);
-    w.release('attemptCompleteMany');
+    await w.heldReach('attemptCompleteManyUnheard', 2);
+    w.release('attemptCompleteManyUnheard');
     expect((await Promise.all([first, second])).map((o) => o.outcome)).toEqual(['ok', 'ok']);
     expect(b.stats).toMatchObject({ statements: 2, items: 2 });
   });
@@ -214,13 +214,13 @@ describe('the completion linger', () => {
     const full = jobs.slice(0, limits.claimBatch).map((j) => b.complete({ attemptId: j.currentAttemptId!, agentId: 'linger-d', result: {} }));
     // No timer is advanced: the batch is full, so it goes on the next turn.
     expect((await Promise.all(full)).every((o) => o.outcome === 'ok')).toBe(true);
-    expect(w.started.attemptCompleteMany).toBe(1);
+    expect(w.started.attemptCompleteManyUnheard).toBe(1);
     const last = b.complete({ attemptId: jobs[limits.claimBatch]!.currentAttemptId!, agentId: 'linger-d', result: {} });
     await turns();
-    expect(w.started.attemptCompleteMany).toBe(1);
+    expect(w.started.attemptCompleteManyUnheard).toBe(1);
     // A stopping hub waits for idle(): the lingering completion is written now, not after the linger.
     await b.idle();
     expect((await last).outcome).toBe('ok');
-    expect(w.started.attemptCompleteMany).toBe(2);
+    expect(w.started.attemptCompleteManyUnheard).toBe(2);
   });
 });

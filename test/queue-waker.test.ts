@@ -38,10 +38,16 @@ async function heardSoFar(): Promise<string[]> {
 }
 
 it('the enqueue statement NOTIFYs a due queued job by default, and not with notify: false', async () => {
+  // Each of the four statements (with or without the key's and header's CTEs, with or without the
+  // NOTIFY): the quiet ones send nothing, and a job due later wakes nobody either way.
   await heardSoFar();
-  expect((await jobEnqueue(t.pool, { queue: 'w-default', payload: {} })).outcome).toBe('ok');
-  expect((await jobEnqueue(t.pool, { queue: 'w-silent', payload: {}, notify: false })).outcome).toBe('ok');
-  expect(await heardSoFar()).toEqual(['w-default']);
+  const extras = [{}, { idempotencyKey: 'w-key' }, { notifyUrl: 'https://example.com/n', notifyHeader: { name: 'x-secret', value: 's' } }];
+  for (const [k, extra] of extras.entries()) {
+    expect((await jobEnqueue(t.pool, { queue: `w-default-${k}`, payload: {}, ...extra })).outcome).toBe('ok');
+    expect((await jobEnqueue(t.pool, { queue: `w-silent-${k}`, payload: {}, notify: false, ...extra, ...('idempotencyKey' in extra ? { idempotencyKey: 'w-key-2' } : {}) })).outcome).toBe('ok');
+  }
+  expect((await jobEnqueue(t.pool, { queue: 'w-later', payload: {}, runAt: new Date(Date.now() + 3_600_000) })).outcome).toBe('ok');
+  expect(await heardSoFar()).toEqual(['w-default-0', 'w-default-1', 'w-default-2']);
 });
 
 it('a gateway enqueue wakes every coordinator after its commit, and the enqueue statement itself sends nothing', async () => {

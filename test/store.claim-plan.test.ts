@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import type { Outcome } from '../server/domain/outcomes.js';
 import { claimSql, jobClaim, jobClaimSlots } from '../server/store/claim.js';
 import { createPool } from '../server/store/database.js';
-import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, jobRescueExpired } from '../server/store/index.js';
+import { attemptCompleteMany, attemptFail, attemptHeartbeat, attemptStartMany, heardCompletions, jobRescueExpired } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob, makeQueuedJobs } from './helpers/factories.js';
 import { planNodes as nodes, type PlanNode } from './helpers/plan.js';
@@ -89,15 +89,20 @@ describe('claim plan', () => {
     const hot = createPool(db.url, 1, undefined, { hot: true });
     const c = await hot.connect();
     try {
-      const claimed = value(await jobClaimSlots(c, { slots: ['h', 'h', 'h'], queues: ['burst'], claimTtlMs: 30_000 }));
+      const claimed = value(await jobClaimSlots(c, { slots: ['h', 'h', 'h', 'h'], queues: ['burst'], claimTtlMs: 30_000 }));
       const items = claimed.map((x) => ({ attemptId: x.attemptId, agentId: 'h' }));
       value(await attemptStartMany(c, { items, leaseTtlMs: 30_000 }).then((o) => o[0]!));
       value(await attemptHeartbeat(c, { items, leaseTtlMs: 30_000 }));
+      // Both forms of the completion: without the outbox (no one listens), then with it.
+      heardCompletions.until = 0;
       value(await attemptCompleteMany(c, { items: items.slice(0, 2).map((i) => ({ ...i, result: {} })) }).then((o) => o[0]!));
+      heardCompletions.until = Date.now() + 60_000;
+      value(await attemptCompleteMany(c, { items: [{ ...items[3]!, result: {} }] }).then((o) => o[0]!));
+      heardCompletions.until = 0;
       value(await attemptFail(c, { ...items[2]!, error: { message: 'x' }, retryable: true }));
       value(await jobRescueExpired(c, { limit: 10 }));
       const prepared = (await c.query(`SELECT name, cardinality(parameter_types) AS n FROM pg_prepared_statements`)).rows as Array<{ name: string; n: number }>;
-      const hotNames = ['jobClaim', 'attemptStartMany', 'attemptHeartbeat', 'attemptCompleteMany', 'attemptFail', 'jobRescueExpired'];
+      const hotNames = ['jobClaim', 'attemptStartMany', 'attemptHeartbeat', 'attemptCompleteMany', 'attemptCompleteManyUnheard', 'attemptFail', 'jobRescueExpired'];
       expect(prepared.map((p) => p.name)).toEqual(expect.arrayContaining(hotNames));
       for (const p of prepared.filter((x) => hotNames.includes(x.name))) {
         // The plan the connection uses (generic: it does not depend on these NULLs).

@@ -5,6 +5,7 @@
  */
 import { conflict, duplicate, invalid, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
+import { newJobId } from './job-id.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { currentOf, jobColumns, toJob, withoutNotified, type Job } from './rows.js';
 import { run, statement, StoreError, type Queryable } from './sql.js';
@@ -52,7 +53,8 @@ export interface EnqueueParams {
 export const DEFAULT_MAX_ATTEMPTS = 5;
 
 // The row is the enqueue's record: what was asked for stays in its columns, the time in
-// created_at. Nothing else is written.
+// created_at. Nothing else is written. Its id ($17) is a UUIDv7 made by the caller's process
+// (job-id.ts).
 //
 // With a hand-off ($11–$14: an agent with a free slot on the caller's coordinator, its labels,
 // a fresh attempt id and the claim TTL), the job is inserted already claimed for that agent (the
@@ -60,63 +62,81 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 // away: due now, its labels carried by the agent, and no due queued job in the queue that the
 // agent could take would come before it (priority, then age: the job is the newest). That
 // check reads jobs_claim_idx from the front of the queue and stops at the first match. Then no
-// NOTIFY is sent: the job is not waiting. Nor when $15 is false: the caller wakes the
-// dispatchers after the commit (see `jobsNotify`).
+// NOTIFY is sent: the job is not waiting.
 //
-// Two statements of the same parameters: with `extras`, the idempotency key's CTE (k) and the
-// notification header's (nh); without, for an enqueue with neither (most of them), the same
-// statement without those two, each of which PostgreSQL would otherwise set up on every
-// execution, a table and its indexes opened, for nothing to insert (a median 13.7 µs of a
-// backend's CPU an enqueue of 122–152, in ten paired rounds: docs/performance.md, "What would
-// close what is left", "CPU time beside the floor").
-const enqueueText = (extras: boolean) =>
-  `WITH h AS MATERIALIZED (
-     SELECT $12::text IS NOT NULL
+// Four statements of the same parameters, each leaving out what its callers do not need, which
+// PostgreSQL would otherwise set up on every execution for nothing:
+// - with `extras`, the idempotency key's CTE (k) and the notification header's (nh); without, for
+//   an enqueue with neither (most of them), the statement without those two (a table and its
+//   indexes opened for nothing to insert: a median 13.7 µs of a backend's CPU an enqueue of
+//   122–152, in ten paired rounds), and without CTEs at all when it does not notify: one INSERT
+//   whose source computes the hand-off's check once (`OFFSET 0` keeps it a subquery; its NOT
+//   EXISTS is an InitPlan, run once), 7 µs less than the same in CTEs (six paired rounds);
+// - with `notify`, the NOTIFY to the dispatchers when the job is queued and due; without, for a
+//   caller that wakes them after the commit instead (`QueueWaker`: the gateway; see
+//   `jobsNotify`), the statement without that subquery (8–10 µs less, six paired rounds).
+// (docs/performance.md, "What would close what is left", "CPU time beside the floor".)
+const handOffCheck = `$12::text IS NOT NULL
        AND ($4::timestamptz IS NULL OR $4::timestamptz <= coalesce($8::timestamptz, now()))
        AND $9::jsonb <@ $13::jsonb
        AND NOT EXISTS (
          SELECT 1 FROM jobs_live q
          WHERE q.current_attempt_id IS NULL AND q.finished_at IS NULL AND q.queue = $1 AND q.priority >= $3
            AND q.run_at <= coalesce($8::timestamptz, now()) AND (q.labels = '{}'::jsonb OR q.labels <@ $13::jsonb)
-       ) AS yes
-   ), i AS MATERIALIZED (
-     SELECT job_id_v7() AS id
-   ), ${
-     extras
-       ? `k AS (
-     -- The key taken for this job, unless another job holds it (then no job is inserted).
-     INSERT INTO job_keys (key, job_id) SELECT $6, i.id FROM i WHERE $6::text IS NOT NULL
-     ON CONFLICT (key) DO NOTHING
-     RETURNING job_id
-   ), `
-       : ''
-   }n AS (
-     INSERT INTO jobs_live (id, queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
+       )`;
+
+/** The job's INSERT: its id `id`, the hand-off's check `h.yes`, both from `from`, when `where` holds. */
+const insertJobSql = (id: string, from: string, where: string, returning: string) =>
+  `INSERT INTO jobs_live (id, queue, payload, priority, run_at, max_attempts, idempotency_key, execution_timeout_ms,
                        labels, notify_url, created_at, updated_at,
                        status, attempt_no, current_attempt_id, agent_id, claimed_at, claim_deadline, lease_expires_at)
-     SELECT i.id, $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
+     SELECT ${id}, $1, $2::jsonb, $3, coalesce($4::timestamptz, $8::timestamptz, now()), $5, $6, $7, $9::jsonb, $10,
             coalesce($8::timestamptz, now()), coalesce($8::timestamptz, now()),
             CASE WHEN h.yes THEN 'claimed' ELSE 'queued' END::job_status, CASE WHEN h.yes THEN 1 ELSE 0 END,
             CASE WHEN h.yes THEN $11::uuid END, CASE WHEN h.yes THEN $12::text END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END,
             CASE WHEN h.yes THEN coalesce($8::timestamptz, now()) + make_interval(secs => $14::float8 / 1000.0) END
-     FROM h, i
-     WHERE ${extras ? '$6::text IS NULL OR EXISTS (SELECT 1 FROM k)' : '$6::text IS NULL AND $16::text IS NULL AND $17::text IS NULL'}
-     RETURNING *
-   )${
-     extras
-       ? `, nh AS (
-     INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $16, $17 FROM n WHERE $16::text IS NOT NULL
-   )`
-       : ''
-   }
-   -- Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
-   SELECT n.*, NULL::jsonb AS error,
-     (SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE $15::boolean AND n.status = 'queued' AND n.run_at <= now()) AS notified
-   FROM n`;
-const enqueueSql = statement('jobEnqueue', enqueueText(true));
-const enqueuePlainSql = statement('jobEnqueuePlain', enqueueText(false));
+     FROM ${from}
+     WHERE ${where}
+     RETURNING ${returning}`;
+
+/** The plain insert's condition: no key, no header (always true for the parameters it is given). */
+const PLAIN = '$6::text IS NULL AND $15::text IS NULL AND $16::text IS NULL';
+const PLAIN_FROM = `(SELECT ${handOffCheck} AS yes OFFSET 0) h`;
+
+// Wakes the dispatchers of every coordinator (delivered at commit) when the job is due now.
+const notifiedSql = `(SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.status = 'queued' AND n.run_at <= now()) AS notified`;
+
+const enqueueText = (extras: boolean, notify: boolean) => {
+  if (!extras) {
+    if (!notify) return insertJobSql('$17::uuid', PLAIN_FROM, PLAIN, '*, NULL::jsonb AS error');
+    return `WITH n AS (
+     ${insertJobSql('$17::uuid', PLAIN_FROM, PLAIN, '*')}
+   )
+   SELECT n.*, NULL::jsonb AS error, ${notifiedSql} FROM n`;
+  }
+  return `WITH h AS MATERIALIZED (
+     SELECT ${handOffCheck} AS yes
+   ), i AS MATERIALIZED (
+     SELECT $17::uuid AS id
+   ), k AS (
+     -- The key taken for this job, unless another job holds it (then no job is inserted).
+     INSERT INTO job_keys (key, job_id) SELECT $6, i.id FROM i WHERE $6::text IS NOT NULL
+     ON CONFLICT (key) DO NOTHING
+     RETURNING job_id
+   ), n AS (
+     ${insertJobSql('i.id', 'h, i', '$6::text IS NULL OR EXISTS (SELECT 1 FROM k)', '*')}
+   ), nh AS (
+     INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $15, $16 FROM n WHERE $15::text IS NOT NULL
+   )
+   SELECT n.*, NULL::jsonb AS error${notify ? `, ${notifiedSql}` : ''} FROM n`;
+};
+/** The enqueue's statements by [extras][notify] (see enqueueText). */
+const enqueueSqls = {
+  extras: { notify: statement('jobEnqueue', enqueueText(true, true)), quiet: statement('jobEnqueueQuiet', enqueueText(true, false)) },
+  plain: { notify: statement('jobEnqueuePlain', enqueueText(false, true)), quiet: statement('jobEnqueuePlainQuiet', enqueueText(false, false)) },
+};
 
 // Runs after the key's ON CONFLICT DO NOTHING inserted nothing: a new snapshot, so it sees the
 // competing insert that made it skip (READ COMMITTED). The job is looked up by id in every
@@ -154,7 +174,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   if ('failure' in payload) return payload.failure;
 
   const plain = p.idempotencyKey === undefined && p.notifyHeader === undefined;
-  const rows = await run(db, plain ? enqueuePlainSql : enqueueSql, [
+  const rows = await run(db, enqueueSqls[plain ? 'plain' : 'extras'][p.notify === false ? 'quiet' : 'notify'], [
     p.queue,
     payload.json,
     p.priority ?? 0,
@@ -169,13 +189,13 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
     p.handOff?.agentId ?? null,
     JSON.stringify(p.handOff?.agentLabels ?? {}),
     p.handOff?.claimTtlMs ?? null,
-    p.notify ?? true,
     p.notifyHeader?.name ?? null,
     p.notifyHeader?.value ?? null,
+    newJobId(),
   ]);
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
   // Without a key the job is always inserted (the statement's WHERE holds for these parameters).
-  if (plain) throw new StoreError('jobEnqueuePlain inserted no job');
+  if (plain) throw new StoreError('the enqueue without a key or a header inserted no job');
 
   const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
     p.idempotencyKey,
