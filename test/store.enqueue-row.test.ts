@@ -1,6 +1,6 @@
 /**
  * The enqueue without a key or a header returns only what PostgreSQL decided and the times it set,
- * and writes the rest of the job's row from what it was given (`plainRow` in
+ * and writes the rest of the job's row from what it was given (`plainJob` in
  * server/store/enqueue.ts). Over arbitrary enqueues, queued or claimed by a hand-off, with the
  * NOTIFY or without: the job it returns is the job read back (GetJob's read, every column).
  */

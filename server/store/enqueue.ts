@@ -8,7 +8,6 @@ import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/va
 import { newJobId } from './job-id.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { currentOf, jobColumns, toJob, withoutNotified, type Job } from './rows.js';
-import { JOB_COLUMNS } from './schema.js';
 import { run, statement, StoreError, type Queryable } from './sql.js';
 
 export interface EnqueueParams {
@@ -110,7 +109,7 @@ const PLAIN_FROM = `(SELECT ${handOffCheck} AS yes OFFSET 0) h`;
 const notifiedSql = `(SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n WHERE n.status = 'queued' AND n.run_at <= now()) AS notified`;
 
 // What the plain statements return: what PostgreSQL decided (claimed or queued) and the times it
-// set, from which and the parameters the row is the caller's to write (`plainRow`). Writing out
+// set, from which and the parameters the job is the caller's to write (`plainJob`). Writing out
 // the other 30 columns, its JSON and its times, cost PostgreSQL 17 µs an enqueue in a lab loop.
 const PLAIN_RETURNS = 'status, run_at, created_at, claim_deadline';
 
@@ -165,39 +164,58 @@ interface PlainReturned {
 }
 
 /**
- * The row a plain enqueue inserted, as `RETURNING *` would give it: each column from what the
- * statement was given or what it returned, as insertJobSql sets it (claimed_at and updated_at are
- * created_at's expression, lease_expires_at claim_deadline's), the JSON values as PostgreSQL
- * reads them back (the same values; an object's keys in the order given). The rest of the columns
- * are those of a new job. test/store.enqueue-row.test.ts holds it equal to the job read back.
+ * The job a plain enqueue inserted, as `toJob` of its `RETURNING *` row would give it: each
+ * column from what the statement was given or what it returned, as insertJobSql sets it
+ * (claimed_at and updated_at are created_at's expression, lease_expires_at claim_deadline's), the
+ * JSON values as PostgreSQL reads them back (the same values; an object's keys in the order
+ * given), the other columns those of a new job. One object literal, every key in it: an object of
+ * one shape, made at once (a row built key by key cost more than decoding PostgreSQL's).
+ * test/store.enqueue-row.test.ts holds it equal to the job read back, every column.
  */
-function plainRow(id: string, p: EnqueueParams, payloadJson: string, labelsJson: string, r: PlainReturned): Record<string, unknown> {
+function plainJob(id: string, p: EnqueueParams, payloadJson: string, labelsJson: string, r: PlainReturned): Job {
   const claimed = r.status === 'claimed';
-  const row: Record<string, unknown> = {};
-  for (const c of JOB_COLUMNS) row[c] = null;
-  return Object.assign(row, {
+  const job: Job & Record<StorageColumn, null> = {
     id,
     queue: p.queue,
     payload: JSON.parse(payloadJson) as unknown,
     priority: p.priority ?? 0,
     status: r.status,
-    run_at: r.run_at,
-    max_attempts: p.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
-    attempt_no: claimed ? 1 : 0,
-    attempts_started: 0,
-    current_attempt_id: claimed ? p.handOff!.attemptId.toLowerCase() : null,
-    agent_id: claimed ? p.handOff!.agentId : null,
-    claimed_at: claimed ? r.created_at : null,
-    claim_deadline: r.claim_deadline,
-    lease_expires_at: r.claim_deadline,
-    execution_timeout_ms: p.executionTimeoutMs ?? null,
+    runAt: r.run_at,
+    maxAttempts: p.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
+    attemptNo: claimed ? 1 : 0,
+    attemptsStarted: 0,
+    currentAttemptId: claimed ? p.handOff!.attemptId.toLowerCase() : null,
+    agentId: claimed ? p.handOff!.agentId : null,
+    claimedAt: claimed ? r.created_at : null,
+    claimDeadline: r.claim_deadline,
+    startedAt: null,
+    suspectSince: null,
+    leaseExpiresAt: r.claim_deadline,
+    heartbeatAt: null,
+    executionTimeoutMs: p.executionTimeoutMs ?? null,
+    executionDeadline: null,
+    idempotencyKey: null,
     labels: JSON.parse(labelsJson) as unknown,
-    notify_url: p.notifyUrl ?? null,
-    created_at: r.created_at,
-    updated_at: r.created_at,
+    progress: null,
+    result: null,
+    notifyUrl: p.notifyUrl ?? null,
+    createdAt: r.created_at,
+    updatedAt: r.created_at,
+    finishedAt: null,
+    finalAttemptId: null,
+    finalAgentId: null,
+    finalClaimedAt: null,
+    finalClaimDeadline: null,
+    finalStartedAt: null,
+    finalSuspectSince: null,
+    doneDay: null,
     error: null,
-  });
+  };
+  return job;
 }
+
+/** The row's columns that are not the job as the API shows it (rows.ts), null in a new job. */
+type StorageColumn = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'finalClaimDeadline' | 'finalStartedAt' | 'finalSuspectSince' | 'doneDay';
 
 /**
  * Adds a job in `queued`. With an idempotency key: `ok` for a new job, `duplicate` with the
@@ -246,7 +264,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   ]);
   // Without a key the job is always inserted (the statement's WHERE holds for these parameters).
   if (plain && !rows[0]) throw new StoreError('the enqueue without a key or a header inserted no job');
-  if (plain) return ok(toJob(plainRow(id, p, payload.json, labels, rows[0] as PlainReturned)));
+  if (plain) return ok(plainJob(id, p, payload.json, labels, rows[0] as PlainReturned));
   if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
 
   const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
