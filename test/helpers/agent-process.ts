@@ -4,6 +4,7 @@
  * with node, its JSON log lines collected, killable at any moment.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -12,10 +13,17 @@ import { build } from 'esbuild';
 const root = path.resolve(import.meta.dirname, '../..');
 let bundle: Promise<string> | undefined;
 
-/** Builds the fixture agent into one file (once per test process) and returns its path. */
+/**
+ * Builds the fixture agent into one file (once per test process) and returns its path: in a
+ * directory of its own, removed when the process exits (the chaos run) or, under vitest, with the
+ * run's files directory (global-setup.ts). It was 1.3 MB a test process left in the temporary
+ * directory.
+ */
 export function agentBundle(): Promise<string> {
   bundle ??= (async () => {
-    const outfile = path.join(os.tmpdir(), `leasehold-sdk-agent-${process.pid}.mjs`);
+    const dir = mkdtempSync(path.join(process.env.LEASEHOLD_TEST_TMP ?? os.tmpdir(), 'leasehold-sdk-agent-'));
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+    const outfile = path.join(dir, 'agent.mjs');
     await build({
       entryPoints: [path.join(root, 'test/fixtures/sdk-agent.ts')],
       bundle: true,

@@ -2,7 +2,7 @@
  * Once per `npm test`: a PostgreSQL server (`DATABASE_URL` when set, otherwise a throwaway
  * embedded cluster) and a migrated template database that each test file clones.
  */
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
@@ -50,11 +50,17 @@ export default async function setup(project: TestProject) {
   await pool.end();
   await admin.end();
 
+  // Files the test processes make (the agent bundle, agent-process.ts) go under one directory,
+  // removed at the end: vitest ends its worker processes without their 'exit' handlers.
+  const files = await mkdtemp(path.join(os.tmpdir(), 'leasehold-test-files-'));
+  process.env.LEASEHOLD_TEST_TMP = files;
+
   project.provide('pgAdminUrl', adminUrl);
   project.provide('pgTemplate', template);
   project.provide('pgPrefix', prefix);
 
   return async () => {
+    await rm(files, { recursive: true, force: true });
     const c = new pg.Client({ connectionString: adminUrl });
     await c.connect();
     const { rows } = await c.query<{ datname: string }>(`SELECT datname FROM pg_database WHERE datname LIKE $1`, [
