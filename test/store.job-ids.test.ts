@@ -4,7 +4,7 @@
  */
 import { expect, it } from 'vitest';
 import { jobEnqueue, jobGet } from '../server/store/index.js';
-import { newJobId } from '../server/store/job-id.js';
+import { newJobId } from '../server/store/ids.js';
 import { useTestDb } from './helpers/db.js';
 
 const t = useTestDb();

@@ -13,10 +13,9 @@
  * otherwise cost a claim that finds nothing). What can put jobs there wakes it: a NOTIFY for one
  * of its queues (enqueue, requeue, the reaper), the poll, the listener reconnecting.
  */
-import { randomFillSync } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { Logger } from '../log.js';
-import { jobClaimSlots, type Claimed, type Queryable } from '../store/index.js';
+import { jobClaimSlots, randomAttemptId, type Claimed, type Queryable } from '../store/index.js';
 import type { AgentHub, Session } from './agent-hub.js';
 import { limits } from '../domain/validation.js';
 
@@ -44,28 +43,6 @@ export interface HandOff {
   /** The attempt id the enqueue gives the job if it claims it (`randomAttemptId`). */
   attemptId: string;
   claimTtlMs: number;
-}
-
-/** Random bytes for attempt ids, drawn from the CSPRNG 409 ids at a time. */
-const entropy = Buffer.alloc(10 * 409);
-let drawn = entropy.length;
-
-/**
- * An attempt id as the claim statement makes them (store/claim.ts, claimSql): 48 bits of
- * milliseconds since the epoch, then 80 random bits, written as a UUID (not a versioned one;
- * DESIGN.md's fencing token). Time-ordered, so that it lands at the right edge of the indexes
- * that carry it (jobs_current_attempt_uq, and jobs_final_attempt_uq in its day's partition)
- * instead of on a random page of them. From a pool refilled by `randomFillSync`, as Node's
- * `randomUUID` pools its own: `randomBytes` per id cost 3.5 µs, a tenth of that from the pool.
- */
-function randomAttemptId(): string {
-  if (drawn === entropy.length) {
-    randomFillSync(entropy);
-    drawn = 0;
-  }
-  const t = Date.now().toString(16).padStart(12, '0');
-  const h = entropy.toString('hex', drawn, (drawn += 10));
-  return `${t.slice(0, 8)}-${t.slice(8, 12)}-${h.slice(0, 4)}-${h.slice(4, 8)}-${h.slice(8)}`;
 }
 
 /** Claims for waiting sessions and assigns; `runOnce()` does one round now. */

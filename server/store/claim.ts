@@ -107,7 +107,7 @@ export const claimSql = statement(
    -- it (jobs_current_attempt_uq, and jobs_final_attempt_uq of its day's partition once it
    -- succeeds), where a random one touched a random page of them: 2,471 against 1,930 B of WAL
    -- a job beside 200,000 finished jobs (docs/decisions.md, "Attempt ids in time order too"). The
-   -- dispatcher's hand-off makes the same shape (core/dispatcher.ts, randomAttemptId).
+   -- dispatcher's hand-off makes the same shape (ids.ts, randomAttemptId).
    UPDATE jobs_live j SET status = 'claimed', attempt_no = j.attempt_no + 1,
      current_attempt_id = ${attemptIdSql('(SELECT at FROM t)', `sha256($3::bytea || int4send(((SELECT rn FROM m) ->> j.id::text)::int))`)},
      agent_id = ($4::text[])[($8::int2[])[((SELECT rn FROM m) ->> j.id::text)::int]], progress = NULL, heartbeat_at = NULL,

@@ -5,7 +5,7 @@
  */
 import { conflict, duplicate, invalid, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
-import { newJobId } from './job-id.js';
+import { newJobId } from './ids.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { currentOf, jobColumns, toJob, withoutNotified, type Job } from './rows.js';
 import { run, statement, StoreError, type Queryable } from './sql.js';
@@ -54,7 +54,7 @@ export const DEFAULT_MAX_ATTEMPTS = 5;
 
 // The row is the enqueue's record: what was asked for stays in its columns, the time in
 // created_at. Nothing else is written. Its id ($17) is a UUIDv7 made by the caller's process
-// (job-id.ts).
+// (ids.ts).
 //
 // With a hand-off ($11–$14: an agent with a free slot on the caller's coordinator, its labels,
 // a fresh attempt id and the claim TTL), the job is inserted already claimed for that agent (the

@@ -12,6 +12,7 @@ export { attemptEndSql, attemptJson, endedColumn, movedRowSql, notifiedJob } fro
 export { attemptWhere, explain, type Lookup } from './explain.js';
 export { reportStale, staleReportList } from './stale-reports.js';
 export * from './enqueue.js';
+export { randomAttemptId } from './ids.js';
 export * from './cancel.js';
 export * from './requeue.js';
 export * from './job-get.js';

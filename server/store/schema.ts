@@ -75,7 +75,7 @@ export const jobs = pgTable(
   {
     /**
      * Time-ordered (UUIDv7: milliseconds since the epoch, then 74 random bits; `job_id_v7()` in
-     * SQL, the column's default, and `newJobId()` for the enqueue, job-id.ts),
+     * SQL, the column's default, and `newJobId()` for the enqueue, ids.ts),
      * so new ids land at the right edge of the primary key and of every index that carries the
      * id, where the live jobs' pages stay in memory however much history the table keeps.
      */
