@@ -91,3 +91,17 @@ it('encodes a Renewed byte for byte as protobuf-es does', () => {
     { numRuns: 500 },
   );
 });
+
+it("makes the messages' objects as create() does (the same keys and zero values, the bytes kept aside)", () => {
+  const strip = <T extends { $unknown?: unknown }>(m: T) => ({ ...m, $unknown: undefined });
+  const jobs = fc.sample(claimed, 2);
+  const assign = assignMessage(jobs);
+  const a = assign.kind.value as { $unknown?: unknown };
+  expect(strip(a)).toStrictEqual(strip(create(ServerMessageSchema, { kind: { case: 'assign', value: {} } }).kind.value as { $unknown?: unknown }));
+  expect(Object.keys(assign).sort()).toEqual(Object.keys(create(ServerMessageSchema)).sort());
+  expect(assign.$typeName).toBe(ServerMessageSchema.typeName);
+  const ack = ackMessage([{ attemptId: 'a', outcome: 'ok', message: '' } as AckItem]);
+  expect(strip(ack.kind.value as { $unknown?: unknown })).toStrictEqual(strip(create(ServerMessageSchema, { kind: { case: 'ack', value: {} } }).kind.value as { $unknown?: unknown }));
+  const renewed = renewedMessage(['a'], 1000, 7n);
+  expect(strip(renewed.kind.value as { $unknown?: unknown })).toStrictEqual(strip(create(ServerMessageSchema, { kind: { case: 'renewed', value: {} } }).kind.value as { $unknown?: unknown }));
+});

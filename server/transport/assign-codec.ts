@@ -16,10 +16,10 @@ import { LEN, Writer, int32Size, isObject, lenField, lenField2, structSize, time
 import { durationFromMs } from '@bufbuild/protobuf/wkt';
 import {
   ServerMessageSchema,
-  ServerMessage_AckSchema,
-  ServerMessage_AssignSchema,
-  ServerMessage_RenewedSchema,
   type ServerMessage,
+  type ServerMessage_Ack,
+  type ServerMessage_Assign,
+  type ServerMessage_Renewed,
 } from '../../gen/leasehold/v1/agent_service_pb.js';
 import { ClaimedJobSchema, CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
 import type { AckItem } from '../core/agent-hub.js';
@@ -182,13 +182,22 @@ function withBytes(no: number, fields: UnknownField[], m: ServerMessage): Server
 }
 
 /**
+ * The messages made here, as `create()` makes them (proto3: the type name and each field's zero
+ * value; a message field absent) but as object literals: `create()` walks the schema's fields on
+ * every call, six times a job (test/assign-codec.test.ts holds them equal).
+ */
+const serverMessage = (kind: ServerMessage['kind']): ServerMessage => ({ $typeName: 'leasehold.v1.ServerMessage', kind });
+const assignOf = ($unknown: UnknownField[]): ServerMessage_Assign => ({ $typeName: 'leasehold.v1.ServerMessage.Assign', jobs: [], $unknown });
+const ackOf = ($unknown: UnknownField[]): ServerMessage_Ack => ({ $typeName: 'leasehold.v1.ServerMessage.Ack', items: [], $unknown });
+const renewedOf = ($unknown: UnknownField[]): ServerMessage_Renewed => ({ $typeName: 'leasehold.v1.ServerMessage.Renewed', attemptIds: [], seq: 0n, $unknown });
+
+/**
  * A `ServerMessage` with an `Assign` of `jobs`, the jobs encoded by hand and attached as the
  * `Assign`'s unknown fields (field 1, one per job), which protobuf-es writes unchanged.
  */
 export function assignMessage(jobs: Claimed[]): ServerMessage {
-  const assign = create(ServerMessage_AssignSchema);
-  assign.$unknown = jobs.map((c) => ({ no: 1, wireType: LEN, data: encodeClaimedJob(c) }));
-  return withBytes(2, assign.$unknown, create(ServerMessageSchema, { kind: { case: 'assign', value: assign } }));
+  const assign = assignOf(jobs.map((c) => ({ no: 1, wireType: LEN, data: encodeClaimedJob(c) })));
+  return withBytes(2, assign.$unknown!, serverMessage({ case: 'assign', value: assign }));
 }
 
 /** One `Ack.Item` as its unknown-field data (length first), as `toServerMessage` would build it. */
@@ -222,16 +231,14 @@ function encodeAckItem(i: AckItem): Uint8Array {
 
 /** A `ServerMessage` with an `Ack` of `items`, each encoded by hand (as the jobs of an `Assign`). */
 export function ackMessage(items: AckItem[]): ServerMessage {
-  const ack = create(ServerMessage_AckSchema);
-  ack.$unknown = items.map((i) => ({ no: 1, wireType: LEN, data: encodeAckItem(i) }));
-  return withBytes(3, ack.$unknown, create(ServerMessageSchema, { kind: { case: 'ack', value: ack } }));
+  const ack = ackOf(items.map((i) => ({ no: 1, wireType: LEN, data: encodeAckItem(i) })));
+  return withBytes(3, ack.$unknown!, serverMessage({ case: 'ack', value: ack }));
 }
 
 /** A `ServerMessage` with a `Renewed`, its fields encoded by hand. */
 export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bigint): ServerMessage {
   // A lease is never negative; such a duration (ten-byte varints) is left to protobuf-es.
   if (!(leaseTtlMs >= 0)) return create(ServerMessageSchema, { kind: { case: 'renewed', value: { attemptIds, leaseTtl: durationFromMs(leaseTtlMs), seq } } });
-  const renewed = create(ServerMessage_RenewedSchema);
   const unknown: UnknownField[] = attemptIds.map((id) => {
     const o = Writer.sized(lenField(Buffer.byteLength(id)) - 1);
     o.stringBody(id);
@@ -245,6 +252,5 @@ export function renewedMessage(attemptIds: string[], leaseTtlMs: number, seq: bi
     o.uint64(seq);
     unknown.push({ no: 3, wireType: WireType.Varint, data: o.buf });
   }
-  renewed.$unknown = unknown;
-  return withBytes(7, unknown, create(ServerMessageSchema, { kind: { case: 'renewed', value: renewed } }));
+  return withBytes(7, unknown, serverMessage({ case: 'renewed', value: renewedOf(unknown) }));
 }
