@@ -46,6 +46,21 @@ export interface Metrics {
 /** Enqueue-to-start latency buckets, in seconds: from a few ms (an idle agent) to an hour (a backlog). */
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
 
+/**
+ * A labelled metric's child for some label values, made once and kept: given the labels as an
+ * object on every call, prom-client checks and hashes them each time (several per job). The
+ * children are as many as the series prom-client keeps anyway.
+ */
+function children<T>(make: (...values: string[]) => T): (...values: string[]) => T {
+  const made = new Map<string, T>();
+  return (...values) => {
+    const key = values.join('\u0000');
+    let c = made.get(key);
+    if (c === undefined) made.set(key, (c = make(...values)));
+    return c;
+  };
+}
+
 /** Creates a registry fed by `src`'s events. */
 export function createMetrics(src: MetricsSources): Metrics {
   const registry = new Registry();
@@ -177,7 +192,8 @@ export function createMetrics(src: MetricsSources): Metrics {
   // ── claims, starts, reports ──
   const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; enqueue: by the enqueue itself for a waiting agent; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });
   on(src.dispatcher, 'dispatch:round', (x: { claimed: number }) => claims.inc({ via: 'stream' }, x.claimed));
-  on(src.dispatcher, 'dispatch:handoff', () => claims.inc({ via: 'enqueue' }));
+  const handoffs = claims.labels({ via: 'enqueue' });
+  on(src.dispatcher, 'dispatch:handoff', () => handoffs.inc());
   on(src.activity, 'attempt:claim', (x: { jobs: unknown[] }) => claims.inc({ via: 'gateway' }, x.jobs.length));
   const rounds = new Counter({ name: 'leasehold_dispatch_rounds_total', help: 'Dispatch rounds that had waiting agents.', registers: r });
   on(src.dispatcher, 'dispatch:round', () => rounds.inc());
@@ -191,13 +207,17 @@ export function createMetrics(src: MetricsSources): Metrics {
   });
   const starts = new Counter({ name: 'leasehold_attempts_started_total', help: 'Attempts started.', labelNames: ['via'], registers: r });
   const stale = new Counter({ name: 'leasehold_stale_reports_total', help: 'Late calls refused because their attempt was no longer current (each is a stale_reports row).', labelNames: ['call'], registers: r });
-  const onStart = (via: string) => (x: HubEvents['attempt:start'][0]) => {
-    const o = x.outcome;
-    if (o.outcome === 'stale') stale.inc({ call: 'start' });
-    if (o.outcome !== 'ok') return;
-    starts.inc({ via });
-    // Both times are the database's: run_at, and updated_at set by the start.
-    latency.observe({ queue: o.value.queue }, Math.max(0, (o.value.updatedAt.getTime() - o.value.runAt.getTime()) / 1000));
+  const latencyOf = children((queue) => latency.labels({ queue }));
+  const onStart = (via: string) => {
+    const started = starts.labels({ via });
+    return (x: HubEvents['attempt:start'][0]) => {
+      const o = x.outcome;
+      if (o.outcome === 'stale') stale.inc({ call: 'start' });
+      if (o.outcome !== 'ok') return;
+      started.inc();
+      // Both times are the database's: run_at, and updated_at set by the start.
+      latencyOf(o.value.queue).observe(Math.max(0, (o.value.updatedAt.getTime() - o.value.runAt.getTime()) / 1000));
+    };
   };
   on(src.hub, 'attempt:start', onStart('stream'));
   on(src.activity, 'attempt:start', onStart('gateway'));
@@ -209,20 +229,23 @@ export function createMetrics(src: MetricsSources): Metrics {
     labelNames: ['queue', 'outcome'],
     registers: r,
   });
+  const reportsOf = children((kind, outcome) => reports.labels({ kind, outcome }));
+  const outcomesOf = children((queue, outcome) => outcomes.labels({ queue, outcome }));
   const onReport = (x: HubEvents['attempt:report'][0]) => {
     const o = x.outcome;
-    reports.inc({ kind: x.kind, outcome: o.outcome });
+    reportsOf(x.kind, o.outcome).inc();
     if (o.outcome === 'stale') stale.inc({ call: x.kind === 'completed' ? 'complete' : 'fail' });
     if (o.outcome !== 'ok') return;
     const s = o.value.status;
-    outcomes.inc({ queue: o.value.queue, outcome: s === 'queued' ? 'retried' : s });
+    outcomesOf(o.value.queue, s === 'queued' ? 'retried' : s).inc();
   };
   on(src.hub, 'attempt:report', onReport);
   on(src.activity, 'attempt:report', onReport);
   on(src.activity, 'job:canceled', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'canceled' }));
   on(src.activity, 'job:requeued', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'requeued' }));
   const enqueued = new Counter({ name: 'leasehold_jobs_enqueued_total', help: 'Jobs enqueued through JobService (duplicates not counted), by queue.', labelNames: ['queue'], registers: r });
-  on(src.activity, 'job:enqueued', (j: { queue: string }) => enqueued.inc({ queue: j.queue }));
+  const enqueuedIn = children((queue) => enqueued.labels({ queue }));
+  on(src.activity, 'job:enqueued', (j: { queue: string }) => enqueuedIn(j.queue).inc());
 
   // ── leases ──
   const expiries = new Counter({ name: 'leasehold_lease_expiries_total', help: 'Attempts ended by the reaper: claim_expired, lease_expired, timed_out.', labelNames: ['reason'], registers: r });
