@@ -20,6 +20,7 @@ import { codeToHttpStatus, errorToJsonBytes } from '@connectrpc/connect/protocol
 import { EnqueueJobResponseSchema, JobService, type EnqueueJobRequest, type EnqueueJobResponse } from '../../gen/leasehold/v1/job_service_pb.js';
 import { toPbJob } from './codec.js';
 import { enqueueAnswerJson } from './job-json.js';
+import { readEnqueueRequest } from './enqueue-request.js';
 import type { EnqueueResult } from './job-routes.js';
 
 export const ENQUEUE_PATH = '/leasehold.v1.JobService/EnqueueJob';
@@ -85,7 +86,8 @@ export function directEnqueue(opts: {
     let status = 200;
     let bytes: Uint8Array;
     try {
-      const message = input.parse(body);
+      // The usual body read by hand (enqueue-request.ts); anything else as Connect reads it.
+      const message = readEnqueueRequest(body) ?? input.parse(body);
       const res = (await call({ stream: false, service: JobService, method, requestMethod: 'POST', url, signal: NEVER, header: requestHeader, contextValues, message })) as UnaryResponse;
       res.header.forEach((v, k) => header.set(k, v));
       res.trailer.forEach((v, k) => header.append(`trailer-${k}`, v));
