@@ -1,12 +1,14 @@
 /**
- * The gRPC channel to the coordinator, with @grpc/grpc-js carrying the messages of the
- * generated code (protobuf-es): the agent stream and the two step-ledger calls.
+ * The gRPC channel to the coordinator: the agent stream and the two step-ledger calls, on one
+ * HTTP/2 connection written by hand (lane.ts); through @grpc/grpc-js when an HTTP proxy is
+ * configured (grpc-js goes through it with CONNECT).
  */
 import { readFileSync } from 'node:fs';
 import { fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape, create } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
-import { decodeServerMessage, encodeAgentMessage, type AgentMessageInit } from './codec.js';
-import type { ServerMessage } from './gen/leasehold/v1/agent_service_pb.js';
+import { decodeServerMessage, encodeAgentMessage } from './codec.js';
+import { LaneConnection, proxyConfigured } from './lane.js';
+import type { AgentStream } from './session.js';
 import {
   RecordStepRequestSchema,
   RecordStepResponseSchema,
@@ -44,6 +46,8 @@ const de =
 /** A connection to the coordinator; `close()` ends it. */
 export class CoordinatorChannel {
   private readonly client: grpc.Client;
+  /** The HTTP/2 connection of the agent stream and the ledger calls (lane.ts); none when a proxy is configured. */
+  private readonly lane: LaneConnection | undefined;
 
   constructor(
     url: string,
@@ -60,10 +64,12 @@ export class CoordinatorChannel {
       // Our own reconnect loop decides when to retry.
       'grpc.enable_retries': 0,
     });
+    this.lane = proxyConfigured() ? undefined : new LaneConnection(target, secure, tls);
   }
 
   /** Opens `AgentService.Connect`; its hot messages are encoded and decoded by hand (codec.ts). */
-  connect(): grpc.ClientDuplexStream<AgentMessageInit, ServerMessage> {
+  connect(): AgentStream {
+    if (this.lane) return this.lane.connect();
     return this.client.makeBidiStreamRequest('/leasehold.v1.AgentService/Connect', encodeAgentMessage, decodeServerMessage);
   }
 
@@ -76,6 +82,7 @@ export class CoordinatorChannel {
   }
 
   close(): void {
+    this.lane?.close();
     this.client.close();
   }
 
@@ -86,6 +93,7 @@ export class CoordinatorChannel {
     init: MessageInitShape<I>,
     signal?: AbortSignal,
   ): Promise<MessageShape<O>> {
+    if (this.lane) return this.lane.unary(path, this.token, toBinary(inSchema, create(inSchema, init)), de(outSchema), signal);
     const md = new grpc.Metadata();
     md.set('authorization', `Bearer ${this.token}`);
     return new Promise((resolve, reject) => {
