@@ -263,6 +263,48 @@ describe('the SDK stream client', () => {
     }
   });
 
+  it('makes a unary call on the same connection: the token, the deadline, one answer; a cancel and a missing answer as grpc-js reports them', async () => {
+    let seen: http2.IncomingHttpHeaders = {};
+    let streams = 0;
+    const lane = await serve((stream, headers) => {
+      streams++;
+      seen = headers;
+      const body: Buffer[] = [];
+      stream.on('data', (b: Buffer) => body.push(b));
+      stream.on('end', () => {
+        const req = Buffer.concat(body);
+        stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' }, { waitForTrailers: true });
+        stream.on('wantTrailers', () => stream.sendTrailers({ 'grpc-status': '0' }));
+        // Echoes the request's message, or answers nothing for an empty one.
+        if (req.readUInt32BE(1) > 0) stream.end(req);
+        else stream.end();
+      });
+    });
+    const echo = await lane.unary('/leasehold.v1.AttemptService/ReserveStep', 'tok', Buffer.from('hello'), (b) => b.toString());
+    expect(echo).toBe('hello');
+    expect(seen.authorization).toBe('Bearer tok');
+    expect(seen['grpc-timeout']).toBe('30000m');
+    expect(seen[':path']).toBe('/leasehold.v1.AttemptService/ReserveStep');
+    const none = await lane.unary('/x.Y/Z', 'tok', Buffer.alloc(0), (b) => b).catch((e: grpc.ServiceError) => e);
+    expect(codeOf(none as grpc.ServiceError)).toBe('UNIMPLEMENTED');
+    expect(streams).toBe(2);
+    const aborted = new AbortController();
+    aborted.abort();
+    const early = await lane.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b).catch((e: grpc.ServiceError) => e);
+    expect(early).toBeInstanceOf(Buffer);
+    const pre = await lane.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, aborted.signal).catch((e: grpc.ServiceError) => e);
+    expect(codeOf(pre as grpc.ServiceError)).toBe('CANCELLED');
+    // Aborted while the coordinator has not answered: CANCELLED, and the stream is reset.
+    let reset: number | undefined;
+    const silent = await serve((stream) => stream.on('close', () => (reset = stream.rstCode)));
+    const later = new AbortController();
+    setTimeout(() => later.abort(), 50);
+    const mid = await silent.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, later.signal).catch((e: grpc.ServiceError) => e);
+    expect(codeOf(mid as grpc.ServiceError)).toBe('CANCELLED');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(reset).toBe(http2.constants.NGHTTP2_CANCEL);
+  });
+
   it('leaves the stream to grpc-js when a proxy is configured (which grpc-js goes through, and this does not)', () => {
     expect(proxyConfigured({})).toBe(false);
     expect(proxyConfigured({ grpc_proxy: 'http://proxy:3128' })).toBe(true);
