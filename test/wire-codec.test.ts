@@ -174,3 +174,25 @@ describe("decoding an AgentMessage by hand (the coordinator's agent lane)", () =
     );
   });
 });
+
+describe('the writer of strings (agent-client/src/wire.ts)', () => {
+  it("writes any string as protobuf-es's writer does: ASCII by the short path, the rest (and long ones) as UTF-8", async () => {
+    const { BinaryWriter } = await import('@bufbuild/protobuf/wire');
+    const { Writer } = await import('../agent-client/src/wire.js');
+    const text = fc.oneof(
+      fc.string({ maxLength: 140 }),
+      fc.string({ unit: 'grapheme', maxLength: 140 }),
+      fc.string({ unit: 'binary', maxLength: 140 }),
+      fc.tuple(fc.string({ minLength: 120, maxLength: 130 }), fc.constantFrom('é', '\u0080', '\u00ff', '\u{1F600}', '\ud800')).map(([a, b]) => a + b),
+    );
+    fc.assert(
+      fc.property(text, (s) => {
+        const theirs = new BinaryWriter().string(s).finish();
+        const w = Writer.sized(theirs.length + 8);
+        w.stringBody(s);
+        expect(Buffer.from(w.buf.subarray(0, w.pos)).toString('hex')).toBe(Buffer.from(theirs).toString('hex'));
+      }),
+      { numRuns: 3000 },
+    );
+  });
+});

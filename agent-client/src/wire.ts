@@ -137,6 +137,24 @@ export class Writer {
 
   /** A string's length, then its UTF-8 bytes. */
   stringBody(s: string): void {
+    const n = s.length;
+    if (n < 128) {
+      // Short and ASCII (ids, queue names, keys), byte by byte: no call into Node's encoder,
+      // which costs more than the copy for strings this short. Anything else as UTF-8 below.
+      const buf = this.buf;
+      const at = this.pos + 1;
+      let i = 0;
+      for (; i < n; i++) {
+        const c = s.charCodeAt(i);
+        if (c > 0x7f) break;
+        buf[at + i] = c;
+      }
+      if (i === n) {
+        buf[this.pos] = n;
+        this.pos = at + n;
+        return;
+      }
+    }
     const len = Buffer.byteLength(s);
     this.varint(len);
     this.pos += this.buf.write(s, this.pos, len, 'utf8');
