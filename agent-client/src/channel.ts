@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape, create } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { decodeServerMessage, encodeAgentMessage } from './codec.js';
-import { LaneConnection, proxyConfigured } from './lane.js';
+import { AGENT_CONNECT_PATH, KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS, LaneConnection, MAX_RECEIVE_BYTES, UNARY_DEADLINE_MS, proxyConfigured } from './lane.js';
 import type { AgentStream } from './session.js';
 import {
   RecordStepRequestSchema,
@@ -45,9 +45,9 @@ const de =
 
 /** A connection to the coordinator; `close()` ends it. */
 export class CoordinatorChannel {
-  private readonly client: grpc.Client;
-  /** The HTTP/2 connection of the agent stream and the ledger calls (lane.ts); none when a proxy is configured. */
+  /** The HTTP/2 connection of the agent stream and the ledger calls (lane.ts), or grpc-js's client behind a proxy. */
   private readonly lane: LaneConnection | undefined;
+  private readonly client: grpc.Client | undefined;
 
   constructor(
     url: string,
@@ -55,22 +55,25 @@ export class CoordinatorChannel {
     tls?: TlsOption,
   ) {
     const { target, secure } = parseUrl(url, tls);
+    if (!proxyConfigured()) {
+      this.lane = new LaneConnection(target, secure, tls);
+      return;
+    }
     this.client = new grpc.Client(target, credentials(secure, tls), {
-      // Notice a dead peer within seconds even when no message is due.
-      'grpc.keepalive_time_ms': 10_000,
-      'grpc.keepalive_timeout_ms': 5_000,
+      // Notice a dead peer within seconds even when no message is due (as the lane does).
+      'grpc.keepalive_time_ms': KEEPALIVE_MS,
+      'grpc.keepalive_timeout_ms': KEEPALIVE_TIMEOUT_MS,
       'grpc.keepalive_permit_without_calls': 1,
-      'grpc.max_receive_message_length': 16 * 1024 * 1024,
+      'grpc.max_receive_message_length': MAX_RECEIVE_BYTES,
       // Our own reconnect loop decides when to retry.
       'grpc.enable_retries': 0,
     });
-    this.lane = proxyConfigured() ? undefined : new LaneConnection(target, secure, tls);
   }
 
   /** Opens `AgentService.Connect`; its hot messages are encoded and decoded by hand (codec.ts). */
   connect(): AgentStream {
     if (this.lane) return this.lane.connect();
-    return this.client.makeBidiStreamRequest('/leasehold.v1.AgentService/Connect', encodeAgentMessage, decodeServerMessage);
+    return this.client!.makeBidiStreamRequest(AGENT_CONNECT_PATH, encodeAgentMessage, decodeServerMessage);
   }
 
   reserveStep(req: MessageInitShape<typeof ReserveStepRequestSchema>, signal?: AbortSignal) {
@@ -83,7 +86,7 @@ export class CoordinatorChannel {
 
   close(): void {
     this.lane?.close();
-    this.client.close();
+    this.client?.close();
   }
 
   private unary<I extends DescMessage, O extends DescMessage>(
@@ -97,13 +100,13 @@ export class CoordinatorChannel {
     const md = new grpc.Metadata();
     md.set('authorization', `Bearer ${this.token}`);
     return new Promise((resolve, reject) => {
-      const call = this.client.makeUnaryRequest(
+      const call = this.client!.makeUnaryRequest(
         path,
         ser(inSchema),
         de(outSchema),
         create(inSchema, init),
         md,
-        { deadline: Date.now() + 30_000 },
+        { deadline: Date.now() + UNARY_DEADLINE_MS },
         (err, res) => (err ? reject(err) : resolve(res!)),
       );
       signal?.addEventListener('abort', () => call.cancel(), { once: true });

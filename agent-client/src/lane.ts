@@ -5,7 +5,7 @@
  * grpc-js carries each message through its call stack (a resolving call, a retrying call, a
  * compression filter, a subchannel call, a stream decoder), with promises and callbacks at every
  * layer, five messages per job: in the benchmark's agent process one job at a time, grpc-js was
- * about a fifth of the CPU (docs/performance.md, "The agent's stream, by hand"). Here a message
+ * about a tenth of the CPU (docs/performance.md, "The speed work, measured"). Here a message
  * is one gRPC frame written (the hand encoder, codec.ts), and frames are cut from the bytes as
  * they arrive and decoded.
  *
@@ -25,10 +25,13 @@ import { readFileSync } from 'node:fs';
 import http2 from 'node:http2';
 import * as grpc from '@grpc/grpc-js';
 import { decodeServerMessage, encodeAgentMessage } from './codec.js';
+import { AgentService } from './gen/leasehold/v1/agent_service_pb.js';
+import { grpcFrame } from './wire.js';
 import type { AgentStream } from './session.js';
 import type { TlsOption } from './channel.js';
 
-export const AGENT_CONNECT_PATH = '/leasehold.v1.AgentService/Connect';
+/** The agent stream's method, named from the generated service. */
+export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
 
 /** Keepalive, as grpc-js was given it: a PING this often, the connection gone if unanswered this long. */
 export const KEEPALIVE_MS = 10_000;
@@ -249,12 +252,7 @@ export class LaneCall<I, O> extends EventEmitter {
 
   write(m: I): boolean {
     if (this.finished || this.ending || this.req.destroyed || this.req.writableEnded) return false;
-    const body = this.encode(m);
-    const frame = Buffer.allocUnsafe(5 + body.length);
-    frame[0] = 0;
-    frame.writeUInt32BE(body.length, 1);
-    frame.set(body, 5);
-    return this.req.write(frame);
+    return this.req.write(grpcFrame(this.encode(m)));
   }
 
   end(): void {

@@ -84,6 +84,15 @@ export const uint64Size = (n: bigint) => (n <= 0x1fffffffffffffn ? varintSize(Nu
 
 // ───────────────────────────── writing ─────────────────────────────
 
+/** A gRPC message frame: uncompressed (flag 0), the length as 4 bytes big-endian, the bytes. */
+export function grpcFrame(bytes: Uint8Array): Buffer {
+  const f = Buffer.allocUnsafe(5 + bytes.length);
+  f[0] = 0;
+  f.writeUInt32BE(bytes.length, 1);
+  f.set(bytes, 5);
+  return f;
+}
+
 export class Writer {
   pos = 0;
   constructor(readonly buf: Buffer) {}

@@ -23,6 +23,7 @@ import { toBinary } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { setTrailerStatus } from '@connectrpc/connect/protocol-grpc';
 import { AgentService, ServerMessageSchema, type AgentMessage, type ServerMessage } from '../../gen/leasehold/v1/agent_service_pb.js';
+import { grpcFrame } from '../../agent-client/src/wire.js';
 import { decodeAgentMessage } from './agent-codec.js';
 import { handEncoded } from './assign-codec.js';
 
@@ -74,7 +75,7 @@ async function respond(output: AsyncIterable<ServerMessage>, res: http2.Http2Ser
     for await (const m of output) {
       if (gone(res)) break;
       if (!res.headersSent) res.writeHead(200, HEADERS);
-      if (!res.write(frame(handEncoded(m) ?? toBinary(ServerMessageSchema, m)))) await drained(res);
+      if (!res.write(grpcFrame(handEncoded(m) ?? toBinary(ServerMessageSchema, m)))) await drained(res);
     }
   } catch (err) {
     error = err instanceof ConnectError ? err : new ConnectError('internal error', Code.Internal, undefined, undefined, err);
@@ -86,15 +87,6 @@ async function respond(output: AsyncIterable<ServerMessage>, res: http2.Http2Ser
   trailers.forEach((v, k) => (t[k] = v));
   res.addTrailers(t);
   res.end();
-}
-
-/** A gRPC frame: not compressed, its length (big-endian), the message. */
-function frame(bytes: Uint8Array): Buffer {
-  const f = Buffer.allocUnsafe(5 + bytes.length);
-  f[0] = 0;
-  f.writeUInt32BE(bytes.length, 1);
-  f.set(bytes, 5);
-  return f;
 }
 
 /**
