@@ -305,6 +305,42 @@ describe('the SDK stream client', () => {
     expect(reset).toBe(http2.constants.NGHTTP2_CANCEL);
   });
 
+  it('holds fifty calls at once on one connection without a listener a call on it, and a dropped connection ends each UNAVAILABLE', async () => {
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      // Answers nothing until all fifty are open, then echoes each; or, told to, drops the
+      // connection with them open.
+      let drop = false;
+      const open: Array<{ stream: http2.ServerHttp2Stream; body: Buffer }> = [];
+      const lane = await serve((stream, _headers, session) => {
+        const body: Buffer[] = [];
+        stream.on('data', (b: Buffer) => body.push(b));
+        stream.on('end', () => {
+          open.push({ stream, body: Buffer.concat(body) });
+          if (open.length < 50) return;
+          // A reset connection (TCP RST): the client's connection errs (ECONNRESET).
+          if (drop) return void (session.socket as unknown as { resetAndDestroy(): void }).resetAndDestroy();
+          for (const o of open.splice(0)) {
+            o.stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' }, { waitForTrailers: true });
+            o.stream.on('wantTrailers', () => o.stream.sendTrailers({ 'grpc-status': '0' }));
+            o.stream.end(o.body);
+          }
+        });
+      });
+      const fifty = () => Array.from({ length: 50 }, (_, i) => lane.unary('/x.Y/Z', 'tok', Buffer.from(`m${i}`), (b) => b.toString()));
+      expect(await Promise.all(fifty())).toEqual(Array.from({ length: 50 }, (_, i) => `m${i}`));
+      drop = true;
+      const ends = await Promise.all(fifty().map((p) => p.then(() => 'answered', (e: grpc.ServiceError) => `${grpc.status[e.code]}: ${e.details.split(':')[0]}`)));
+      expect(new Set(ends)).toEqual(new Set(['UNAVAILABLE: Connection dropped']));
+      await new Promise((r) => setTimeout(r, 20)); // a warning is emitted on a later tick
+      expect(warnings.map((w) => `${w.name}: ${w.message}`)).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
+  });
+
   it('leaves the stream to grpc-js when a proxy is configured (which grpc-js goes through, and this does not)', () => {
     expect(proxyConfigured({})).toBe(false);
     expect(proxyConfigured({ grpc_proxy: 'http://proxy:3128' })).toBe(true);

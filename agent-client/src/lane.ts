@@ -96,6 +96,8 @@ export function proxyConfigured(env: NodeJS.ProcessEnv = process.env): boolean {
 
 /** Why a connection was dropped from here (its streams close before its `error` is emitted). */
 const dropped = new WeakMap<http2.ClientHttp2Session, Error>();
+/** The error a connection failed with (its `error` event), for its streams to end with. */
+const failed = new WeakMap<http2.ClientHttp2Session, Error>();
 
 function drop(session: http2.ClientHttp2Session, why: Error): void {
   dropped.set(session, why);
@@ -192,8 +194,11 @@ export class LaneConnection {
       }
     }, this.keepalive.everyMs);
     ping.unref();
-    // The streams on it say what went wrong; the connection's own error event must not throw.
-    next.on('error', () => undefined);
+    // The connection's error, kept for its streams to end with (one listener for all of them:
+    // one per call went over Node's limit of 10, and its warning, with ten calls at once).
+    next.on('error', (err: Error) => {
+      if (!failed.has(next)) failed.set(next, err);
+    });
     next.on('goaway', () => {
       if (this.session === next) this.session = undefined;
     });
@@ -212,7 +217,6 @@ export class LaneCall<I, O> extends EventEmitter {
   private status: { code: grpc.status; details: string; metadata: grpc.Metadata } | undefined;
   private httpStatus = 0;
   private finished = false;
-  private sessionError: Error | undefined;
   private readonly session: http2.ClientHttp2Session;
   /** How the stream ends, decided here (cancel, a message that cannot be read) before it closed. */
   private ending: grpc.ServiceError | undefined;
@@ -225,8 +229,6 @@ export class LaneCall<I, O> extends EventEmitter {
   ) {
     super();
     this.session = session;
-    const onSessionError = (err: Error) => (this.sessionError = err);
-    session.once('error', onSessionError);
     this.req = session.request(headers);
     const req = this.req;
     req.on('response', (headers) => {
@@ -244,10 +246,7 @@ export class LaneCall<I, O> extends EventEmitter {
       this.finish();
       if (!req.closed) req.close(http2.constants.NGHTTP2_NO_ERROR);
     });
-    req.on('close', () => {
-      session.off('error', onSessionError);
-      this.finish();
-    });
+    req.on('close', () => this.finish());
   }
 
   write(m: I): boolean {
@@ -314,8 +313,8 @@ export class LaneCall<I, O> extends EventEmitter {
       return this.fail(serviceError(statusOfHttp(this.httpStatus), `Received HTTP status code ${this.httpStatus}`));
     }
     // The connection failed or dropped (its streams close with it): UNAVAILABLE, to reconnect.
-    if (this.sessionError || this.session.destroyed || this.session.closed) {
-      const why = this.sessionError ?? dropped.get(this.session);
+    if (failed.has(this.session) || this.session.destroyed || this.session.closed) {
+      const why = failed.get(this.session) ?? dropped.get(this.session);
       return this.fail(serviceError(grpc.status.UNAVAILABLE, `Connection dropped: ${why?.message ?? 'the connection closed'}`));
     }
     // The coordinator reset this stream alone: its code, as grpc-js maps it.
