@@ -18,6 +18,12 @@ import {
 
 /** TLS for the channel: `true` for the system roots, or PEM file paths (mTLS with cert and key). */
 export type TlsOption = boolean | { ca?: string; cert?: string; key?: string };
+/** The PEM files of a `TlsOption`, read. */
+export interface TlsFiles {
+  ca: Buffer | undefined;
+  cert: Buffer | undefined;
+  key: Buffer | undefined;
+}
 
 /** `http://host:port`, `https://host:port` or `host:port` → the grpc-js target and whether TLS is on. */
 export function parseUrl(url: string, tls: TlsOption | undefined): { target: string; secure: boolean } {
@@ -27,11 +33,16 @@ export function parseUrl(url: string, tls: TlsOption | undefined): { target: str
   return { target: m[2]!, secure };
 }
 
-function credentials(secure: boolean, tls: TlsOption | undefined): grpc.ChannelCredentials {
-  if (!secure) return grpc.credentials.createInsecure();
+/** The PEM files `tls` names, read (none for `true` or no object: the system roots). */
+export function tlsFiles(tls: TlsOption | undefined): TlsFiles {
   const t = typeof tls === 'object' ? tls : {};
-  const read = (f?: string) => (f ? readFileSync(f) : null);
-  return grpc.credentials.createSsl(read(t.ca), read(t.key), read(t.cert));
+  const read = (f?: string) => (f ? readFileSync(f) : undefined);
+  return { ca: read(t.ca), cert: read(t.cert), key: read(t.key) };
+}
+
+function credentials(secure: boolean, files: TlsFiles): grpc.ChannelCredentials {
+  if (!secure) return grpc.credentials.createInsecure();
+  return grpc.credentials.createSsl(files.ca ?? null, files.key ?? null, files.cert ?? null);
 }
 
 const ser =
@@ -56,10 +67,10 @@ export class CoordinatorChannel {
   ) {
     const { target, secure } = parseUrl(url, tls);
     if (!proxyConfigured()) {
-      this.lane = new LaneConnection(target, secure, tls);
+      this.lane = new LaneConnection(target, secure, secure ? tlsFiles(tls) : undefined);
       return;
     }
-    this.client = new grpc.Client(target, credentials(secure, tls), {
+    this.client = new grpc.Client(target, credentials(secure, tlsFiles(tls)), {
       // Notice a dead peer within seconds even when no message is due (as the lane does).
       'grpc.keepalive_time_ms': KEEPALIVE_MS,
       'grpc.keepalive_timeout_ms': KEEPALIVE_TIMEOUT_MS,

@@ -21,14 +21,13 @@
  * goes through with CONNECT and this does not, the stream stays on grpc-js (channel.ts).
  */
 import { EventEmitter } from 'node:events';
-import { readFileSync } from 'node:fs';
 import http2 from 'node:http2';
 import * as grpc from '@grpc/grpc-js';
 import { decodeServerMessage, encodeAgentMessage } from './codec.js';
 import { AgentService } from './gen/leasehold/v1/agent_service_pb.js';
 import { grpcFrame } from './wire.js';
 import type { AgentStream } from './session.js';
-import type { TlsOption } from './channel.js';
+import type { TlsFiles } from './channel.js';
 
 /** The agent stream's method, named from the generated service. */
 export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
@@ -94,13 +93,14 @@ export function proxyConfigured(env: NodeJS.ProcessEnv = process.env): boolean {
   return Boolean(env.grpc_proxy || env.https_proxy || env.http_proxy);
 }
 
-/** Why a connection was dropped from here (its streams close before its `error` is emitted). */
-const dropped = new WeakMap<http2.ClientHttp2Session, Error>();
-/** The error a connection failed with (its `error` event), for its streams to end with. */
-const failed = new WeakMap<http2.ClientHttp2Session, Error>();
+/**
+ * Why a connection ended, for its streams to end with: dropped from here (set before its streams
+ * close, which is before its `error` is emitted), or its own `error`, whichever came first.
+ */
+const ended = new WeakMap<http2.ClientHttp2Session, Error>();
 
 function drop(session: http2.ClientHttp2Session, why: Error): void {
-  dropped.set(session, why);
+  ended.set(session, why);
   session.destroy(why);
 }
 
@@ -113,13 +113,12 @@ export class LaneConnection {
   constructor(
     target: string,
     secure: boolean,
-    tls: TlsOption | undefined,
+    /** With TLS, the PEM files given (channel.ts `tlsFiles`); none: the system roots. */
+    tls: TlsFiles | undefined,
     private readonly keepalive = { everyMs: KEEPALIVE_MS, timeoutMs: KEEPALIVE_TIMEOUT_MS },
   ) {
     this.authority = `${secure ? 'https' : 'http'}://${target}`;
-    const t = typeof tls === 'object' ? tls : {};
-    const read = (f?: string) => (f ? readFileSync(f) : undefined);
-    this.options = secure ? { ca: read(t.ca), cert: read(t.cert), key: read(t.key) } : {};
+    this.options = secure ? { ...tls } : {};
   }
 
   /** Opens the agent stream (on the connection there is, or a new one). */
@@ -197,7 +196,7 @@ export class LaneConnection {
     // The connection's error, kept for its streams to end with (one listener for all of them:
     // one per call went over Node's limit of 10, and its warning, with ten calls at once).
     next.on('error', (err: Error) => {
-      if (!failed.has(next)) failed.set(next, err);
+      if (!ended.has(next)) ended.set(next, err);
     });
     next.on('goaway', () => {
       if (this.session === next) this.session = undefined;
@@ -313,8 +312,8 @@ export class LaneCall<I, O> extends EventEmitter {
       return this.fail(serviceError(statusOfHttp(this.httpStatus), `Received HTTP status code ${this.httpStatus}`));
     }
     // The connection failed or dropped (its streams close with it): UNAVAILABLE, to reconnect.
-    if (failed.has(this.session) || this.session.destroyed || this.session.closed) {
-      const why = failed.get(this.session) ?? dropped.get(this.session);
+    if (ended.has(this.session) || this.session.destroyed || this.session.closed) {
+      const why = ended.get(this.session);
       return this.fail(serviceError(grpc.status.UNAVAILABLE, `Connection dropped: ${why?.message ?? 'the connection closed'}`));
     }
     // The coordinator reset this stream alone: its code, as grpc-js maps it.
