@@ -86,7 +86,8 @@ it('a frozen agent wakes after its lease: aborted before its next step, its late
   expect(woke).toMatchObject({ attemptId: first, aborted: true });
   await frozen.waitFor((l) => l.setAside === 'superseded' && l.attemptId === first);
   const left = await readOutbox(outbox);
-  expect(left.pending).toEqual([]);
+  // The agent's log says what it did with the report, if it is still pending.
+  expect(left.pending, JSON.stringify(frozen.lines.slice(-40))).toEqual([]);
   expect(left.superseded).toEqual([expect.objectContaining({ attemptId: first, reason: 'STALE' })]);
 
   // Every effect once: the charge by the frozen attempt (the rescuer found it recorded), the

@@ -26,7 +26,7 @@ const ack = (n: number, outcome: Outcome, message = '') => create(ServerMessage_
 const dirs: string[] = [];
 const open: Outbox[] = [];
 
-async function setup(entries: OutboxEntry[], released: string[] = []) {
+async function setup(entries: OutboxEntry[], released: string[] = [], lines: Array<Record<string, unknown>> = []) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-acks-'));
   dirs.push(dir);
   const outbox = new Outbox(dir, pino({ level: 'silent' }));
@@ -39,7 +39,8 @@ async function setup(entries: OutboxEntry[], released: string[] = []) {
   const reported: OutboxEntry[] = [];
   const givenBack = new Set(released);
   const acks = new Acks({
-    log: pino({ level: 'silent' }),
+    // The log lines, parsed: what an operator reads about each ack.
+    log: pino({ level: 'info' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) }),
     events,
     outbox,
     reporter: { report: (e) => void reported.push(e), ackRelease: (id) => givenBack.delete(id) },
@@ -83,6 +84,20 @@ describe('acks', () => {
       [ID(2), 'FORBIDDEN'],
       [ID(3), 'INVALID'],
     ]);
+  });
+
+  it('says a report is kept aside only when the ack set it aside (a second ack of it, after the report was sent again, does not)', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const { dir, acks, acked } = await setup([failed(1)], [], lines);
+    await acks.onAck(ack(1, Outcome.STALE));
+    await acks.onAck(ack(1, Outcome.STALE));
+    const stale = lines.filter((l) => l.attemptId === ID(1) && l.outcome === 'STALE');
+    expect(stale.map((l) => [l.setAside, l.msg])).toEqual([
+      ['superseded', 'report refused as stale: the attempt was superseded; kept aside as superseded'],
+      [undefined, 'report refused as stale: the attempt was superseded (already set aside)'],
+    ]);
+    expect(acked.map((a) => a.outcome)).toEqual(['STALE', 'STALE']);
+    expect((await readOutbox(dir)).superseded.map((s) => s.attemptId)).toEqual([ID(1)]);
   });
 
   it('replaces a result refused as invalid by a final failure, durable and reported in its place', async () => {

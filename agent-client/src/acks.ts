@@ -40,19 +40,22 @@ export class Acks {
           await outbox.remove(id);
           if (log.isLevelEnabled('info')) log.info({ event: 'report.acknowledged', attemptId: id, outcome }, 'report acknowledged');
           break;
-        case Outcome.STALE:
-          await outbox.supersede(id, outcome);
+        case Outcome.STALE: {
+          // False when the outbox no longer holds it: an earlier ack of the same report (sent
+          // again at a new session) set it aside already.
+          const setAside = await outbox.supersede(id, outcome);
           log.warn(
             {
               attemptId: id,
               outcome,
-              setAside: 'superseded',
+              ...(setAside ? { setAside: 'superseded' } : {}),
               current: item.current && { attemptNo: item.current.attemptNo, currentAttemptId: item.current.currentAttemptId },
               message: item.message,
             },
-            'report refused as stale: the attempt was superseded; kept aside as superseded',
+            setAside ? 'report refused as stale: the attempt was superseded; kept aside as superseded' : 'report refused as stale: the attempt was superseded (already set aside)',
           );
           break;
+        }
         case Outcome.INVALID: {
           const e = outbox.pending().find((x) => x.attemptId === id);
           if (e?.kind === 'completed') {

@@ -210,14 +210,15 @@ export class Outbox {
 
   /**
    * The coordinator refused it (`reason`: stale, invalid…): never send it again, keep it for
-   * the operator in `superseded.jsonl`. Resolves once that copy is synced and the log says so.
+   * the operator in `superseded.jsonl`. Resolves once that copy is synced and the log says so:
+   * true, or false at once if the outbox holds no report of that attempt.
    */
-  supersede(attemptId: string, reason?: string): Promise<void> {
+  supersede(attemptId: string, reason?: string): Promise<boolean> {
     const e = this.live.get(attemptId);
-    if (this.state !== 'open' || !e) return Promise.resolve();
+    if (this.state !== 'open' || !e) return Promise.resolve(false);
     this.dropLive(attemptId);
     const s: SupersededEntry = { ...e, supersededAt: new Date().toISOString(), ...(reason ? { reason } : {}) };
-    return new Promise((resolve, reject) => this.enqueue(encodeRecord({ t: 'sup', id: attemptId }), { resolve, reject }, false, s));
+    return new Promise((resolve, reject) => this.enqueue(encodeRecord({ t: 'sup', id: attemptId }), { resolve: () => resolve(true), reject }, false, s));
   }
 
   /**
