@@ -6,6 +6,7 @@
  * at the last ack. No coordinator.
  */
 import { EventEmitter } from 'node:events';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -26,7 +27,7 @@ const ack = (n: number, outcome: Outcome, message = '') => create(ServerMessage_
 const dirs: string[] = [];
 const open: Outbox[] = [];
 
-async function setup(entries: OutboxEntry[], released: string[] = [], lines: Array<Record<string, unknown>> = []) {
+async function setup(entries: OutboxEntry[], released: string[] = [], onLine: (l: Record<string, unknown>) => void = () => undefined) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-acks-'));
   dirs.push(dir);
   const outbox = new Outbox(dir, pino({ level: 'silent' }));
@@ -40,7 +41,7 @@ async function setup(entries: OutboxEntry[], released: string[] = [], lines: Arr
   const givenBack = new Set(released);
   const acks = new Acks({
     // The log lines, parsed: what an operator reads about each ack.
-    log: pino({ level: 'info' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) }),
+    log: pino({ level: 'info' }, { write: (l: string) => onLine(JSON.parse(l) as Record<string, unknown>) }),
     events,
     outbox,
     reporter: { report: (e) => void reported.push(e), ackRelease: (id) => givenBack.delete(id) },
@@ -88,7 +89,7 @@ describe('acks', () => {
 
   it('says a report is kept aside only when the ack set it aside (a second ack of it, after the report was sent again, does not)', async () => {
     const lines: Array<Record<string, unknown>> = [];
-    const { dir, acks, acked } = await setup([failed(1)], [], lines);
+    const { dir, acks, acked } = await setup([failed(1)], [], (l) => lines.push(l));
     await acks.onAck(ack(1, Outcome.STALE));
     await acks.onAck(ack(1, Outcome.STALE));
     const stale = lines.filter((l) => l.attemptId === ID(1) && l.outcome === 'STALE');
@@ -98,6 +99,23 @@ describe('acks', () => {
     ]);
     expect(acked.map((a) => a.outcome)).toEqual(['STALE', 'STALE']);
     expect((await readOutbox(dir)).superseded.map((s) => s.attemptId)).toEqual([ID(1)]);
+  });
+
+  it('says a report is kept aside only once it is on disk, even when a second ack of it comes while the first is being written', async () => {
+    // A report can be sent twice (again at a new session's Welcome) and refused twice; the
+    // agent applies acks as they come, without waiting for the one before. An operator (or a
+    // test) who reads the outbox when the log says "kept aside" must find it there.
+    let dir = '';
+    // For each line saying "kept aside": was it in superseded.jsonl when the line was written?
+    const onDiskWhenLogged: boolean[] = [];
+    const copy = () => path.join(dir, 'superseded.jsonl');
+    const { dir: d, acks } = await setup([failed(1)], [], (l) => {
+      if (l.setAside) onDiskWhenLogged.push(existsSync(copy()) && readFileSync(copy(), 'utf8').includes(ID(1)));
+    });
+    dir = d;
+    await Promise.all([acks.onAck(ack(1, Outcome.STALE)), acks.onAck(ack(1, Outcome.STALE))]);
+    expect(onDiskWhenLogged).toEqual([true]);
+    expect(await readOutbox(dir)).toMatchObject({ pending: [], superseded: [expect.objectContaining({ attemptId: ID(1), reason: 'STALE' })] });
   });
 
   it('replaces a result refused as invalid by a final failure, durable and reported in its place', async () => {
