@@ -2,7 +2,8 @@
  * The agent SDK's reporter (agent-client/src/reporter.ts) on its own, with a fake session (what
  * it sends) and a fake outbox: a turn's reports go out in one Completed and one Failed, a freed
  * slot rides with them only when the coordinator reads it there, nothing is given back while
- * draining or sent while disconnected, and an attempt renewed but not run is given back once.
+ * draining or sent while disconnected, an attempt renewed but not run is given back once, and a
+ * report queued for the turn goes once when a new session's resend comes in the same turn.
  * Each turn is waited for with setImmediate, the reporter's own batching; no coordinator.
  */
 import pino from 'pino';
@@ -116,6 +117,22 @@ describe('reporter', () => {
     await finish(reporter, [completed(1)]);
     await turn();
     expect(summary(sent)).toEqual([['credit', 1]]);
+  });
+
+  it('sends a report once when a new session begins between its writing and the end of the turn', async () => {
+    // The handler's report is written and queued for this turn; the Welcome of a new session
+    // comes in the same turn and resends every report in the outbox, that one included.
+    const { reporter, sent } = setup();
+    await reporter.write(failed(1));
+    reporter.finished(failed(1));
+    reporter.welcomed(true);
+    reporter.resend();
+    await turn();
+    // Once; the slot it freed goes on its own (no report is left in the turn to carry it).
+    expect(summary(sent)).toEqual([
+      ['failed', [[ID(1), true]], 0],
+      ['credit', 1],
+    ]);
   });
 
   it('asks for starts with a fresh seq', () => {

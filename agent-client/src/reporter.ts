@@ -72,8 +72,12 @@ export class Reporter {
     this.scheduleSend();
   }
 
-  /** Sends every report not yet acknowledged (at a new session). */
+  /**
+   * Sends every report not yet acknowledged (at a new session). The reports waiting for this
+   * turn's send are among them: they go once, not again at the end of the turn.
+   */
   resend(): void {
+    this.pendingSend = [];
     const pending = this.o.outbox.pending();
     if (pending.length) this.sendReports(pending);
   }
