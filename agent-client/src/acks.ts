@@ -41,8 +41,6 @@ export class Acks {
           if (log.isLevelEnabled('info')) log.info({ event: 'report.acknowledged', attemptId: id, outcome }, 'report acknowledged');
           break;
         case Outcome.STALE: {
-          // False when the outbox no longer holds it: an earlier ack of the same report (sent
-          // again at a new session) set it aside already.
           const setAside = await outbox.supersede(id, outcome);
           log.warn(
             {
@@ -67,13 +65,14 @@ export class Acks {
             this.o.reporter.report(failed);
             return;
           }
-          await outbox.supersede(id, outcome);
-          log.error({ attemptId: id, message: item.message }, 'report refused as invalid; kept aside');
+          const aside = await outbox.supersede(id, outcome);
+          log.error({ attemptId: id, message: item.message }, `report refused as invalid; ${keptAside(aside)}`);
           break;
         }
-        default:
-          await outbox.supersede(id, outcome);
-          log.error({ attemptId: id, outcome, message: item.message }, 'report refused; kept aside');
+        default: {
+          const aside = await outbox.supersede(id, outcome);
+          log.error({ attemptId: id, outcome, message: item.message }, `report refused; ${keptAside(aside)}`);
+        }
       }
     } catch (err) {
       log.error({ err, attemptId: id }, 'outbox update after an ack failed');
@@ -100,4 +99,13 @@ export class Acks {
     const left = outbox.pending().length;
     if (left) this.o.log.warn({ entries: left, dir: outbox.dir }, 'stopping with unacknowledged reports: they are sent at the next start');
   }
+}
+
+/**
+ * What a refusal did with the report, in its log line: `supersede` answers false when the outbox
+ * no longer holds it, because an earlier ack of the same report (sent again at a new session)
+ * set it aside (the stale case says so in its own words, with `setAside` when it did).
+ */
+function keptAside(setAside: boolean): string {
+  return setAside ? 'kept aside' : 'already set aside';
 }

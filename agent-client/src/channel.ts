@@ -40,8 +40,9 @@ export function tlsFiles(tls: TlsOption | undefined): TlsFiles {
   return { ca: read(t.ca), cert: read(t.cert), key: read(t.key) };
 }
 
-function credentials(secure: boolean, files: TlsFiles): grpc.ChannelCredentials {
+function credentials(secure: boolean, tls: TlsOption | undefined): grpc.ChannelCredentials {
   if (!secure) return grpc.credentials.createInsecure();
+  const files = tlsFiles(tls);
   return grpc.credentials.createSsl(files.ca ?? null, files.key ?? null, files.cert ?? null);
 }
 
@@ -70,7 +71,7 @@ export class CoordinatorChannel {
       this.lane = new LaneConnection(target, secure, secure ? tlsFiles(tls) : undefined);
       return;
     }
-    this.client = new grpc.Client(target, credentials(secure, tlsFiles(tls)), {
+    this.client = new grpc.Client(target, credentials(secure, tls), {
       // Notice a dead peer within seconds even when no message is due (as the lane does).
       'grpc.keepalive_time_ms': KEEPALIVE_MS,
       'grpc.keepalive_timeout_ms': KEEPALIVE_TIMEOUT_MS,
