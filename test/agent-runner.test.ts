@@ -6,7 +6,7 @@
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, open, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -176,6 +176,35 @@ describe('leasehold-agent', () => {
     const b = await job(j.id);
     expect(b.attempt_no).toBe(1);
     expect(b.error.message).toMatch(/^cannot start ".*node.*": ERR_INVALID_ARG_VALUE$/);
+  });
+
+  it.skipIf(process.platform === 'win32')('completes commands that end within a millisecond of starting, their output read', async () => {
+    // The runner listens for the exit and the output from the spawn on: a command done before
+    // its pid file is written is not missed (it was, and the job then ran until its timeout).
+    const c = await config('runner-fast', { fast: { command: ['/bin/sh', '-c', 'echo "{\\"n\\":$LEASEHOLD_ATTEMPT_NO}"'] } });
+    startRunner(c.file);
+    const ids = await Promise.all([1, 2, 3, 4].map(async () => (await enqueue('fast', {})).id));
+    await until(lh, 'all four succeeded', async () => (await Promise.all(ids.map(job))).every((j) => j.status === 'succeeded'), 15_000);
+    for (const id of ids) expect(await job(id)).toMatchObject({ attempt_no: 1, result: { n: 1 } });
+  });
+
+  it.skipIf(process.platform !== 'linux')('retries a command the machine could not start now (ETXTBSY: its file open for writing), and logs why the handler failed', async () => {
+    // A command file being replaced (a deploy writing it) cannot be executed meanwhile: the
+    // attempt fails retryable, and the next one, once the file is closed, runs it.
+    const script = path.join(work, 'being written.sh');
+    const fh = await open(script, 'w', 0o755);
+    await fh.write('#!/bin/sh\necho \'{"ran":true}\'\n');
+    const c = await config('runner-txtbsy', { busy: { command: [script] } });
+    const r = startRunner(c.file);
+    const j = await enqueue('busy', {}, { maxAttempts: 3 });
+    try {
+      const failed = await r.waitFor((l) => l.event === 'handler.finished' && l.jobId === j.id);
+      expect(failed).toMatchObject({ kind: 'failed', retryable: true, error: `cannot start ${JSON.stringify(script)}: ETXTBSY (retried: the machine may start it later)` });
+    } finally {
+      await fh.close();
+    }
+    await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded', 30_000);
+    expect(await job(j.id)).toMatchObject({ attempt_no: 2, result: { ran: true } });
   });
 
   it('kills the command and its grandchild on timeout', async () => {

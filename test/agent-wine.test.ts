@@ -192,6 +192,8 @@ describe.skipIf(missing)(`leasehold-agent under Wine${missing ? ` (skipped: ${mi
       } catch (err) {
         // What the agent said, with the failure: the test's folder is removed afterwards.
         (err as Error).message += `\n--- the agent's log, last lines ---\n${agent.output().split('\n').slice(-40).join('\n')}`;
+        const jobs = await t.pool.query(`SELECT queue, status::text, attempt_no, job_error(id, status) AS error FROM jobs WHERE queue LIKE $1 ORDER BY created_at`, [`${kind}-%`]);
+        (err as Error).message += `\n--- the jobs ---\n${jobs.rows.map((r) => JSON.stringify(r)).join('\n')}`;
         throw err;
       } finally {
         agent.child.kill('SIGKILL');

@@ -257,7 +257,10 @@ export class Assignments {
     // Held until the report is on disk: a Hello meanwhile resumes it, a renewal finds it held.
     await this.o.reporter.write(entry);
     this.running.delete(r.attemptId);
-    if (this.o.log.isLevelEnabled('info')) this.o.log.info({ event: 'handler.finished', jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.aborted }, 'handler finished');
+    if (this.o.log.isLevelEnabled('info')) {
+      const failure = entry.kind === 'failed' ? { error: entry.error?.message, retryable: entry.retryable } : {};
+      this.o.log.info({ event: 'handler.finished', jobId: r.job.id, attemptId: r.attemptId, kind: entry.kind, aborted: r.abort.aborted, ...failure }, 'handler finished');
+    }
     this.o.events.emit('finished', { attemptId: r.attemptId, kind: entry.kind });
     this.o.reporter.finished(entry);
   }

@@ -16,6 +16,17 @@ import { describeProcess, killTree, treeSpawnOptions } from './process-tree.js';
 const STDERR_TAIL = 4096;
 const PAYLOAD_ENV_MAX = 32 * 1024;
 
+/**
+ * Spawn errors that another attempt would meet again: the command is missing, not executable or
+ * badly written (Node's own `ERR_*` validation codes too). Any other (EAGAIN, EMFILE, ENOMEM,
+ * ETXTBSY while the file is being replaced, Windows' UNKNOWN) says the machine could not start
+ * it now: the attempt fails retryable, as a timeout does.
+ */
+const FINAL_SPAWN_ERRORS = new Set(['ENOENT', 'EACCES', 'EPERM', 'EINVAL', 'ENOTDIR', 'EISDIR', 'ENAMETOOLONG', 'ENOEXEC', 'ELOOP', 'E2BIG']);
+export function spawnFailureIsFinal(code: string): boolean {
+  return FINAL_SPAWN_ERRORS.has(code) || code.startsWith('ERR_');
+}
+
 /** Runs `cmd` for `job`; resolves with the result object or throws a `JobError`. */
 export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobContext, opts: { log: Logger; pidDir: string }): Promise<Record<string, unknown>> {
   if (ctx.signal.aborted) throw new JobError(`not started: ${String((ctx.signal.reason as Error)?.message ?? ctx.signal.reason)}`);
@@ -35,7 +46,8 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
     // Node refuses to run a batch file without a shell (EINVAL, thrown by spawn itself).
     const hint = code === 'EINVAL' && /\.(cmd|bat)$/i.test(file) && !cmd.shell ? ': a .cmd or .bat file needs "shell": true (docs/agent.md)' : '';
-    return new JobError(`cannot start ${JSON.stringify(file)}: ${code}${hint}`, { retryable: false });
+    const retryable = !spawnFailureIsFinal(code);
+    return new JobError(`cannot start ${JSON.stringify(file)}: ${code}${hint}${retryable ? ' (retried: the machine may start it later)' : ''}`, { retryable });
   };
   let child: ChildProcessWithoutNullStreams;
   try {
@@ -49,24 +61,14 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   } catch (err) {
     throw cannotStart(err);
   }
+  // Every listener goes on now, before the first await: a command that ends within a
+  // millisecond (a two-line shell script) would otherwise exit, and close its pipes, unheard.
   const spawned = new Promise<void>((resolve, reject) => {
     child.once('spawn', resolve);
     child.once('error', reject);
   });
-  try {
-    await spawned;
-  } catch (err) {
-    throw cannotStart(err);
-  }
-  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
-  await mkdir(opts.pidDir, { recursive: true });
-  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
-  opts.log.info({ event: 'command.started', jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
-
-  child.stdin.on('error', () => undefined); // a command that does not read its input
-  // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
-  child.stdin.end(`${payload}\n`);
-
+  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
   let lastJson: unknown;
   createInterface({ input: child.stdout }).on('line', (line) => {
     const t = line.trim();
@@ -81,9 +83,19 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   child.stderr.on('data', (d: Buffer) => {
     stderr = (stderr + d.toString('utf8')).slice(-STDERR_TAIL);
   });
+  child.stdin.on('error', () => undefined); // a command that does not read its input
+  try {
+    await spawned;
+  } catch (err) {
+    throw cannotStart(err);
+  }
+  // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
+  child.stdin.end(`${payload}\n`);
+  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
+  await mkdir(opts.pidDir, { recursive: true });
+  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
+  opts.log.info({ event: 'command.started', jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
 
-  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
-  const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
   let stopped: string | undefined;
   const stop = (why: string) => {
     if (stopped) return;
