@@ -40,8 +40,8 @@ interface Runner {
   exited: Promise<number | null>;
 }
 
-function startRunner(configFile: string): Runner {
-  const child = spawn(process.execPath, [bin, '--config', configFile], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+function startRunner(configFile: string, env: NodeJS.ProcessEnv = process.env): Runner {
+  const child = spawn(process.execPath, [bin, '--config', configFile], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
   const lines: Array<Record<string, unknown>> = [];
   const watchers = new Set<(l: Record<string, unknown>) => void>();
@@ -176,6 +176,20 @@ describe('leasehold-agent', () => {
     const b = await job(j.id);
     expect(b.attempt_no).toBe(1);
     expect(b.error.message).toMatch(/^cannot start ".*node.*": ERR_INVALID_ARG_VALUE$/);
+  });
+
+  it.skipIf(process.platform === 'win32')("does not hand the agent's token (LEASEHOLD_TOKEN) to its commands, unless a queue's env gives it", async () => {
+    const show = ['/bin/sh', '-c', 'echo "{\\"token\\":\\"${LEASEHOLD_TOKEN:-none}\\",\\"home\\":\\"${HOME:-none}\\"}"'];
+    const c = await config('runner-env', { plain: { command: show }, given: { command: show, env: { LEASEHOLD_TOKEN: 'given on purpose' } } });
+    // The token in the agent's environment only, as a service would set it.
+    const file = await writeConfig('runner-env-no-token', { ...JSON.parse(readFileSync(c.file, 'utf8')), token: undefined });
+    startRunner(file, { ...process.env, LEASEHOLD_TOKEN: c.token });
+    const plain = await enqueue('plain', {});
+    const given = await enqueue('given', {});
+    await until(lh, 'both succeeded', async () => (await job(plain.id)).status === 'succeeded' && (await job(given.id)).status === 'succeeded', 15_000);
+    // The rest of the environment passes as before.
+    expect((await job(plain.id)).result).toEqual({ token: 'none', home: process.env.HOME ?? 'none' });
+    expect((await job(given.id)).result).toMatchObject({ token: 'given on purpose' });
   });
 
   it.skipIf(process.platform === 'win32')('completes commands that end within a millisecond of starting, their output read', async () => {

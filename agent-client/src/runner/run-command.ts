@@ -27,12 +27,22 @@ export function spawnFailureIsFinal(code: string): boolean {
   return FINAL_SPAWN_ERRORS.has(code) || code.startsWith('ERR_');
 }
 
+/**
+ * The agent's environment as its commands get it: without `LEASEHOLD_TOKEN`, the agent's own
+ * credential, which would let a command (or what it runs) claim and report as this agent. A
+ * command that needs it is given it in its queue's `env`.
+ */
+function inherited(): NodeJS.ProcessEnv {
+  const { LEASEHOLD_TOKEN: _token, ...rest } = process.env;
+  return rest;
+}
+
 /** Runs `cmd` for `job`; resolves with the result object or throws a `JobError`. */
 export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobContext, opts: { log: Logger; pidDir: string }): Promise<Record<string, unknown>> {
   if (ctx.signal.aborted) throw new JobError(`not started: ${String((ctx.signal.reason as Error)?.message ?? ctx.signal.reason)}`);
   const payload = JSON.stringify(job.payload);
   const env: NodeJS.ProcessEnv = {
-    ...process.env,
+    ...inherited(),
     ...cmd.env,
     LEASEHOLD_JOB_ID: job.id,
     LEASEHOLD_QUEUE: job.queue,
