@@ -94,32 +94,50 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     stderr = (stderr + d.toString('utf8')).slice(-STDERR_TAIL);
   });
   child.stdin.on('error', () => undefined); // a command that does not read its input
-  try {
-    await spawned;
-  } catch (err) {
-    throw cannotStart(err);
-  }
-  // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
-  child.stdin.end(`${payload}\n`);
-  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
-  await mkdir(opts.pidDir, { recursive: true });
-  await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
-  opts.log.info({ event: 'command.started', jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
-
+  child.stdout.on('error', () => undefined); // a pipe that fails ends the output; the exit still decides
+  child.stderr.on('error', () => undefined);
+  // The timeout and the attempt's signal are watched from the spawn on too: a cancel, a revoke or
+  // a drain that comes while the pid file is written (on Windows, tasklist can take seconds) would
+  // otherwise fire unheard, and the command run on after its attempt was taken away.
   let stopped: string | undefined;
   const stop = (why: string) => {
     if (stopped) return;
     stopped = why;
     opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, why }, 'stopping the command and its children');
-    void killTree(child, cmd.killGrace, { log: opts.log });
+    killTree(child, cmd.killGrace, { log: opts.log }).catch((err: unknown) =>
+      opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, err }, 'could not stop the command and its children'),
+    );
   };
   const timer = cmd.timeout ? setTimeout(() => stop(`timed out after ${cmd.timeout} ms`), cmd.timeout) : undefined;
   const onAbort = () => stop(String((ctx.signal.reason as Error)?.message ?? 'aborted'));
   ctx.signal.addEventListener('abort', onAbort);
+  const unwatch = () => {
+    clearTimeout(timer);
+    ctx.signal.removeEventListener('abort', onAbort);
+  };
+  try {
+    await spawned;
+  } catch (err) {
+    unwatch();
+    throw cannotStart(err);
+  }
+  // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
+  child.stdin.end(`${payload}\n`);
+  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
+  let pidWritten = false;
+  try {
+    await mkdir(opts.pidDir, { recursive: true });
+    await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
+    pidWritten = true;
+  } catch (err) {
+    // The command runs and is watched all the same; only a crash of this agent would leave it
+    // behind unseen by the next start.
+    opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, err }, 'could not write the pid file');
+  }
+  opts.log.info({ event: 'command.started', jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, command: file }, 'command started');
 
   const { code, signal } = await done;
-  clearTimeout(timer);
-  ctx.signal.removeEventListener('abort', onAbort);
+  unwatch();
   // Whatever it left running in its group goes too (a backgrounded grandchild, say): a job's
   // processes end with the job, as systemd's KillMode=control-group does.
   if (process.platform !== 'win32') {
@@ -131,7 +149,7 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   }
   // Output still buffered in the pipes (bounded: a grandchild elsewhere may hold them open).
   await Promise.race([closed, new Promise((r) => setTimeout(r, 2000))]);
-  await rm(pidFile, { force: true });
+  if (pidWritten) await rm(pidFile, { force: true }).catch((err: unknown) => opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, err }, 'could not remove the pid file'));
   opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped }, 'command ended');
 
   const tail = stderr.trim();
