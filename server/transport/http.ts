@@ -114,7 +114,7 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   // into a socket the server is closing at that very moment (ECONNRESET). Node's own default
   // (5 s) races with exactly those clients.
   server.keepAliveTimeout = KEEP_ALIVE_MS;
-  const address = await listenOn(server, addr);
+  const address = await listenOn(server, addr, deps.log);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'HTTP listening');
   let closing: Promise<void> | undefined;
   return {

@@ -128,7 +128,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     sessions.add(s);
     s.on('close', () => sessions.delete(s));
   });
-  const address = await listenOn(server, addr);
+  const address = await listenOn(server, addr, deps.log);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'gRPC listening');
   let closing: Promise<void> | undefined;
   return {
@@ -204,8 +204,13 @@ export function splitAddr(addr: string): [string, number] {
   return [m[1]!, Number(m[2])];
 }
 
-/** Listens on `host:port` (a port of 0 picks one); resolves with the bound address, rejects on a listen error. */
-export async function listenOn(server: Server, addr: string): Promise<AddressInfo> {
+/**
+ * Listens on `host:port` (a port of 0 picks one); resolves with the bound address, rejects on a
+ * listen error. Once listening, a server error (an `accept` that fails: out of file descriptors
+ * or memory) is logged and the server goes on: with no listener Node would throw it and end the
+ * process, every agent stream with it.
+ */
+export async function listenOn(server: Server, addr: string, log: Pick<Logger, 'error'>): Promise<AddressInfo> {
   const [host, port] = splitAddr(addr);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -214,5 +219,6 @@ export async function listenOn(server: Server, addr: string): Promise<AddressInf
       resolve();
     });
   });
+  server.on('error', (err) => log.error({ err, addr }, 'listener error; still listening'));
   return server.address() as AddressInfo;
 }
