@@ -178,6 +178,16 @@ describe('leasehold-agent', () => {
     expect(b.error.message).toMatch(/^cannot start ".*node.*": ERR_INVALID_ARG_VALUE$/);
   });
 
+  it.skipIf(process.platform === 'win32')('exits 0 on SIGINT while it has never reached the coordinator', async () => {
+    const c = await config('runner-unreached', { q: { command: node('echo-job.mjs') } }, { url: 'http://127.0.0.1:1' });
+    const r = startRunner(c.file);
+    await r.waitFor((l) => l.msg === 'disconnected from the coordinator; reconnecting');
+    r.child.kill('SIGINT');
+    expect(await r.exited).toBe(0);
+    expect(r.lines.some((l) => l.msg === 'shutting down: draining')).toBe(true);
+    expect(r.lines.some((l) => String(l.msg).startsWith('leasehold-agent: '))).toBe(false);
+  });
+
   it.skipIf(process.platform === 'win32')("does not hand the agent's token (LEASEHOLD_TOKEN) to its commands, unless a queue's env gives it", async () => {
     const show = ['/bin/sh', '-c', 'echo "{\\"token\\":\\"${LEASEHOLD_TOKEN:-none}\\",\\"home\\":\\"${HOME:-none}\\"}"'];
     const c = await config('runner-env', { plain: { command: show }, given: { command: show, env: { LEASEHOLD_TOKEN: 'given on purpose' } } });

@@ -178,6 +178,21 @@ describe('session', () => {
     expect(ch.streams, 'no retry').toHaveLength(1);
   });
 
+  it('settles ready when stopped before any Welcome (the coordinator unreachable): it rejects, the loop ends', async () => {
+    const h = hooks();
+    const s = session(h);
+    const ch = new FakeChannel();
+    const { ready, loop } = s.start([ch], hello);
+    const stopped = expect(ready).rejects.toThrow(/stopped before the coordinator welcomed it/);
+    ch.last.fail(grpc.status.UNAVAILABLE);
+    await vi.advanceTimersByTimeAsync(50);
+    s.close();
+    await stopped;
+    await loop;
+    await vi.advanceTimersByTimeAsync(60_000);
+    expect(ch.streams, 'no retry after close').toHaveLength(1);
+  });
+
   it('retries a refusal that comes after it was welcomed once', async () => {
     const h = hooks();
     const s = session(h);

@@ -116,7 +116,8 @@ export class Agent extends EventEmitter<AgentEvents> {
 
   /**
    * Opens the outbox and connects; resolves at the first `Welcome`. Rejects if the coordinator
-   * refuses the agent for good (bad token, bad Hello); otherwise keeps retrying until it answers.
+   * refuses the agent for good (bad token, bad Hello), or if the agent is stopped (or drained)
+   * before any Welcome; otherwise keeps retrying until it answers.
    */
   async start(): Promise<void> {
     if (this.loop) throw new Error('agent already started');
@@ -174,6 +175,11 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.removeSignals?.();
     this.removeSignals = undefined;
     this.session.close();
+  }
+
+  /** `stop()` or `drain()` was called (a signal's drain included). */
+  get isStopping(): boolean {
+    return this.stopping || this.draining;
   }
 
   /** Attempts whose handlers are running now. */

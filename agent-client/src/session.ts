@@ -234,6 +234,8 @@ export class Session<C extends StreamChannel = StreamChannel> {
       });
       this.wakeLoop = undefined;
     }
+    // Stopped before any Welcome: `start()` says so rather than never settling.
+    if (!everConnected) first.reject(new Error('the agent was stopped before the coordinator welcomed it'));
   }
 
   /** One stream, from Hello to its end. */

@@ -49,7 +49,13 @@ async function serve(config: AgentConfig): Promise<void> {
   for (const [queue, cmd] of Object.entries(config.queues)) {
     agent.handle(queue, (job, ctx) => runCommand(cmd, job, ctx, { log, pidDir }));
   }
-  await agent.start();
+  try {
+    await agent.start();
+  } catch (err) {
+    // Stopped (Ctrl-C, a service stop) before the coordinator answered: the drain exits 0.
+    if (agent.isStopping) return;
+    throw err;
+  }
   log.info({ event: 'serving', queues: Object.keys(config.queues), slots: config.slots, outboxDir: config.outboxDir }, 'leasehold-agent serving');
 }
 
