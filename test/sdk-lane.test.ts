@@ -10,7 +10,8 @@ import http2 from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { afterEach, describe, expect, it } from 'vitest';
-import { grpc } from '../agent-client/src/channel.js';
+import { CoordinatorChannel, grpc } from '../agent-client/src/channel.js';
+import { getEventListeners } from 'node:events';
 import { AgentMessageSchema, ServerMessageSchema, type ServerMessage } from '../agent-client/src/gen/leasehold/v1/agent_service_pb.js';
 import { AGENT_CONNECT_PATH, LaneConnection, MAX_RECEIVE_BYTES, proxyConfigured } from '../agent-client/src/lane.js';
 import { fromBinary } from '@bufbuild/protobuf';
@@ -346,5 +347,30 @@ describe('the SDK stream client', () => {
     expect(proxyConfigured({ grpc_proxy: 'http://proxy:3128' })).toBe(true);
     expect(proxyConfigured({ https_proxy: 'http://proxy:3128' })).toBe(true);
     expect(proxyConfigured({ http_proxy: 'http://proxy:3128' })).toBe(true);
+  });
+});
+
+describe('the step ledger through grpc-js (an HTTP proxy configured)', () => {
+  it("leaves no listener on the attempt's signal after each call, and sends nothing once it is aborted", async () => {
+    const saved = { http_proxy: process.env.http_proxy, no_proxy: process.env.no_proxy };
+    // A proxy configured, 127.0.0.1 exempt: grpc-js, connecting directly (to a port nobody listens on).
+    process.env.http_proxy = 'http://127.0.0.1:9';
+    process.env.no_proxy = '127.0.0.1';
+    const ch = new CoordinatorChannel('http://127.0.0.1:1', 'token');
+    try {
+      const abort = new AbortController();
+      const req = { attemptId: '01a24a00-0000-7000-8000-0000000000a1', step: 's' };
+      // As a step retried while the coordinator is away: one call after another on one signal.
+      for (let i = 0; i < 12; i++) await expect(ch.reserveStep(req, abort.signal)).rejects.toMatchObject({ code: grpc.status.UNAVAILABLE });
+      expect(getEventListeners(abort.signal, 'abort')).toHaveLength(0);
+      abort.abort();
+      await expect(ch.reserveStep(req, abort.signal)).rejects.toMatchObject({ code: grpc.status.CANCELLED });
+    } finally {
+      ch.close();
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
   });
 });

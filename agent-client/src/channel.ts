@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape, create } from '@bufbuild/protobuf';
 import * as grpc from '@grpc/grpc-js';
 import { decodeServerMessage, encodeAgentMessage } from './codec.js';
-import { AGENT_CONNECT_PATH, KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS, LaneConnection, MAX_RECEIVE_BYTES, UNARY_DEADLINE_MS, proxyConfigured } from './lane.js';
+import { AGENT_CONNECT_PATH, KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS, LaneConnection, MAX_RECEIVE_BYTES, UNARY_DEADLINE_MS, proxyConfigured, serviceError } from './lane.js';
 import type { AgentStream } from './session.js';
 import {
   RecordStepRequestSchema,
@@ -112,6 +112,10 @@ export class CoordinatorChannel {
     const md = new grpc.Metadata();
     md.set('authorization', `Bearer ${this.token}`);
     return new Promise((resolve, reject) => {
+      // As the lane does: an aborted signal sends nothing, and the listener goes with the call
+      // (a step retried every second while the coordinator is away would otherwise add one each time).
+      if (signal?.aborted) return reject(serviceError(grpc.status.CANCELLED, 'Cancelled on client'));
+      const onAbort = () => call.cancel();
       const call = this.client!.makeUnaryRequest(
         path,
         ser(inSchema),
@@ -119,9 +123,13 @@ export class CoordinatorChannel {
         create(inSchema, init),
         md,
         { deadline: Date.now() + UNARY_DEADLINE_MS },
-        (err, res) => (err ? reject(err) : resolve(res!)),
+        (err, res) => {
+          signal?.removeEventListener('abort', onAbort);
+          if (err) reject(err);
+          else resolve(res!);
+        },
       );
-      signal?.addEventListener('abort', () => call.cancel(), { once: true });
+      signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
 }
