@@ -78,6 +78,8 @@ const helloSchema = z.object({
 /** The sessions of this coordinator and the rules of their streams. */
 export class AgentHub extends EventEmitter<HubEvents> {
   readonly sessions = new Set<Session>();
+  /** Set by `stop()`: a session that finishes opening afterwards is told to go at once. */
+  private stopping = false;
   /** Starts, completions and failures of all sessions, grouped per turn of the event loop. */
   readonly batcher: ReportBatcher;
   /** Sees this process waking from a pause. */
@@ -112,16 +114,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
 
   /** Stops the ticker and ends every stream (agents reconnect elsewhere and resume). */
   async stop(): Promise<void> {
+    this.stopping = true;
     this.watch.stop();
     await this.ticker.stop();
     await this.batcher.idle();
     // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
     // UNAVAILABLE (a status clients retry), not OK.
-    const detail = 'this coordinator is stopping: reconnect (to another replica if there is one) and resume what you hold';
-    for (const s of this.sessions) {
-      s.send({ type: 'goAway', detail });
-      s.out.close(new ConnectError(detail, Code.Unavailable));
-    }
+    for (const s of this.sessions) goAway(s, STOPPING);
   }
 
   /**
@@ -177,6 +176,13 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.sessions.add(session);
     this.log.info({ agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
     this.emit('session:open', session);
+    if (this.stopping) {
+      // Its Hello was being answered while this coordinator began to stop (stop() has told the
+      // others already): told the same, so its agent resumes elsewhere at once rather than on
+      // the stream's reset seconds later; it is given no work.
+      goAway(session, STOPPING);
+      return { outcome: 'ok', value: session };
+    }
     this.emit('credit', session);
     return { outcome: 'ok', value: session };
   }
@@ -287,4 +293,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
   supersede(agentId: string, attemptIds: readonly string[], by: string): void {
     this.revoker.supersede(agentId, attemptIds, by);
   }
+}
+
+const STOPPING = 'this coordinator is stopping: reconnect (to another replica if there is one) and resume what you hold';
+
+/** Tells a stream to reconnect elsewhere and resume what it holds; it then ends with UNAVAILABLE (a status clients retry), not OK. */
+function goAway(s: Session, detail: string): void {
+  s.send({ type: 'goAway', detail });
+  s.out.close(new ConnectError(detail, Code.Unavailable));
 }
