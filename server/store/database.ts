@@ -164,6 +164,13 @@ export function createPool(url: string, max: number, log?: Logger, opts: { hot?:
   });
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
+  // A connection that dies while its client is checked out (PostgreSQL restarting, a failover, a
+  // killed backend) emits 'error' on the client, and pg-pool listens only while it is idle: with
+  // no listener Node would throw it and end the process. The statement running fails with it (its
+  // caller says so); the pool drops the client when it comes back.
+  pool.on('connect', (client) =>
+    client.on('error', (err: Error & { code?: string }) => log?.debug({ err: { message: err.message, code: err.code } }, 'database connection failed while in use')),
+  );
   return pool;
 }
 
