@@ -116,10 +116,20 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       readMaxBytes: READ_MAX_BYTES,
     });
   // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through it.
-  const handler = plainGrpcMessages(
-    (req, res) => (forAgentLane(req) ? serveAgentLane(agents.handler, req, res, READ_MAX_BYTES) : connectHandler(req, res)),
-    inputs,
-  );
+  const handler = plainGrpcMessages((req, res) => {
+    if (forAgentLane(req)) return serveAgentLane(agents.handler, req, res, READ_MAX_BYTES);
+    try {
+      connectHandler(req, res);
+    } catch (err) {
+      // connect-node builds the request's URL synchronously from `:authority` (or `Host`), in
+      // Node's 'request' event: a value that is no URL's host (`x:99999`) threw there, and ended
+      // the process, before any key was looked at.
+      deps.log.warn({ err, authority: req.headers[':authority'] ?? req.headers.host, path: req.url }, 'request refused: its authority (Host) is not a valid host');
+      if (res.headersSent) return void (req.httpVersionMajor === 2 ? res.stream.close(http2.constants.NGHTTP2_PROTOCOL_ERROR) : res.destroy());
+      if (req.httpVersionMajor !== 2) return void res.writeHead(400, { 'content-type': 'text/plain' }).end('bad Host header\n');
+      res.writeHead(200, { 'content-type': 'application/grpc', 'grpc-status': String(Code.InvalidArgument), 'grpc-message': 'bad :authority' }).end();
+    }
+  }, inputs);
   const server = tls
     ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true }, handler)
     : http2.createServer(handler);
