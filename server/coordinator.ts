@@ -76,6 +76,9 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     const dispatcher = new Dispatcher(db.hot, hub, log.child({ component: 'dispatcher' }), { claimTtlMs: config.claimTtlMs });
     hub.on('credit', () => dispatcher.credit());
     hub.start();
+    // Stopped by the gRPC listener's close too; here for a start that fails before it listens
+    // (its port taken): the hub's lease ticker would otherwise keep the process from exiting.
+    cleanups.push(() => hub.stop());
     dispatcher.start();
     cleanups.push(() => dispatcher.stop());
 

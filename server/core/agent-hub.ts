@@ -80,6 +80,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
   readonly sessions = new Set<Session>();
   /** Set by `stop()`: a session that finishes opening afterwards is told to go at once. */
   private stopping = false;
+  private stopped: Promise<void> | undefined;
   /** Starts, completions and failures of all sessions, grouped per turn of the event loop. */
   readonly batcher: ReportBatcher;
   /** Sees this process waking from a pause. */
@@ -112,8 +113,16 @@ export class AgentHub extends EventEmitter<HubEvents> {
     this.ticker.start();
   }
 
-  /** Stops the ticker and ends every stream (agents reconnect elsewhere and resume). */
-  async stop(): Promise<void> {
+  /**
+   * Stops the ticker and ends every stream (agents reconnect elsewhere and resume). A second
+   * call waits for the first (the gRPC listener's close and the coordinator's cleanup both call it).
+   */
+  stop(): Promise<void> {
+    this.stopped ??= this.stopOnce();
+    return this.stopped;
+  }
+
+  private async stopOnce(): Promise<void> {
     this.stopping = true;
     this.watch.stop();
     await this.ticker.stop();
