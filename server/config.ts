@@ -63,6 +63,13 @@ export interface Config {
    */
   helloTimeoutMs: number;
   helloPendingMax: number;
+  /**
+   * Every HTTP/2 connection of the gRPC listener is sent a PING this often, and closed when its
+   * ack takes as long again (`LEASEHOLD_AGENT_KEEPALIVE`, default 20 s; `off`: none): an agent on
+   * a PC that slept, lost its network or froze leaves no stream open, holding slots the dispatcher
+   * would keep filling, until the kernel gives its socket up (about 15 minutes).
+   */
+  agentKeepaliveMs: number | undefined;
   /** TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
   tls: { certFile: string; keyFile: string } | undefined;
   /**
@@ -181,6 +188,10 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     alertUrl: env.LEASEHOLD_ALERT_URL || undefined,
     helloTimeoutMs: duration('LEASEHOLD_HELLO_TIMEOUT', env.LEASEHOLD_HELLO_TIMEOUT, 10_000, 100),
     helloPendingMax: count('LEASEHOLD_HELLO_PENDING_MAX', env.LEASEHOLD_HELLO_PENDING_MAX, 256, 1, 100_000),
+    agentKeepaliveMs:
+      env.LEASEHOLD_AGENT_KEEPALIVE?.trim().toLowerCase() === 'off'
+        ? undefined
+        : duration('LEASEHOLD_AGENT_KEEPALIVE', env.LEASEHOLD_AGENT_KEEPALIVE, 20_000, 100),
     tls: undefined,
     insecure: flags.insecure === true || flag('LEASEHOLD_INSECURE', env.LEASEHOLD_INSECURE),
     trustProxy: flag('LEASEHOLD_TRUST_PROXY', env.LEASEHOLD_TRUST_PROXY),

@@ -178,6 +178,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       heartbeatIntervalMs: config.heartbeatIntervalMs,
       helloTimeoutMs: config.helloTimeoutMs,
       helloPendingMax: config.helloPendingMax,
+      agentKeepaliveMs: config.agentKeepaliveMs,
       activity,
       retentionMs: config.retentionMs,
       sessionStaleAfterMs: registry.staleAfterMs,

@@ -79,6 +79,11 @@ describe('the vacuumer setting', () => {
     for (const bad of ['lots', '-1', '1.5']) {
       expect(() => loadConfig({}, { LEASEHOLD_VACUUM_DEAD_ROWS: bad })).toThrow(new ConfigError(`LEASEHOLD_VACUUM_DEAD_ROWS=${JSON.stringify(bad)} must be a whole number from 0 to 1000000000`));
     }
+    expect(loadConfig({}, {}).agentKeepaliveMs).toBe(20_000);
+    expect(loadConfig({}, { LEASEHOLD_AGENT_KEEPALIVE: '5s' }).agentKeepaliveMs).toBe(5_000);
+    expect(loadConfig({}, { LEASEHOLD_AGENT_KEEPALIVE: 'off' }).agentKeepaliveMs).toBeUndefined();
+    expect(() => loadConfig({}, { LEASEHOLD_AGENT_KEEPALIVE: 'soon' })).toThrow(new ConfigError('LEASEHOLD_AGENT_KEEPALIVE="soon" is not a duration: use e.g. 500ms, 2s, 1m'));
+    expect(() => loadConfig({}, { LEASEHOLD_AGENT_KEEPALIVE: '10ms' })).toThrow(new ConfigError('LEASEHOLD_AGENT_KEEPALIVE=10ms is below the minimum of 100 ms'));
   });
 });
 

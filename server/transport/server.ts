@@ -34,6 +34,8 @@ export interface ServerDeps {
   /** How long a new agent stream may take to say Hello (default 10 s), and how many may wait at once (default 256). */
   helloTimeoutMs?: number | undefined;
   helloPendingMax?: number | undefined;
+  /** A PING to each connection this often, closed when the ack takes as long again (`LEASEHOLD_AGENT_KEEPALIVE`); none when unset. */
+  agentKeepaliveMs?: number | undefined;
   /** What the unary routes did, for metrics; optional (tests build listeners without it). */
   activity?: Activity | undefined;
   /** AdminService.PurgeJobs without older_than purges past this (`LEASEHOLD_RETENTION`). */
@@ -136,7 +138,11 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on('session', (s) => {
     sessions.add(s);
-    s.on('close', () => sessions.delete(s));
+    const unwatch = deps.agentKeepaliveMs ? keepalive(s, deps.agentKeepaliveMs, deps.log) : undefined;
+    s.on('close', () => {
+      sessions.delete(s);
+      unwatch?.();
+    });
   });
   const address = await listenOn(server, addr, deps.log);
   deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'gRPC listening');
@@ -205,6 +211,36 @@ function withPlainMessage<H extends Record<string, unknown>>(headers: H, input: 
 /** What a caller is told when its bytes do not decode as `input` (Connect's "parse binary: …" says which way). */
 export function malformedMessage(input: string | undefined, parseError: string): string {
   return `malformed ${input ?? 'request message'}: ${parseError.replace(/^parse binary: /, '')}`;
+}
+
+/**
+ * PINGs `session` every `everyMs` and destroys it when an ack takes `everyMs` more: a peer that
+ * slept, lost its network or froze answers nothing, and without this its streams stayed open
+ * (and its agent's free slots kept being filled) until the kernel gave the socket up. Its agent
+ * streams then end as lost, their attempts suspect, as for any lost stream. Returns the stop.
+ */
+export function keepalive(session: http2.Http2Session, everyMs: number, log: Pick<Logger, 'warn'>): () => void {
+  let unanswered: NodeJS.Timeout | undefined;
+  const tick = setInterval(() => {
+    if (unanswered || session.closed || session.destroyed) return;
+    unanswered = setTimeout(() => {
+      log.warn({ remote: `${session.socket?.remoteAddress}:${session.socket?.remotePort}`, waitedMs: everyMs }, 'connection unanswered: no PING ack; closing it (its agent streams end as lost)');
+      session.destroy();
+    }, everyMs);
+    const sent = session.ping((err) => {
+      clearTimeout(unanswered);
+      unanswered = undefined;
+      if (err && !session.destroyed) session.destroy();
+    });
+    if (!sent) {
+      clearTimeout(unanswered);
+      unanswered = undefined;
+    }
+  }, everyMs);
+  return () => {
+    clearInterval(tick);
+    clearTimeout(unanswered);
+  };
 }
 
 /** `host:port` or `[v6]:port` → [host, port]. */
