@@ -98,7 +98,16 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const direct =
     deps.directEnqueue === false ? undefined : directEnqueue({ interceptors, jsonOptions, readMaxBytes: HTTP_READ_MAX_BYTES, impl: enqueueJobCall(deps) });
 
+  // Once closing, every answer not yet begun closes its connection: a client keeping it alive
+  // (n8n, Node's agent, a proxy upstream) sends its next request elsewhere, rather than on a
+  // socket cut when the close's deadline comes (ECONNRESET, or a proxy's 502, for a request
+  // perhaps done).
+  let stopping = false;
+  const answering = new Set<http.ServerResponse>();
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    if (stopping) res.setHeader('connection', 'close');
+    answering.add(res);
+    res.once('close', () => answering.delete(res));
     handle(deps, health, handlers, direct, req, res).catch((err: unknown) => {
       deps.log.error({ err, path: req.url }, 'HTTP request failed');
       if (!res.headersSent) sendJson(res, 500, { code: 'internal', message: 'internal error', status: 500, outcome: 'error' });
@@ -122,6 +131,8 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
     health,
     close: () =>
       (closing ??= (async () => {
+        stopping = true;
+        for (const res of answering) if (!res.headersSent) res.setHeader('connection', 'close');
         health.shutdown();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
