@@ -80,13 +80,22 @@ export class Listener extends EventEmitter<ListenerEvents> {
   private client: pg.Client | undefined;
   private stopped = false;
   private retry: NodeJS.Timeout | undefined;
+  private probe: NodeJS.Timeout | undefined;
   private attempt = 0;
+  private readonly probeMs: number;
 
   constructor(
     private readonly url: string,
     private readonly log: Logger,
+    /**
+     * The connection only receives, so a network that drops it silently (a NAT's or a load
+     * balancer's idle timeout, a failover that sends no reset) would never be noticed: it is
+     * asked `SELECT 1` this often (default 15 s), and given up when the answer takes as long.
+     */
+    opts: { probeMs?: number } = {},
   ) {
     super();
+    this.probeMs = opts.probeMs ?? 15_000;
   }
 
   /** Whether notifications are being heard now (between `connected` and `disconnected`). */
@@ -102,6 +111,7 @@ export class Listener extends EventEmitter<ListenerEvents> {
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.retry);
+    clearTimeout(this.probe);
     const c = this.client;
     this.client = undefined;
     await c?.end().catch(() => undefined);
@@ -115,8 +125,15 @@ export class Listener extends EventEmitter<ListenerEvents> {
       this.reconnectSoon(client);
     });
     client.on('end', () => this.reconnectSoon(client));
-    await client.connect();
-    await client.query(`LISTEN ${JOBS_CHANNEL}; LISTEN ${CONTROL_CHANNEL}`);
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${JOBS_CHANNEL}; LISTEN ${CONTROL_CHANNEL}`);
+    } catch (err) {
+      // Connected but not listening (a standby during a failover refuses LISTEN): closed, not
+      // left open for every retry.
+      await client.end().catch(() => undefined);
+      throw err;
+    }
     if (this.stopped) {
       await client.end();
       return;
@@ -124,10 +141,36 @@ export class Listener extends EventEmitter<ListenerEvents> {
     this.client = client;
     this.attempt = 0;
     this.emit('connected');
+    this.scheduleProbe(client);
+  }
+
+  /** `SELECT 1` after `probeMs`; no answer within `probeMs` more ends the connection (then it reconnects). */
+  private scheduleProbe(client: pg.Client): void {
+    this.probe = setTimeout(() => {
+      if (this.stopped || this.client !== client) return;
+      const unanswered = setTimeout(() => {
+        this.log.warn({ waitedMs: this.probeMs }, 'listener connection unanswered; reconnecting');
+        // The socket itself: end() would wait for a goodbye that cannot come.
+        (client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
+        this.reconnectSoon(client);
+      }, this.probeMs);
+      client.query('SELECT 1').then(
+        () => {
+          clearTimeout(unanswered);
+          this.scheduleProbe(client);
+        },
+        () => {
+          // A failed connection reconnects by its own 'error' or 'end'; anything else, ask again later.
+          clearTimeout(unanswered);
+          if (this.client === client) this.scheduleProbe(client);
+        },
+      );
+    }, this.probeMs);
   }
 
   private reconnectSoon(failed: pg.Client) {
     if (this.stopped || this.client !== failed) return;
+    clearTimeout(this.probe);
     this.client = undefined;
     this.emit('disconnected');
     const delay = Math.min(100 * 2 ** this.attempt++, 5000) * (0.5 + Math.random() / 2);
