@@ -7,7 +7,7 @@
  */
 import pino from 'pino';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { ReportBatcher } from '../server/core/batcher.js';
+import { allEnded, ReportBatcher } from '../server/core/batcher.js';
 import { limits } from '../server/domain/validation.js';
 import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
@@ -222,5 +222,16 @@ describe('the completion linger', () => {
     await b.idle();
     expect((await last).outcome).toBe('ok');
     expect(w.started.attemptCompleteManyUnheard).toBe(2);
+  });
+});
+
+describe('allEnded', () => {
+  it("gives Promise.all's answer only once every promise has ended", async () => {
+    expect(await allEnded([Promise.resolve(1), Promise.resolve(2)])).toEqual([1, 2]);
+    let lateDone = false;
+    const late = new Promise<number>((r) => setTimeout(() => ((lateDone = true), r(3)), 50));
+    await expect(allEnded([Promise.reject(new Error('first')), late, Promise.reject(new Error('second'))])).rejects.toThrow('first');
+    // Promise.all would have rejected at once, the 50 ms one still running.
+    expect(lateDone).toBe(true);
   });
 });

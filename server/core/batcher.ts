@@ -135,7 +135,9 @@ export class ReportBatcher {
   constructor(db: Queryable, log: Logger, leaseTtlMs: number, opts: { completionLingerMs?: number } = {}) {
     this.starts = new Lane((items) => attemptStartMany(db, { items, leaseTtlMs }), this.stats, log);
     this.completes = new Lane((items) => attemptCompleteMany(db, { items }), this.stats, log, opts.completionLingerMs ?? 0);
-    this.fails = new Lane((items) => Promise.all(items.map((f) => attemptFail(db, f))), this.stats, log);
+    // Each failure is its own statement; the lane's slot is held until every one has ended (a
+    // first error no longer frees it while the others still run), then the first error is thrown.
+    this.fails = new Lane((items) => allEnded(items.map((f) => attemptFail(db, f))), this.stats, log);
   }
 
   start(p: StartItem): Promise<Outcome<JobSummary>> {
@@ -156,4 +158,12 @@ export class ReportBatcher {
       await Promise.all([this.starts.idle(), this.completes.idle(), this.fails.idle()]);
     }
   }
+}
+
+/** `Promise.all`'s answer, given once every promise has ended (not at the first rejection). */
+export async function allEnded<T>(promises: Array<Promise<T>>): Promise<T[]> {
+  const settled = await Promise.allSettled(promises);
+  const failed = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) throw failed.reason;
+  return settled.map((r) => (r as PromiseFulfilledResult<T>).value);
 }

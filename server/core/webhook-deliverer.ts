@@ -18,6 +18,7 @@
  */
 import { createHmac, randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { allEnded } from './batcher.js';
 import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
@@ -192,7 +193,9 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       const batch = await deliveryClaim(this.db, { limit: batchSize, claimId, leaseMs: this.config.timeoutMs + this.config.claimMarginMs });
       if (batch.length === 0) break;
       if (batch.some((d) => d.secret === null)) notifySecret ??= await signingSecretGet(this.db);
-      await Promise.all(batch.map((d) => this.deliver(d, claimId, d.secret ?? notifySecret!, run)));
+      // Every send of the batch ends (and is recorded) before the run goes on or fails: stop()
+      // waits for the run, so none is still writing when the pool closes.
+      await allEnded(batch.map((d) => this.deliver(d, claimId, d.secret ?? notifySecret!, run)));
       if (batch.length < batchSize) break;
     }
     this.emit('webhook:run', run);
