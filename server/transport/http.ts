@@ -199,10 +199,15 @@ async function handle(
   const holder: { failure?: Failure } = {};
   const contextValues = createContextValues().set(failureKey, holder);
   const header = requestHeaders(req, payload.length);
-  const answer =
-    direct && path === ENQUEUE_PATH && takesDirectPath(req.method, header)
-      ? await direct(requestUrl(req), header, payload, contextValues)
-      : await viaConnect(handler, universalRequest(req, res, header, payload, contextValues));
+  const isDirect = direct && path === ENQUEUE_PATH && takesDirectPath(req.method, header);
+  // Connect parses the request's URL, made from the Host header: a Host that is no host
+  // (`a b`, `x:99999`) is the caller's mistake, not a 500.
+  if (!isDirect && !URL.canParse(requestUrl(req))) {
+    return sendJson(res, 400, { code: 'invalid_argument', message: `the Host header is not a valid host: ${JSON.stringify(req.headers.host ?? '')}`, status: 400, outcome: 'invalid', field: 'host' });
+  }
+  const answer = isDirect
+    ? await direct(requestUrl(req), header, payload, contextValues)
+    : await viaConnect(handler, universalRequest(req, res, header, payload, contextValues));
   const raw = answer.body;
   if (answer.status === 200) {
     const headers: http.OutgoingHttpHeaders = {};
