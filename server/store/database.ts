@@ -160,6 +160,10 @@ export function createPool(url: string, max: number, log?: Logger, opts: { hot?:
     max,
     idleTimeoutMillis: IDLE_CONNECTION_MS,
     application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
+    // TCP keepalive from 10 s of silence: a connection to a server gone without a reset (a
+    // failover, a partition) fails in minutes rather than the kernel's two hours.
+    keepAlive: true,
+    keepAliveInitialDelayMillis: 10_000,
     ...(opts.hot ? { Client: HotClient } : {}),
   });
   // pg attaches the client to the error; logging it would dump the connection and its statements.

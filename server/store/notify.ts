@@ -118,7 +118,7 @@ export class Listener extends EventEmitter<ListenerEvents> {
   }
 
   private async connect(): Promise<void> {
-    const client = new pg.Client({ connectionString: this.url, application_name: 'leasehold-listener' });
+    const client = new pg.Client({ connectionString: this.url, application_name: 'leasehold-listener', keepAlive: true, keepAliveInitialDelayMillis: 10_000 });
     client.on('notification', (n) => this.onNotification(n));
     client.on('error', (err) => {
       this.log.warn({ err }, 'listener connection failed; reconnecting');
