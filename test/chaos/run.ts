@@ -578,6 +578,19 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         }
       }
     }
+    // A process that crashed (an uncaught exception or rejection: Node prints its stack and its
+    // version as it exits) is a violation even though the run restarted it and lost nothing:
+    // every kill of this run is a SIGKILL, which prints nothing.
+    for (const file of [...replicas.map((r) => path.join(logs, `replica-${r.i}.log`)), ...agents.map((a) => a.log)]) {
+      if (!existsSync(file)) continue;
+      const text = readFileSync(file, 'utf8');
+      for (const m of text.matchAll(/^Node\.js v\d+\.\d+\.\d+$/gm)) {
+        const before = text.slice(Math.max(0, m.index - 2000), m.index).split('\n');
+        const cause = before.findLast((l) => /^\w*Error\b|^\s*(throw|Error|error):|Uncaught|Unhandled/.test(l)) ?? before.filter(Boolean).slice(-3).join(' | ');
+        violations.push(`${path.basename(file, '.log')} crashed: ${cause.trim().slice(0, 300)}`);
+      }
+    }
+
     const logged = new Set((await pool.query(`SELECT DISTINCT attempt_id FROM stale_reports`)).rows.map((r) => r.attempt_id as string));
     figures.staleReports = Number((await pool.query(`SELECT count(*) AS n FROM stale_reports`)).rows[0].n);
     for (const id of refused) if (!logged.has(id)) violations.push(`stale report of attempt ${id} refused to the agent but not in stale_reports`);
