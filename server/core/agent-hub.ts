@@ -64,6 +64,13 @@ export interface HubConfig {
    * interval, at least 1 s (agents give a silent coordinator up after 1.5 intervals, at least 2 s).
    */
   stallMs?: number;
+  /**
+   * How long `stop()` waits for the statements in flight (heartbeats, reports) before it tells
+   * the streams to go anyway; default 10 s. A database that stopped answering would otherwise
+   * hold the stop until TCP gave its connection up, minutes later; the agents resend what was not
+   * acknowledged to the replica they resume on.
+   */
+  stopWaitMs?: number;
 }
 
 const helloSchema = z.object({
@@ -125,8 +132,14 @@ export class AgentHub extends EventEmitter<HubEvents> {
   private async stopOnce(): Promise<void> {
     this.stopping = true;
     this.watch.stop();
-    await this.ticker.stop();
-    await this.batcher.idle();
+    const waitMs = this.config.stopWaitMs ?? 10_000;
+    let bound: NodeJS.Timeout | undefined;
+    const written = await Promise.race([
+      Promise.all([this.ticker.stop(), this.batcher.idle()]).then(() => true),
+      new Promise<false>((r) => (bound = setTimeout(() => r(false), waitMs))),
+    ]);
+    clearTimeout(bound);
+    if (!written) this.log.warn({ waitedMs: waitMs }, 'the database has not answered the statements in flight: telling the streams to go anyway (their agents resend what is unacknowledged)');
     // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
     // UNAVAILABLE (a status clients retry), not OK.
     for (const s of this.sessions) goAway(s, STOPPING);

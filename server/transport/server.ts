@@ -156,7 +156,12 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         // No job is claimed for a stream from here on (a claim whose Assign could no longer be
         // sent would wait out its claim deadline); then every stream is told to go elsewhere.
-        await deps.dispatcher?.stop();
+        // A claim still in flight is waited for as the hub waits for its statements (a database
+        // that stopped answering must not hold the stop until TCP gives up, minutes later).
+        const waitMs = deps.hub.config.stopWaitMs ?? 10_000;
+        let bound: NodeJS.Timeout | undefined;
+        await Promise.race([deps.dispatcher?.stop(), new Promise((r) => (bound = setTimeout(r, waitMs)))]);
+        clearTimeout(bound);
         await deps.hub.stop();
         // Streams end once their sessions' output closes; give HTTP/2 sessions a moment, then cut.
         const deadline = setTimeout(() => sessions.forEach((s) => s.destroy()), 2000);
