@@ -7,7 +7,8 @@
  */
 import pino from 'pino';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { allEnded, ReportBatcher } from '../server/core/batcher.js';
+import { ReportBatcher } from '../server/core/batcher.js';
+import { allEnded } from '../server/core/settle.js';
 import { limits } from '../server/domain/validation.js';
 import { interceptPool } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';

@@ -32,6 +32,7 @@ import { ReportBatcher } from './batcher.js';
 import { LeaseTicker } from './lease-ticker.js';
 import { Revoker } from './revoker.js';
 import { ProtocolError, REVOKE_DETAIL, Session, type AgentInput, type Hello, type HubEvents, type RevokeReason } from './session.js';
+import { endsWithin } from './settle.js';
 import { StallWatch } from './stall-watch.js';
 import type { Failure, Outcome } from '../domain/outcomes.js';
 import { check, checkAll, limits, schemas } from '../domain/validation.js';
@@ -129,17 +130,16 @@ export class AgentHub extends EventEmitter<HubEvents> {
     return this.stopped;
   }
 
+  /** How long a stop waits for the statements in flight (`HubConfig.stopWaitMs`). */
+  get stopWaitMs(): number {
+    return this.config.stopWaitMs ?? 10_000;
+  }
+
   private async stopOnce(): Promise<void> {
     this.stopping = true;
     this.watch.stop();
-    const waitMs = this.config.stopWaitMs ?? 10_000;
-    let bound: NodeJS.Timeout | undefined;
-    const written = await Promise.race([
-      Promise.all([this.ticker.stop(), this.batcher.idle()]).then(() => true),
-      new Promise<false>((r) => (bound = setTimeout(() => r(false), waitMs))),
-    ]);
-    clearTimeout(bound);
-    if (!written) this.log.warn({ waitedMs: waitMs }, 'the database has not answered the statements in flight: telling the streams to go anyway (their agents resend what is unacknowledged)');
+    const waitMs = this.stopWaitMs;
+    if (!(await endsWithin(Promise.all([this.ticker.stop(), this.batcher.idle()]), waitMs))) this.log.warn({ waitedMs: waitMs }, 'the database has not answered the statements in flight: telling the streams to go anyway (their agents resend what is unacknowledged)');
     // Every stream is told to reconnect elsewhere and resume what it holds, then ends with
     // UNAVAILABLE (a status clients retry), not OK.
     for (const s of this.sessions) goAway(s, STOPPING);

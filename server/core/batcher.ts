@@ -22,6 +22,7 @@ import {
 } from '../store/index.js';
 import type { Outcome } from '../domain/outcomes.js';
 import { limits } from '../domain/validation.js';
+import { allEnded } from './settle.js';
 
 /** Statements of one kind allowed at once (each holds a pool connection while it runs). */
 const MAX_IN_FLIGHT = 2;
@@ -158,12 +159,4 @@ export class ReportBatcher {
       await Promise.all([this.starts.idle(), this.completes.idle(), this.fails.idle()]);
     }
   }
-}
-
-/** `Promise.all`'s answer, given once every promise has ended (not at the first rejection). */
-export async function allEnded<T>(promises: Array<Promise<T>>): Promise<T[]> {
-  const settled = await Promise.allSettled(promises);
-  const failed = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (failed) throw failed.reason;
-  return settled.map((r) => (r as PromiseFulfilledResult<T>).value);
 }

@@ -18,7 +18,7 @@
  */
 import { createHmac, randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { allEnded } from './batcher.js';
+import { allEnded } from './settle.js';
 import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';

@@ -199,15 +199,16 @@ async function handle(
   const holder: { failure?: Failure } = {};
   const contextValues = createContextValues().set(failureKey, holder);
   const header = requestHeaders(req, payload.length);
+  const url = requestUrl(req);
   const isDirect = direct && path === ENQUEUE_PATH && takesDirectPath(req.method, header);
   // Connect parses the request's URL, made from the Host header: a Host that is no host
   // (`a b`, `x:99999`) is the caller's mistake, not a 500.
-  if (!isDirect && !URL.canParse(requestUrl(req))) {
+  if (!isDirect && !URL.canParse(url)) {
     return sendJson(res, 400, { code: 'invalid_argument', message: `the Host header is not a valid host: ${JSON.stringify(req.headers.host ?? '')}`, status: 400, outcome: 'invalid', field: 'host' });
   }
   const answer = isDirect
-    ? await direct(requestUrl(req), header, payload, contextValues)
-    : await viaConnect(handler, universalRequest(req, res, header, payload, contextValues));
+    ? await direct(url, header, payload, contextValues)
+    : await viaConnect(handler, universalRequest(req, res, url, header, payload, contextValues));
   const raw = answer.body;
   if (answer.status === 200) {
     const headers: http.OutgoingHttpHeaders = {};
@@ -245,6 +246,7 @@ async function handle(
 function universalRequest(
   req: http.IncomingMessage,
   res: http.ServerResponse,
+  url: string,
   header: Headers,
   body: Buffer,
   contextValues: ContextValues,
@@ -256,7 +258,7 @@ function universalRequest(
   return {
     httpVersion: req.httpVersion,
     method: req.method ?? '',
-    url: requestUrl(req),
+    url,
     header,
     body: body as unknown as JsonValue,
     signal: abort.signal,

@@ -21,6 +21,7 @@ import { authInterceptor, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
 import type { QueueWaker } from '../core/queue-waker.js';
+import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
 
@@ -158,10 +159,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
         // sent would wait out its claim deadline); then every stream is told to go elsewhere.
         // A claim still in flight is waited for as the hub waits for its statements (a database
         // that stopped answering must not hold the stop until TCP gives up, minutes later).
-        const waitMs = deps.hub.config.stopWaitMs ?? 10_000;
-        let bound: NodeJS.Timeout | undefined;
-        await Promise.race([deps.dispatcher?.stop(), new Promise((r) => (bound = setTimeout(r, waitMs)))]);
-        clearTimeout(bound);
+        await endsWithin(deps.dispatcher?.stop(), deps.hub.stopWaitMs);
         await deps.hub.stop();
         // Streams end once their sessions' output closes; give HTTP/2 sessions a moment, then cut.
         const deadline = setTimeout(() => sessions.forEach((s) => s.destroy()), 2000);
