@@ -87,7 +87,7 @@ withDbFlags(program.command('migrate').description('apply database migrations an
     const { openDatabase, migrateDatabase } = await loadStore();
     const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log });
     try {
-      const applied = await migrateDatabase(db.pool);
+      const applied = await migrateDatabase(db.pool, { log: log.child({ component: 'migrate' }), allowNewerSchema: config.allowNewerSchema });
       log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');
     } finally {
       await db.close();
@@ -101,8 +101,10 @@ registerWebhookCommands(program);
 
 program.parseAsync().catch((err: unknown) => {
   // A bad setting (DatabaseSettingError: DATABASE_URL's TLS settings, found on the first
-  // connection) is one line and exit code 2; anything else is logged with its stack, exit code 1.
-  if ((err as Error).name === 'ConfigError' || (err as Error).name === 'DatabaseSettingError') {
+  // connection; NewerSchemaError: a database migrated by a newer release, at `serve` or `migrate`)
+  // is one line and exit code 2; anything else is logged with its stack, exit code 1.
+  const oneLine = ['ConfigError', 'DatabaseSettingError', 'NewerSchemaError'];
+  if (oneLine.includes((err as Error).name)) {
     log.error((err as Error).message);
     process.exitCode = 2;
   } else {

@@ -83,6 +83,11 @@ export interface Config {
    * is allowed, as the proxy's own network leg.
    */
   trustProxy: boolean;
+  /**
+   * Start on a database migrated by a newer release (`LEASEHOLD_ALLOW_NEWER_SCHEMA=1`), as a
+   * deliberate rollback; without it such a start (and `leasehold migrate`) is refused.
+   */
+  allowNewerSchema: boolean;
 }
 
 /** The completion linger when `LEASEHOLD_COMPLETION_LINGER` is not set (less where the lease leaves less room). */
@@ -195,6 +200,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     tls: undefined,
     insecure: flags.insecure === true || flag('LEASEHOLD_INSECURE', env.LEASEHOLD_INSECURE),
     trustProxy: flag('LEASEHOLD_TRUST_PROXY', env.LEASEHOLD_TRUST_PROXY),
+    allowNewerSchema: flag('LEASEHOLD_ALLOW_NEWER_SCHEMA', env.LEASEHOLD_ALLOW_NEWER_SCHEMA),
   };
   if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {
     throw new ConfigError(`LEASEHOLD_ALERT_URL=${JSON.stringify(cfg.alertUrl)} must be an http:// or https:// URL`);

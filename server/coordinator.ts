@@ -58,7 +58,7 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     for (const c of cleanups.reverse()) await c().catch((err: unknown) => log.warn({ err }, 'stop step failed'));
   };
   try {
-    const applied = await migrateDatabase(db.pool);
+    const applied = await migrateDatabase(db.pool, { log: log.child({ component: 'migrate' }), allowNewerSchema: config.allowNewerSchema });
     log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');
     if (config.adminKey) {
       const b = await keyBootstrap(db.pool, { key: config.adminKey });

@@ -107,3 +107,14 @@ describe('the completion linger', () => {
     );
   });
 });
+
+describe('a database migrated by a newer release', () => {
+  it('is refused by default; LEASEHOLD_ALLOW_NEWER_SCHEMA=1 allows it (a deliberate rollback); a bad value is refused', () => {
+    expect(loadConfig({}, {}).allowNewerSchema).toBe(false);
+    expect(loadConfig({}, { LEASEHOLD_ALLOW_NEWER_SCHEMA: '0' }).allowNewerSchema).toBe(false);
+    expect(loadConfig({}, { LEASEHOLD_ALLOW_NEWER_SCHEMA: '1' }).allowNewerSchema).toBe(true);
+    expect(() => loadConfig({}, { LEASEHOLD_ALLOW_NEWER_SCHEMA: 'please' })).toThrow(
+      new ConfigError('LEASEHOLD_ALLOW_NEWER_SCHEMA="please" must be 1 or 0 (true or false)'),
+    );
+  });
+});

@@ -1,12 +1,22 @@
 /**
- * Applies the committed drizzle-kit migrations. Serialised by an advisory lock, so several
- * coordinators starting at once on one database apply each migration exactly once.
+ * Applies the committed drizzle-kit migrations, then builds what they leave to be built online.
+ * Serialised by an advisory lock, so several coordinators starting at once on one database apply
+ * each migration exactly once. The lock is waited for by trying it (`pg_try_advisory_lock`, one
+ * short statement at a time), never by a blocked `pg_advisory_lock`: the holder's
+ * `CREATE INDEX CONCURRENTLY` waits for every transaction older than its own to end, a statement
+ * blocked on the lock included, and PostgreSQL would end that wait as a deadlock (40P01).
+ *
+ * A database migrated by a newer release (a migration dated after the last this release knows)
+ * is refused with `NewerSchemaError`, unless `allowNewerSchema` says the rollback is deliberate.
  */
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import type pg from 'pg';
+import type { Logger } from '../log.js';
 import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
 import { daysEnsure } from './days.js';
 
@@ -16,11 +26,41 @@ export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta
 // An arbitrary constant: the advisory lock key of "leasehold migrations".
 const MIGRATION_LOCK = 7_140_356_001;
 
-/** Brings the schema up to date; returns the number of migrations applied. */
-export async function migrateDatabase(pool: pg.Pool): Promise<number> {
+/** What `migrateDatabase` is told besides the pool. */
+export interface MigrateOptions {
+  /** Where the wait for another coordinator's migrations, and a newer schema allowed, are logged. */
+  log?: Logger;
+  /**
+   * Run against a database migrated by a newer release (`LEASEHOLD_ALLOW_NEWER_SCHEMA=1`): a
+   * deliberate rollback. No migration is applied (none is newer than the database's); a warning
+   * is logged and the rest (the indexes built online, the fill-ins, the day partitions) runs as
+   * ever.
+   */
+  allowNewerSchema?: boolean;
+  /** How often a wait for the migration lock is logged (default 10 s). */
+  waitLogEveryMs?: number;
+}
+
+/** The database holds migrations this release does not know: a newer release migrated it. */
+export class NewerSchemaError extends Error {
+  override readonly name = 'NewerSchemaError';
+}
+
+/** The first and the longest pause between two tries of the migration lock. */
+const TRY_FIRST_MS = 25;
+const TRY_MAX_MS = 1_000;
+
+/**
+ * Brings the schema up to date; returns the number of migrations applied. Throws
+ * `NewerSchemaError` when the database is ahead of this release (see `allowNewerSchema`).
+ */
+export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}): Promise<number> {
   const client = await pool.connect();
+  let locked = false;
+  let broken: Error | undefined;
   try {
-    await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
+    await migrationLockTake(client, opts);
+    locked = true;
     const count = async () =>
       Number(
         (
@@ -31,6 +71,7 @@ export async function migrateDatabase(pool: pg.Pool): Promise<number> {
       ) === 0
         ? 0
         : Number((await client.query('SELECT count(*) AS n FROM drizzle.__drizzle_migrations')).rows[0].n);
+    await newerSchemaCheck(client, opts);
     const before = await count();
     await migrate(drizzle(client), { migrationsFolder });
     await buildOnline(client);
@@ -38,19 +79,109 @@ export async function migrateDatabase(pool: pg.Pool): Promise<number> {
     // The partitions of today and the next days, for the successes to move to (days.ts).
     await daysEnsure(client);
     return (await count()) - before;
+  } catch (err) {
+    broken = err as Error;
+    throw err;
   } finally {
-    await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
-    client.release();
+    if (locked) {
+      await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch((err: Error) => {
+        broken ??= err;
+      });
+    }
+    // After a failure (or an unlock that failed: the session may still hold the lock), the
+    // connection is closed rather than pooled.
+    client.release(broken);
   }
+}
+
+/**
+ * Takes the migration lock, trying it with pauses that grow to 1 s (jittered), and holding
+ * nothing between tries; every `waitLogEveryMs` of waiting it logs who holds it and what that
+ * session is running (a long `CREATE INDEX CONCURRENTLY`, a batch of `fillInOnline`).
+ */
+async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions): Promise<void> {
+  const every = opts.waitLogEveryMs ?? 10_000;
+  const started = performance.now();
+  let nextLog = started + every;
+  let pause = TRY_FIRST_MS;
+  let told = false;
+  for (;;) {
+    const { rows } = await client.query<{ got: boolean }>('SELECT pg_try_advisory_lock($1) AS got', [MIGRATION_LOCK]);
+    if (rows[0]?.got) {
+      if (told) opts.log?.info({ waitedMs: Math.round(performance.now() - started) }, 'migration lock taken');
+      return;
+    }
+    if (opts.log && performance.now() >= nextLog) {
+      nextLog = performance.now() + every;
+      told = true;
+      const holder = await client.query<{ pid: number; application: string; state: string; running: string; since: Date }>(
+        `SELECT a.pid, a.application_name AS application, a.state, left(a.query, 200) AS running, a.query_start AS since
+           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND ((l.classid::int8 << 32) | l.objid::int8) = $1`,
+        [MIGRATION_LOCK],
+      );
+      opts.log.info(
+        { waitedMs: Math.round(performance.now() - started), holder: holder.rows[0] },
+        'waiting for the migrations of another coordinator (the migration lock is held)',
+      );
+    }
+    await delay(pause * (0.5 + Math.random() / 2));
+    pause = Math.min(TRY_MAX_MS, pause * 2);
+  }
+}
+
+/** The last migration of this release's journal (`meta/_journal.json`). */
+function migrationLast(): { tag: string; when: number } {
+  const file = path.join(migrationsFolder, 'meta/_journal.json');
+  const last = (JSON.parse(readFileSync(file, 'utf8')) as { entries: Array<{ tag: string; when: number }> }).entries.at(-1);
+  if (!last) throw new Error(`no migration in ${file}`);
+  return last;
+}
+
+/**
+ * Refuses a database that holds a migration dated after this release's last one. Dates, not
+ * hashes: drizzle orders and applies migrations by date (the journal's `when`, kept as
+ * `created_at`) and hashes the file's text, which a release may reword (0012 and 0014 were, once
+ * applied), so a hash unknown here is no sign of a newer release; a later date is one.
+ */
+async function newerSchemaCheck(client: pg.PoolClient, opts: MigrateOptions): Promise<void> {
+  const known = migrationLast();
+  const kept = await client.query<{ yes: boolean }>(`SELECT to_regclass('drizzle.__drizzle_migrations') IS NOT NULL AS yes`);
+  if (!kept.rows[0]?.yes) return; // a new database
+  const { rows } = await client.query<{ n: string; newest: string; hash: string }>(
+    `SELECT count(*) AS n, max(created_at) AS newest, (array_agg(hash ORDER BY created_at DESC))[1] AS hash
+       FROM drizzle.__drizzle_migrations WHERE created_at > $1`,
+    [known.when],
+  );
+  const n = Number(rows[0]?.n ?? 0);
+  if (n === 0) return;
+  const when = (ms: number) => new Date(ms).toISOString();
+  const ahead =
+    `the database was migrated by a newer release: it has ${n} migration${n === 1 ? '' : 's'} this release does not know, ` +
+    `the newest dated ${when(Number(rows[0]!.newest))} (hash ${String(rows[0]!.hash).slice(0, 12)}); ` +
+    `the newest this release knows is ${known.tag} (dated ${when(known.when)})`;
+  if (!opts.allowNewerSchema) {
+    throw new NewerSchemaError(
+      `${ahead}. Start the newer release instead, or, to run this one on it deliberately (a rollback the newer ` +
+        `migrations allow: see "Rolling back" in docs/deploy.md), set LEASEHOLD_ALLOW_NEWER_SCHEMA=1`,
+    );
+  }
+  opts.log?.warn({ unknownMigrations: n }, `${ahead}; running on it as LEASEHOLD_ALLOW_NEWER_SCHEMA=1 says`);
 }
 
 /**
  * Indexes of schema.ts that a migration does not build: a migration runs in a transaction, where
  * CREATE INDEX stops every write to the table while it reads it (seconds to minutes with a week
  * of history). These are built CONCURRENTLY here instead, under the migration lock, by whichever
- * coordinator starts first with them missing; the others keep serving meanwhile (the lists that
- * use them are slower until they exist). A build cut short (a crash) leaves an invalid index,
- * which is dropped and built again.
+ * coordinator starts first with them missing; the coordinators already running keep serving
+ * meanwhile (the lists that use them are slower until they exist), and one starting meanwhile
+ * waits for the lock, saying so every 10 s. Under the lock, not after it: two concurrent builds
+ * of partial indexes each wait for the other's transaction to end (PostgreSQL exempts only plain
+ * column indexes from that wait), which PostgreSQL ends as a deadlock, and a replica finding an
+ * invalid index could not tell a build in progress from one cut short. A build cut short (a
+ * crash) leaves an invalid index, which is dropped and built again.
  */
 export const ONLINE_INDEXES: ReadonlyArray<{ name: string; sql: string }> = [
   {
