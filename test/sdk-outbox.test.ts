@@ -168,6 +168,20 @@ describe('Outbox', () => {
     expect(lines.some((l) => l.level === 50 && /corrupt records in the middle/.test(l.msg))).toBe(true);
   });
 
+  it('loses the record after a damaged line too when the damage covers the newline between them (as the README says)', async () => {
+    const dir = await tmpDir();
+    const o = await openOutbox(dir);
+    const [a, b, c] = [entry(), entry(), entry()];
+    for (const e of [a!, b!, c!]) await o.put(e);
+    await closed(o);
+    const file = path.join(dir, (await segments(dir))[0]!);
+    const buf = await readFile(file);
+    buf[buf.indexOf(0x0a)] = 0x78; // a's newline becomes 'x': a's line and b's read as one bad line
+    await writeFile(file, buf);
+    const again = await openOutbox(dir);
+    expect(ids(again.pending())).toEqual([c!.attemptId]);
+  });
+
   it('compacts: a new segment holds exactly the live entries, the old one is gone, a reopen sees the same', async () => {
     const dir = await tmpDir();
     const o = await openOutbox(dir, { compactBytes: 8 * 1024 });

@@ -3,13 +3,15 @@
  * it sends) and a fake outbox: a turn's reports go out in one Completed and one Failed, a freed
  * slot rides with them only when the coordinator reads it there, nothing is given back while
  * draining or sent while disconnected, an attempt renewed but not run is given back once, and a
- * report queued for the turn goes once when a new session's resend comes in the same turn.
+ * report queued for the turn goes once when a new session's resend comes in the same turn, and
+ * while the outbox cannot be written no slot is given back (until it can) and assigned jobs are
+ * declined.
  * Each turn is waited for with setImmediate, the reporter's own batching; no coordinator.
  */
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import type { AgentMessageInit } from '../agent-client/src/codec.js';
-import type { OutboxEntry } from '../agent-client/src/outbox.js';
+import type { OutboxEntry, OutboxWatcher } from '../agent-client/src/outbox.js';
 import { Reporter } from '../agent-client/src/reporter.js';
 
 const ID = (n: number) => `00000000-0000-4000-8000-${String(n).padStart(12, '0')}`;
@@ -21,6 +23,12 @@ function setup(o: { connected?: boolean; draining?: boolean; failPut?: boolean }
   const sent: AgentMessageInit[] = [];
   const kept = new Map<string, OutboxEntry>();
   const state = { connected: o.connected ?? true, draining: o.draining ?? false, seq: 0n };
+  const watchers: OutboxWatcher[] = [];
+  /** As the outbox does: watchers hear of a failing write before its puts are rejected. */
+  const outboxFails = (fails: boolean) => {
+    o.failPut = fails;
+    for (const w of watchers) w(fails ? new Error('ENOSPC: no space left on device') : undefined);
+  };
   const reporter = new Reporter({
     log: pino({ level: 'silent' }),
     outbox: {
@@ -30,6 +38,10 @@ function setup(o: { connected?: boolean; draining?: boolean; failPut?: boolean }
       },
       has: (id) => kept.has(id),
       pending: () => [...kept.values()],
+      watch: (w) => {
+        watchers.push(w);
+        return () => undefined;
+      },
     },
     session: {
       send: (m) => (state.connected ? (sent.push(m), true) : false),
@@ -40,7 +52,7 @@ function setup(o: { connected?: boolean; draining?: boolean; failPut?: boolean }
     },
     draining: () => state.draining,
   });
-  return { reporter, sent, kept, state };
+  return { reporter, sent, kept, state, outboxFails };
 }
 
 /** What was sent, as [kind, value] with the values' interesting fields. */
@@ -111,12 +123,48 @@ describe('reporter', () => {
     expect(summary(away.sent), 'sent again at the next session').toEqual([['completed', [ID(1)], 0]]);
   });
 
-  it('sends no report it could not write (the job is redone), yet frees its slot', async () => {
-    const { reporter, sent } = setup({ failPut: true });
+  it('while the outbox cannot be written: sends no report it could not write and withholds every freed slot, given back once it can', async () => {
+    const { reporter, sent, outboxFails } = setup();
     reporter.welcomed(true);
-    await finish(reporter, [completed(1)]);
+    outboxFails(true);
+    expect(reporter.paused).toBe(true);
+    await finish(reporter, [completed(1)]); // the write fails: the report is lost (the job is redone)
+    reporter.freeSlot(); // an attempt revoked before it started
+    reporter.decline([ID(2), ID(3)]); // assigned anyway (Hello's slots, credit given before): not started
     await turn();
-    expect(summary(sent)).toEqual([['credit', 1]]);
+    expect(summary(sent), 'no work taken while the outbox fails').toEqual([]);
+    outboxFails(false);
+    expect(reporter.paused).toBe(false);
+    await turn();
+    expect(summary(sent)).toEqual([['credit', 4]]);
+    // Writes work: a slot freed now goes at once, as before.
+    await finish(reporter, [completed(5)]);
+    await turn();
+    expect(summary(sent).slice(1)).toEqual([['completed', [ID(5)], 1]]);
+  });
+
+  it('gives back only the slots declined since a new session, whose Hello offered the ones withheld before', async () => {
+    const { reporter, sent, outboxFails } = setup();
+    reporter.welcomed(true);
+    outboxFails(true);
+    reporter.freeSlot();
+    reporter.freeSlot();
+    reporter.welcomed(true); // a reconnect: Hello offers every slot not running, those two included
+    reporter.decline([ID(7)]); // one of them assigned by the new session, declined
+    outboxFails(false);
+    await turn();
+    expect(summary(sent), 'one slot back, not three: the agent would be offered more jobs than it has slots').toEqual([['credit', 1]]);
+  });
+
+  it('gives back no withheld slot when the outbox recovers during a drain', async () => {
+    const { reporter, sent, state, outboxFails } = setup();
+    reporter.welcomed(true);
+    outboxFails(true);
+    reporter.freeSlot();
+    state.draining = true;
+    outboxFails(false);
+    await turn();
+    expect(sent).toEqual([]);
   });
 
   it('sends a report once when a new session begins between its writing and the end of the turn', async () => {

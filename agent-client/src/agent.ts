@@ -44,7 +44,12 @@ export interface AgentOptions {
   slots?: number;
   /** Where results wait for their acknowledgement; must survive restarts. */
   outboxDir: string;
-  /** TLS: `true` (system roots) or PEM paths; default from the URL scheme. */
+  /**
+   * TLS: `true`, or PEM paths; default from the URL scheme. `true` trusts Node's CA store: the
+   * Mozilla roots bundled with Node plus `NODE_EXTRA_CA_CERTS` (on Node 20 not the Windows or
+   * macOS certificate store). `ca` replaces that store: to trust a corporate CA as well as the
+   * public ones, set `NODE_EXTRA_CA_CERTS=/path/corp-ca.pem` instead.
+   */
   tls?: TlsOption;
   /** A pino logger; default JSON to stdout at `LEASEHOLD_LOG_LEVEL` (info). */
   log?: Logger;
@@ -67,6 +72,7 @@ export class Agent extends EventEmitter<AgentEvents> {
   private stopping = false;
   private draining = false;
   private loop: Promise<void> | undefined;
+  private opened: Promise<void> | undefined;
   private removeSignals: (() => void) | undefined;
 
   constructor(readonly options: AgentOptions) {
@@ -106,6 +112,8 @@ export class Agent extends EventEmitter<AgentEvents> {
       reporter: this.reporter,
     });
     this.acks = new Acks({ log, events: this, outbox: this.outbox, reporter: this.reporter });
+    // After the reporter's own watch: it stops taking work before anyone hears of it.
+    this.outbox.watch((failure) => (failure ? this.emit('outboxFailing', { error: failure }) : this.emit('outboxRecovered', {})));
   }
 
   /** Registers the handler of a queue; its return value is the job's result (a JSON object). */
@@ -115,7 +123,20 @@ export class Agent extends EventEmitter<AgentEvents> {
   }
 
   /**
-   * Opens the outbox and connects; resolves at the first `Welcome`. Rejects if the coordinator
+   * Opens the outbox and takes its directory's lock (refused while another process holds it),
+   * without connecting; `start()` does this first when it was not done. A program that cleans up
+   * after an earlier run of itself (the runner stops commands it left running) opens first, so a
+   * second process on the same outbox is refused before it touches anything.
+   */
+  open(): Promise<void> {
+    this.opened ??= this.outbox.open().then((replay) => {
+      if (replay.length) this.log.info({ entries: replay.length, dir: this.outbox.dir }, 'outbox holds reports from an earlier run: resending');
+    });
+    return this.opened;
+  }
+
+  /**
+   * Opens the outbox (`open()`) and connects; resolves at the first `Welcome`. Rejects if the coordinator
    * refuses the agent for good (bad token, bad Hello), or if the agent is stopped (or drained)
    * before any Welcome; otherwise keeps retrying until it answers.
    */
@@ -123,8 +144,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     if (this.loop) throw new Error('agent already started');
     const queues = this.options.queues ?? [...this.handlers.keys()];
     if (!queues.length) throw new Error('no queues: call agent.handle(queue, fn) or pass queues');
-    const replay = await this.outbox.open();
-    if (replay.length) this.log.info({ entries: replay.length, dir: this.outbox.dir }, 'outbox holds reports from an earlier run: resending');
+    await this.open();
     const urls = Array.isArray(this.options.url) ? this.options.url : [this.options.url];
     if (!urls.length) throw new Error('url: give at least one coordinator address');
     const channels = urls.map((u) => new CoordinatorChannel(u, this.options.token, this.options.tls));
@@ -192,6 +212,8 @@ export class Agent extends EventEmitter<AgentEvents> {
     const k = m.kind;
     switch (k.case) {
       case 'assign':
+        // The outbox cannot be written: a result could not be kept, so the job is not started.
+        if (this.reporter.paused) return this.reporter.decline(k.value.jobs.map((j) => j.attemptId));
         for (const c of k.value.jobs) this.assignments.assign(c);
         this.reporter.started(k.value.jobs.map((j) => j.attemptId));
         return;

@@ -16,7 +16,13 @@ import {
   ReserveStepResponseSchema,
 } from './gen/leasehold/v1/attempt_service_pb.js';
 
-/** TLS for the channel: `true` for the system roots, or PEM file paths (mTLS with cert and key). */
+/**
+ * TLS for the channel: `true`, or PEM file paths (mTLS with cert and key). Without `ca` the
+ * server is checked against Node's CA store: on Node 20 the Mozilla roots bundled with Node plus
+ * the file `NODE_EXTRA_CA_CERTS` names, not the Windows or macOS certificate store. `ca` replaces
+ * that store (then only it is trusted): to trust a corporate CA besides the public ones, set
+ * `NODE_EXTRA_CA_CERTS`.
+ */
 export type TlsOption = boolean | { ca?: string; cert?: string; key?: string };
 /** The PEM files of a `TlsOption`, read. */
 export interface TlsFiles {
@@ -33,7 +39,7 @@ export function parseUrl(url: string, tls: TlsOption | undefined): { target: str
   return { target: m[2]!, secure };
 }
 
-/** The PEM files `tls` names, read (none for `true` or no object: the system roots). */
+/** The PEM files `tls` names, read (none for `true` or no object: Node's CA store, as `TlsOption` says). */
 export function tlsFiles(tls: TlsOption | undefined): TlsFiles {
   const t = typeof tls === 'object' ? tls : {};
   const read = (f?: string) => (f ? readFileSync(f) : undefined);

@@ -8,7 +8,10 @@ export interface AgentEvents {
   connected: [{ sessionId: string }];
   disconnected: [{ error?: Error }];
   assigned: [{ attemptId: string; jobId: string; attemptNo: number }];
-  /** A handler returned or threw (its report is on disk and being sent). */
+  /**
+   * A handler returned or threw (its report is on disk and being sent, unless the outbox could
+   * not write it: then the job is redone).
+   */
   finished: [{ attemptId: string; kind: 'completed' | 'failed' }];
   acked: [{ attemptId: string; outcome: string }];
   /**
@@ -19,6 +22,14 @@ export interface AgentEvents {
    */
   aborted: [{ attemptId: string; reason: string; revoke?: string }];
   zombie: [{ attemptId: string }];
+  /**
+   * The outbox cannot be written (a full disk, an I/O error): the agent takes no new work (freed
+   * slots are withheld, jobs assigned meanwhile are not started) until a write works again; it
+   * tries every few seconds. Reports that could not be written are lost: those jobs are redone.
+   */
+  outboxFailing: [{ error: Error }];
+  /** The outbox can be written again: the agent takes work again. */
+  outboxRecovered: [Record<string, never>];
 }
 
 /** Where the parts emit the agent's events: the agent itself (a test gives a plain emitter). */

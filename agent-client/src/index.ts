@@ -12,5 +12,5 @@ export {
   type Reconciled,
   type StepOptions,
 } from './context.js';
-export { Outbox, readOutbox, type OutboxEntry, type OutboxOptions, type OutboxStats, type SupersededEntry } from './outbox.js';
+export { Outbox, readOutbox, type OutboxEntry, type OutboxOptions, type OutboxStats, type OutboxWatcher, type SupersededEntry } from './outbox.js';
 export type { TlsOption } from './channel.js';

@@ -14,8 +14,8 @@
  * status mapped as gRPC says when there is none); errors as grpc-js reports them (a
  * `ServiceError` with the status code: UNAVAILABLE for a connection that fails or drops,
  * CANCELLED for `cancel()`, RESOURCE_EXHAUSTED for a message over the limit); keepalive (a PING
- * every 10 s, the connection dropped when one is not answered in 5 s); TLS with the system roots
- * or given PEM files. One HTTP/2 connection per address, kept for the next stream while it lasts.
+ * every 10 s, the connection dropped when one is not answered in 5 s); TLS with Node's CA store
+ * (bundled Mozilla roots plus `NODE_EXTRA_CA_CERTS`) or given PEM files. One HTTP/2 connection per address, kept for the next stream while it lasts.
  *
  * With an HTTP proxy configured for gRPC (`grpc_proxy`, `https_proxy`, `http_proxy`), which grpc-js
  * goes through with CONNECT and this does not, the stream stays on grpc-js (channel.ts).
@@ -113,7 +113,7 @@ export class LaneConnection {
   constructor(
     target: string,
     secure: boolean,
-    /** With TLS, the PEM files given (channel.ts `tlsFiles`); none: the system roots. */
+    /** With TLS, the PEM files given (channel.ts `tlsFiles`); none: Node's CA store (channel.ts `TlsOption`). */
     tls: TlsFiles | undefined,
     private readonly keepalive = { everyMs: KEEPALIVE_MS, timeoutMs: KEEPALIVE_TIMEOUT_MS },
   ) {

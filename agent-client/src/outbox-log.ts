@@ -9,7 +9,11 @@
  * `JSON.stringify` never emits a raw newline, so a line is a record and a record is a line. A
  * line whose length or checksum does not match its JSON (a write torn by a crash, blocks a
  * power cut left as zeros or garbage) is not a record: at the end of a segment it is the torn
- * tail of the last write, in the middle it is skipped and the records after it are kept.
+ * tail of the last write, in the middle it is skipped and the records after it are kept. Damage
+ * that covers a line's newline joins it with the next line into one bad line: both records are
+ * lost. Never a wrong outcome: a lost `put` means that report is never sent and the job is
+ * redone (or, if it replaced an earlier put, the earlier report is sent); a lost `ack` or `sup`
+ * means the report is sent once more and answered `duplicate` or refused again.
  *
  * Records: `{"t":"put","e":entry}` (an entry is live, replacing any earlier one of its attempt),
  * `{"t":"ack","id":…}` (acknowledged: forget it), `{"t":"sup","id":…}` (superseded: the entry

@@ -30,9 +30,20 @@
  *    segment in number order, later records winning: a crash before the deletion leaves old and
  *    new both readable, and the new one only repeats what the old one says is live (a torn new
  *    segment repeats a prefix of it). Open then consolidates several segments into one.
- * 6. A failed write or fsync (disk full, I/O error) rejects the puts of that flush, and the next
- *    flush first rewrites the live set to a new segment: after a failed fsync the kernel's copy
- *    of the old file cannot be trusted.
+ * 6. A failed write or fsync (disk full, I/O error) rejects the puts of that flush, but only
+ *    after the segment is cut back (truncated and synced) to where that write began: records it
+ *    did get onto the disk (a disk full after the first few lines, a write that reached the page
+ *    cache before its sync failed) must not come back at the next open as reports, since their
+ *    puts were refused and the agent gives those attempts back as failed. A crash before the
+ *    cut leaves records nobody was told about (point 1). If the cut fails too, the rejected
+ *    attempts are `voided`: the next segment written carries an `ack` record for each (unless a
+ *    later put made it live), until no older segment is left, so they cannot come back once a
+ *    write works again; a restart before that can still bring them back (logged when it may).
+ *    The next flush first rewrites the live set to a new segment: after a failed fsync the
+ *    kernel's copy of the old file cannot be trusted.
+ * 7. From the first failed write until a write works again, the outbox is failing (`failure`,
+ *    `watch`): it retries every `retryMs` (default `RETRY_MS`) on its own, as well as at every
+ *    put, by starting that new segment. The agent takes no new work meanwhile (reporter.ts).
  *
  * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
  * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
@@ -62,6 +73,7 @@ import {
   type SupersededEntry,
 } from './outbox-log.js';
 import { lockOutbox, type OutboxLock } from './outbox-lock.js';
+import { monotonic } from './clock.js';
 
 export { readOutbox, type OutboxEntry, type SupersededEntry } from './outbox-log.js';
 
@@ -73,6 +85,8 @@ const DSYNC: number = process.platform === 'win32' ? 0 : (fsConstants.O_DSYNC ??
 
 /** How long an acknowledgement record waits for a flush to ride with before it is written alone. */
 export const ACK_LINGER_MS = 50;
+/** How often a failing outbox tries again to write (a new segment with the pending reports). */
+export const RETRY_MS = 2000;
 
 export interface OutboxOptions {
   /**
@@ -80,6 +94,8 @@ export interface OutboxOptions {
    * quarter of it; default 4 MiB. The log is then at most about 4 × the live entries, or this.
    */
   compactBytes?: number;
+  /** While writes fail, how often to try again without waiting for a put; default `RETRY_MS`. */
+  retryMs?: number;
 }
 
 /** Counters, for tests and benchmarks. */
@@ -95,7 +111,12 @@ export interface OutboxStats {
 interface Waiter {
   resolve(): void;
   reject(err: Error): void;
+  /** The attempt of a `put`. */
+  put?: string;
 }
+
+/** Told when writes start failing (the error) and when they work again (`undefined`). */
+export type OutboxWatcher = (failure: Error | undefined) => void;
 
 export class Outbox {
   readonly stats: OutboxStats = { writes: 0, fsyncs: 0, compactions: 0 };
@@ -104,6 +125,7 @@ export class Outbox {
   private readonly sizes = new Map<string, number>();
   private liveBytes = 0;
   private readonly compactBytes: number;
+  private readonly retryMs: number;
   private state: 'new' | 'opening' | 'open' | 'closing' | 'closed' = 'new';
   private lock: OutboxLock | undefined;
   private fh: FileHandle | undefined;
@@ -116,6 +138,15 @@ export class Outbox {
   private dirty = false;
   /** Set by a failed write or fsync: the next flush starts a new segment first. */
   private failed: Error | undefined;
+  /** When `failed` was set (`monotonic()`). */
+  private failedAt = 0;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private readonly watchers = new Set<OutboxWatcher>();
+  /**
+   * Attempts whose put was rejected but whose record may still be in a segment (cutting the
+   * failed write off failed too): each new segment says `ack` for them until no older one is left.
+   */
+  private readonly voided = new Set<string>();
   // The queue of the next flush.
   private qLines: Buffer[] = [];
   private qWaiters: Waiter[] = [];
@@ -134,6 +165,24 @@ export class Outbox {
     options: OutboxOptions = {},
   ) {
     this.compactBytes = options.compactBytes ?? 4 * 1024 * 1024;
+    this.retryMs = options.retryMs ?? RETRY_MS;
+  }
+
+  /**
+   * The error of the write that failed, while writes fail (disk full, I/O error): a `put` now is
+   * likely to be rejected. `undefined` when writes work.
+   */
+  get failure(): Error | undefined {
+    return this.failed;
+  }
+
+  /**
+   * Calls `watcher` when writes start failing (with the error), before the puts of that write are
+   * rejected, and when a write works again (`undefined`). Returns the way to stop watching.
+   */
+  watch(watcher: OutboxWatcher): () => void {
+    this.watchers.add(watcher);
+    return () => this.watchers.delete(watcher);
   }
 
   /**
@@ -184,7 +233,7 @@ export class Outbox {
         this.setLive(e, line.length);
         resolve();
       };
-      this.enqueue(line, { resolve: done, reject }, true);
+      this.enqueue(line, { resolve: done, reject, put: e.attemptId }, true);
     });
   }
 
@@ -228,7 +277,11 @@ export class Outbox {
   async close(): Promise<void> {
     if (this.state !== 'open') return;
     this.state = 'closing';
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
     this.takeAcks();
+    // Failing: one more try, so that the next open finds a clean segment if the disk allows.
+    if (this.failed) await this.drainQueue();
     while (this.flushing || this.qLines.length) await this.drainQueue();
     try {
       // Not needed for safety (see remove), but a clean stop should not resend.
@@ -274,31 +327,61 @@ export class Outbox {
     });
   }
 
+  /** Flushes what is queued; while failing, tries to recover even with nothing queued. */
   private drainQueue(): Promise<void> {
-    if (!this.flushing && this.qLines.length) this.flushing = this.runFlushes();
+    if (!this.flushing && (this.qLines.length || this.failed)) this.flushing = this.runFlushes();
     return this.flushing ?? Promise.resolve();
   }
 
   private async runFlushes(): Promise<void> {
     await null; // `flushing` is assigned before the finally below can clear it
     try {
+      if (this.failed && !this.qLines.length) await this.compactOrRecover();
       while (this.qLines.length) {
         if (this.failed || this.shouldCompact()) await this.compactOrRecover();
         await this.flushOnce();
       }
     } finally {
       this.flushing = undefined;
+      if (this.failed) this.scheduleRetry();
     }
+  }
+
+  /** While failing, tries again in `retryMs` even if no put comes (a put tries at once). */
+  private scheduleRetry(): void {
+    if (this.state !== 'open' || this.retryTimer) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      void this.drainQueue();
+    }, this.retryMs);
+    this.retryTimer.unref();
   }
 
   private async compactOrRecover(): Promise<void> {
     try {
       await this.rotate();
-      if (this.failed) this.log.warn({ dir: this.dir }, 'outbox: recovered from a failed write on a new segment');
-      this.failed = undefined;
     } catch (err) {
-      // Without `failed`, the current segment is still good: go on with it.
-      this.log.error({ err, dir: this.dir }, this.failed ? 'outbox: cannot start a new segment after a failed write' : 'outbox: compaction failed');
+      // Without `failed`, the current segment is still good: go on with it. With it, the episode
+      // was logged when it began; each try is not.
+      if (this.failed) this.log.debug({ err, dir: this.dir }, 'outbox: still cannot write (a new segment after a failed write)');
+      else this.log.error({ err, dir: this.dir }, 'outbox: compaction failed');
+      return;
+    }
+    if (!this.failed) return;
+    this.failed = undefined;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.log.info({ dir: this.dir, failedMs: Math.round(monotonic() - this.failedAt) }, 'outbox: writes work again (a new segment holds the pending reports)');
+    this.tell(undefined);
+  }
+
+  private tell(failure: Error | undefined): void {
+    for (const w of this.watchers) {
+      try {
+        w(failure);
+      } catch (err) {
+        this.log.error({ err }, 'outbox: a watcher threw');
+      }
     }
   }
 
@@ -312,6 +395,8 @@ export class Outbox {
     this.qWaiters = [];
     this.qSync = false;
     this.qSup = [];
+    const at = this.size;
+    let wrote = false;
     try {
       if (this.failed) throw this.failed;
       const fh = this.fh!;
@@ -319,7 +404,8 @@ export class Outbox {
       if (sups.length) await this.appendSuperseded(sups);
       const buf = lines.length === 1 ? lines[0]! : Buffer.concat(lines);
       this.dirty = true;
-      await writeAll(fh, buf, this.size);
+      wrote = true;
+      await writeAll(fh, buf, at);
       this.size += buf.length;
       this.stats.writes++;
       if (DSYNC) {
@@ -328,8 +414,21 @@ export class Outbox {
       } else if (sync) await this.sync(fh);
     } catch (e) {
       const err = e as Error;
+      const first = !this.failed;
       this.failed ??= err;
-      this.log.error({ err, dir: this.dir, records: lines.length }, 'outbox write failed: the reports in it are not durable');
+      const puts = waiters.flatMap((w) => (w.put ? [w.put] : []));
+      // Before anyone hears of the rejection (header, point 6).
+      if (wrote) await this.cutBack(at, puts);
+      if (first) {
+        this.failedAt = monotonic();
+        this.log.error(
+          { err, dir: this.dir, records: lines.length, reports: puts.length, retryMs: this.retryMs },
+          'outbox write failed (disk full? I/O error?): the reports in it are not durable (their puts are rejected); trying again until a write works',
+        );
+        this.tell(err);
+      } else if (puts.length) {
+        this.log.debug({ dir: this.dir, reports: puts.length }, 'outbox: still failing; reports rejected');
+      }
       // Still live: they are resent at the next start and set aside again.
       for (const s of sups) {
         const e = stripSuperseded(s);
@@ -339,6 +438,29 @@ export class Outbox {
       return;
     }
     for (const w of waiters) w.resolve();
+  }
+
+  /**
+   * Cuts the segment back to `at`, where the failed write began, and syncs, so that no record of
+   * it comes back at the next open. If that fails too, the puts of that write are voided in the
+   * next segment (header, point 6).
+   */
+  private async cutBack(at: number, puts: string[]): Promise<void> {
+    try {
+      await this.fh!.truncate(at);
+      await this.fh!.datasync();
+      this.stats.fsyncs++;
+      this.size = at;
+      this.dirty = false;
+    } catch (err) {
+      for (const id of puts) this.voided.add(id);
+      if (puts.length) {
+        this.log.error(
+          { err, dir: this.dir, attemptIds: puts },
+          'outbox: could not cut off a failed write; if the agent restarts before a write works again, these reports may be sent anyway (the coordinator refuses them and they are set aside)',
+        );
+      }
+    }
   }
 
   private async sync(fh: FileHandle): Promise<void> {
@@ -360,18 +482,22 @@ export class Outbox {
     const next = this.segNo + 1;
     const file = path.join(this.dir, segmentName(next));
     const snapshot = [...this.live.values(), ...this.qSup.map(stripSuperseded)];
-    const buf = Buffer.concat(snapshot.map((e) => encodeRecord({ t: 'put', e })));
+    const kept = new Set(snapshot.map((e) => e.attemptId));
+    // Rejected puts that an older segment may still hold: void them after it (header, point 6).
+    const voids = [...this.voided].filter((id) => !kept.has(id)).map((id) => encodeRecord({ t: 'ack', id }));
+    const buf = Buffer.concat([...snapshot.map((e) => encodeRecord({ t: 'put', e })), ...voids]);
     const fh = await fs.open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | DSYNC);
     try {
       await writeAll(fh, buf, 0);
       if (!DSYNC) await fh.datasync();
       this.stats.fsyncs++;
+      await this.syncDir(); // the new name is durable before anything depends on it
     } catch (err) {
+      // Nothing depends on the new segment yet; left behind, it would block the next try (O_EXCL).
       await fh.close().catch(() => undefined);
       await fs.rm(file, { force: true }).catch(() => undefined);
       throw err;
     }
-    await this.syncDir(); // the new name is durable before anything depends on it
     const old = this.fh;
     const older = [...this.older, ...(old ? [this.segNo] : [])];
     this.fh = fh;
@@ -390,6 +516,7 @@ export class Outbox {
       );
     }
     await this.syncDir();
+    if (!this.older.length) this.voided.clear(); // no segment left that holds them, durably
   }
 
   // ─────────────────────────────── opening ───────────────────────────────
@@ -402,7 +529,7 @@ export class Outbox {
     for (const n of segs) {
       const file = path.join(this.dir, segmentName(n));
       const s = await scanSegment(file);
-      if (s.corrupt) this.log.error({ file, lines: s.corrupt }, 'outbox: corrupt records in the middle of a segment skipped; the records after them are kept');
+      if (s.corrupt) this.log.error({ file, lines: s.corrupt }, 'outbox: corrupt records in the middle of a segment skipped (a damaged line holds one record, two if the damage joined it with the next); the records after them are kept');
       if (s.validEnd < s.size) this.log.warn({ file, bytes: s.size - s.validEnd }, 'outbox: a write torn by a crash at the end of a segment is ignored');
       applyRecords(live, s.records);
       tail = s;

@@ -5,6 +5,12 @@
  * out once per turn of the event loop, in as few messages as can be; a freed slot rides with the
  * reports (`Completed.credit`, `Failed.credit`) when the coordinator reads it there, and goes as a
  * `Credit` of its own otherwise.
+ *
+ * While the outbox cannot be written (a full disk, an I/O error: `Outbox.watch`), a handler's
+ * result could not be kept, so the agent takes no new work: the slots freed meanwhile are
+ * withheld, and jobs assigned anyway (the credit was already given, or a new session's Hello
+ * granted its slots) are declined, never started: their claims expire and they go back to the
+ * queue without counting as attempts. The withheld slots are given back when a write works again.
  */
 import type { JsonObject } from '@bufbuild/protobuf';
 import type { Logger } from 'pino';
@@ -13,7 +19,7 @@ import type { Session } from './session.js';
 
 export interface ReporterOptions {
   log: Logger;
-  outbox: Pick<Outbox, 'put' | 'has' | 'pending'>;
+  outbox: Pick<Outbox, 'put' | 'has' | 'pending' | 'watch'>;
   session: Pick<Session, 'send' | 'connected' | 'nextSeq'>;
   /** The agent is draining: the slots handlers free are not given back. */
   draining(): boolean;
@@ -27,13 +33,27 @@ export class Reporter {
   private creditWithReports = false;
   /** Attempts given back with `release` and not yet acknowledged. */
   private readonly released = new Set<string>();
+  /** The outbox cannot be written: no new work (`freeSlot` withholds, `decline`). */
+  private outboxFailing = false;
+  /** Slots freed (or assignments declined) while the outbox failed, given back when it works. */
+  private withheld = 0;
 
-  constructor(private readonly o: ReporterOptions) {}
+  constructor(private readonly o: ReporterOptions) {
+    o.outbox.watch((failure) => (failure ? this.pause(failure) : this.resume()));
+  }
+
+  /** The outbox cannot be written now: new work is declined (`decline`). */
+  get paused(): boolean {
+    return this.outboxFailing;
+  }
 
   /** A new session (its Welcome): whether it reads credit with reports. */
   welcomed(creditWithReports: boolean): void {
     this.creditWithReports = creditWithReports;
     this.released.clear(); // a new session holds only what Hello resumed
+    // Hello offered every slot not running: those withheld before are in it (and, while the
+    // outbox still fails, declined again one by one as they are assigned).
+    this.withheld = 0;
   }
 
   /** Asks the coordinator to start these attempts (each `Renewed` for them confirms). */
@@ -41,12 +61,16 @@ export class Reporter {
     this.o.session.send({ kind: { case: 'started', value: { attemptIds, seq: this.o.session.nextSeq() } } });
   }
 
-  /** Makes a handler's report durable; a failure to write it is logged (the job is redone). */
+  /**
+   * Makes a handler's report durable. A failure to write it is logged: the report is lost, the
+   * attempt is given back as a retryable failure when the coordinator renews it (`release`), and
+   * the job is redone.
+   */
   async write(entry: OutboxEntry): Promise<void> {
     try {
       await this.o.outbox.put(entry);
     } catch (err) {
-      this.o.log.error({ err, attemptId: entry.attemptId }, 'could not write the outbox: the report is lost and the job will be redone');
+      this.o.log.warn({ err, attemptId: entry.attemptId, jobId: entry.jobId, kind: entry.kind }, 'could not write the outbox: the report is lost and the job will be redone');
     }
   }
 
@@ -68,8 +92,44 @@ export class Reporter {
    */
   freeSlot(): void {
     if (this.o.draining()) return;
+    if (this.outboxFailing) {
+      this.withheld++;
+      return;
+    }
     this.creditPending++;
     this.scheduleSend();
+  }
+
+  /**
+   * Jobs assigned while the outbox cannot be written: never started (no `Started`), so their
+   * claims expire and they go back to the queue without counting as attempts; their slots are
+   * withheld with the others.
+   */
+  decline(attemptIds: string[]): void {
+    this.o.log.warn({ attemptIds }, 'the outbox cannot be written: not starting jobs assigned meanwhile (they go back to the queue when their claims expire)');
+    if (!this.o.draining()) this.withheld += attemptIds.length;
+  }
+
+  private pause(failure: Error): void {
+    if (this.outboxFailing) return;
+    this.outboxFailing = true;
+    // The outbox logged the failure itself (error); this is what it means for the agent.
+    this.o.log.warn(
+      { err: failure },
+      'the outbox cannot be written: this agent takes no new work until it can (it is tried again every few seconds); running jobs whose reports cannot be kept are redone',
+    );
+  }
+
+  private resume(): void {
+    if (!this.outboxFailing) return;
+    this.outboxFailing = false;
+    const n = this.withheld;
+    this.withheld = 0;
+    this.o.log.info({ slots: n }, 'the outbox can be written again: taking work again');
+    if (n && !this.o.draining()) {
+      this.creditPending += n;
+      this.scheduleSend();
+    }
   }
 
   /**
