@@ -133,6 +133,32 @@ describe('errors over HTTP', () => {
     }
   });
 
+  it('names the field whose value does not decode as its message type (payload, runAt, executionTimeout, notifyHeader), on both paths', async () => {
+    // protobuf-es says "cannot decode message google.protobuf.Struct from JSON …", naming no field.
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ queue: 'field-named', payload: '{"a":1}' }, 'payload'],
+      [{ queue: 'field-named', payload: {}, runAt: 'tomorrow' }, 'runAt'],
+      [{ queue: 'field-named', payload: {}, run_at: 'tomorrow' }, 'runAt'],
+      [{ queue: 'field-named', payload: {}, executionTimeout: '30' }, 'executionTimeout'],
+      [{ queue: 'field-named', payload: {}, notifyUrl: 'https://example.com/x', notifyHeader: 'X: a' }, 'notifyHeader'],
+    ];
+    for (const [body, field] of cases) {
+      // The direct path (plain JSON), and Connect's (a connect-timeout-ms header sends it there).
+      for (const extra of [{}, { 'connect-timeout-ms': '10000' }] as Array<Record<string, string>>) {
+        const res = await fetch(`${lh.httpUrl}/${JOBS}/EnqueueJob`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}`, ...extra },
+          body: JSON.stringify(body),
+        });
+        expect({ status: res.status, json: await res.json() }, JSON.stringify([body, extra])).toMatchObject({
+          status: 400,
+          json: { code: 'invalid_argument', outcome: 'invalid', status: 400, field },
+        });
+      }
+    }
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs WHERE queue = 'field-named'`)).rows[0].n).toBe(0);
+  });
+
   it('answers 400 naming the field, for store validation, proto decoding and unknown fields', async () => {
     const cases: Array<[unknown, string]> = [
       [{ queue: 'has space', payload: {} }, 'queue'],

@@ -5,11 +5,12 @@
  * retry), takes back claims of a deliverer that died, and raises an alert for every
  * dead-lettering.
  */
+import type http from 'node:http';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { WEBHOOK_HEADERS, WebhookDeliverer, type DeadLetterAlert } from '../server/core/webhook-deliverer.js';
+import { CONFLICT_FINAL_ATTEMPT, WEBHOOK_HEADERS, WebhookDeliverer, type DeadLetterAlert } from '../server/core/webhook-deliverer.js';
 import {
   attemptComplete,
   attemptFail,
@@ -161,6 +162,29 @@ describe('the outbox', () => {
   });
 });
 
+describe('one delivery per URL', () => {
+  it("sends an event once to a URL that is the job's notify_url and subscribed, or subscribed to the queue and to '*', keeping the notify_url's (its header)", async () => {
+    // docs/n8n.md subscribes …/webhook/leasehold-events to the queue and enqueues with it as notify_url.
+    await subscribe('dup', '/events');
+    await subscribe('*', '/events');
+    await subscribe('dup', '/all');
+    await subscribe('*', '/all');
+    const header = { name: 'X-Resume-Token', value: 'dup-token' };
+    const a = await running('dup', { notifyUrl: `${rx.url}/events`, notifyHeader: header });
+    value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: {} }));
+    const rows = (await t.pool.query(`SELECT url, subscription_id FROM webhook_deliveries ORDER BY url`)).rows;
+    expect(rows.map((r) => [r.url.slice(rx.url.length), r.subscription_id === null])).toEqual([
+      ['/all', false],
+      ['/events', true], // the notify_url's row
+    ]);
+    expect(await deliverer().runOnce()).toMatchObject({ sent: 2, delivered: 2 });
+    expect(rx.received.map((r) => [r.path, r.valid, r.headers['x-resume-token']]).sort()).toEqual([
+      ['/all', true, undefined],
+      ['/events', true, header.value],
+    ]);
+  });
+});
+
 describe('retries, the cap, and the operator', () => {
   it('retries a failing receiver with backoff, marks the delivery failed at the cap, and delivers it after `retry`', async () => {
     await subscribe('flaky', '/down');
@@ -171,7 +195,7 @@ describe('retries, the cap, and the operator', () => {
 
     expect(await d.runOnce()).toMatchObject({ sent: 1, retried: 1 });
     const [pending] = value(await deliveryList(t.pool, { jobId: j.job.id }));
-    expect(pending).toMatchObject({ status: 'pending', attempts: 1, lastStatus: 500, lastError: 'HTTP 500 Internal Server Error' });
+    expect(pending).toMatchObject({ status: 'pending', attempts: 1, lastStatus: 500, lastError: 'HTTP 500 Internal Server Error: try again' });
     // Backoff: 200 ms × [0.5, 1) from now, so nothing is due at once.
     expect(pending!.nextAttemptAt.getTime()).toBeGreaterThan(Date.now() + 50);
     expect((await d.runOnce()).sent).toBe(0);
@@ -192,6 +216,25 @@ describe('retries, the cap, and the operator', () => {
     expect(await d.runOnce()).toMatchObject({ sent: 1, delivered: 1 });
     expect(rx.events.size).toBe(1);
     expect((await deliveryRetry(t.pool, { id: failed!.id })).outcome).toBe('not_found');
+  });
+
+  it("keeps the start of a receiver's error body in last_error: 200 bytes at most, no character cut, no control characters, the rest never read", async () => {
+    await subscribe('said', '/said');
+    // 19 bytes, then é (2 bytes each): byte 200 is the first half of the 91st. The answer never ends.
+    const prefix = 'Bad\r\n\tgateway\u0000:\u202e ';
+    expect(Buffer.byteLength(prefix)).toBe(19);
+    const text = prefix + 'é'.repeat(200);
+    rx.policy('/said', (res) => {
+      res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' });
+      res.write(text);
+    });
+    const j = await running('said');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const started = Date.now();
+    expect(await deliverer({ timeoutMs: 20_000 }).runOnce()).toMatchObject({ sent: 1, retried: 1 });
+    expect(Date.now() - started).toBeLessThan(10_000); // it did not wait for the end (nor the timeout)
+    const [row] = value(await deliveryList(t.pool, {}));
+    expect(row!.lastError).toBe(`HTTP 502 Bad Gateway: Bad gateway : ${'é'.repeat(90)}`);
   });
 
   it('gives up on a receiver that never answers within the timeout, and drops deliveries of a removed subscription', async () => {
@@ -280,6 +323,70 @@ describe('retries, the cap, and the operator', () => {
     expect(ra.delivered + rb.delivered).toBe(20);
     expect(rx.received.length).toBe(20);
     expect(rx.events.size).toBe(20);
+  });
+});
+
+describe('a silent receiver holds only its own sends', () => {
+  /** The job id of the first delivery `d` records as delivered (fails after 5 s). */
+  const delivered = (d: WebhookDeliverer) => {
+    const recorded = new Promise<string>((resolve, reject) => {
+      const bound = setTimeout(() => reject(new Error('no delivery recorded as delivered within 5 s')), 5000);
+      d.on('webhook:sent', (x) => {
+        if (x.status !== 'delivered') return;
+        clearTimeout(bound);
+        resolve((JSON.parse(rx.received.find((r) => r.eventId === x.delivery.eventId)!.body) as { job: { id: string } }).job.id);
+      });
+    });
+    recorded.catch(() => undefined); // a test that failed before awaiting it reports its own error
+    return recorded;
+  };
+
+  it('a delivery that comes due while sends to a silent receiver are in flight goes out at once, not after their timeout', async () => {
+    const silent = await startReceiver();
+    try {
+      silent.policy('/hang', 'hang');
+      for (let i = 0; i < 5; i++) {
+        const j = await running('hol', { notifyUrl: `${silent.url}/hang` });
+        value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
+      }
+      const d = deliverer({ timeoutMs: 20_000, intervalMs: 50 });
+      const recorded = delivered(d);
+      d.start();
+      await silent.waitFor('five sends in flight', (r) => r.received.length === 5);
+      rx.secret('/fast', notifySecret);
+      const j = await running('hol', { notifyUrl: `${rx.url}/fast` });
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+      await rx.waitFor('the delivery to the healthy receiver, well within the 20 s timeout', (r) => r.events.size === 1, 5000);
+      expect(await recorded).toBe(j.job.id);
+      await d.stop();
+      expect(value(await deliveryList(t.pool, { status: 'pending' }))).toHaveLength(5); // cut by stop(), sent again later
+    } finally {
+      await silent.close();
+    }
+  });
+
+  it('60 deliveries to a silent receiver ahead in line do not hold one to another receiver (at most 10 in flight to one)', async () => {
+    const silent = await startReceiver();
+    try {
+      silent.policy('/hang', 'hang');
+      for (let i = 0; i < 60; i++) {
+        const j = await running('hol60', { notifyUrl: `${silent.url}/hang` });
+        value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
+      }
+      rx.secret('/fast', notifySecret);
+      const j = await running('hol60', { notifyUrl: `${rx.url}/fast` });
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+      const d = deliverer({ timeoutMs: 20_000 });
+      const recorded = delivered(d);
+      const run = d.runOnce();
+      await rx.waitFor('the delivery to the healthy receiver, well within the 20 s timeout', (r) => r.events.size === 1, 5000);
+      expect(await recorded).toBe(j.job.id);
+      expect(silent.received.length).toBeLessThanOrEqual(10);
+      await d.stop();
+      expect(await run).toMatchObject({ delivered: 1, retried: 10, sent: 11 });
+    } finally {
+      await silent.close();
+    }
   });
 });
 
@@ -379,11 +486,10 @@ describe('one secret per receiving URL', () => {
       '/elsewhere job.succeeded', // job b's notify_url: no subscription there, the notify secret
       '/own job.dead', // queue three's subscription, with its own secret
       '/shared job.dead', // the alert
-      '/shared job.succeeded', // job a's notify_url
-      '/shared job.succeeded', // the subscription of queue one (job a)
+      '/shared job.succeeded', // job a's notify_url, which is also the subscription of queue one: once
       '/shared job.succeeded', // the subscription of queue two (job b)
     ]);
-    expect(got).toHaveLength(6);
+    expect(got).toHaveLength(5);
   });
 });
 
@@ -422,27 +528,100 @@ describe('a header for the notify_url (authenticated resume)', () => {
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs`)).rows[0].n).toBe(0);
   });
 
-  it('takes 404, 409 and 410 from a notify_url as final (not retried), but retries them from a subscription', async () => {
-    await subscribe('gone', '/sub-gone');
-    rx.policy('/sub-gone', 409);
-    for (const [i, status] of [404, 409, 410].entries()) {
-      rx.secret(`/gone-${i}`, notifySecret);
-      rx.policy(`/gone-${i}`, status);
-      const j = await running('gone', { notifyUrl: `${rx.url}/gone-${i}` });
+  it('retries a 409 from a notify_url (n8n: the execution is running already, not at its Wait node yet) and delivers it once the execution waits', async () => {
+    const path = '/webhook-waiting/42';
+    rx.secret(path, notifySecret);
+    const running409 = JSON.stringify({ code: 409, message: 'The execution "42" is running already.' });
+    rx.policy(path, (res, _got, n) => (n <= 2 ? res.writeHead(409, { 'content-type': 'application/json' }).end(running409) : res.writeHead(200).end('{}')));
+    const j = await running('resume', { notifyUrl: `${rx.url}${path}` });
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { n: 1 } }));
+    const d = deliverer();
+    expect(await d.runOnce()).toMatchObject({ sent: 1, retried: 1, failed: 0 });
+    const [first] = value(await deliveryList(t.pool, { jobId: j.job.id }));
+    // The receiver's reason is kept for the operator.
+    expect(first).toMatchObject({ status: 'pending', attempts: 1, lastStatus: 409, lastError: `HTTP 409 Conflict: ${running409}` });
+    expect(await d.runOnce()).toMatchObject({ sent: 1, retried: 1, failed: 0 });
+    expect(await d.runOnce()).toMatchObject({ sent: 1, delivered: 1 });
+    expect(value(await deliveryList(t.pool, { jobId: j.job.id }))[0]).toMatchObject({ status: 'delivered', attempts: 3, lastStatus: 200 });
+    expect(rx.received.map((r) => [r.path, r.valid, r.headers[WEBHOOK_HEADERS.attempt]])).toEqual([1, 2, 3].map((n) => [path, true, String(n)]));
+  });
+
+  it('ends a notify_url delivery that keeps answering 409 at its 5th try (CONFLICT_FINAL_ATTEMPT), and one whose execution "has finished" at once, each with the alert', async () => {
+    const lines: Array<Record<string, any>> = [];
+    const d = new WebhookDeliverer(t.pool, pino({ level: 'warn' }, { write: (l: string) => void lines.push(JSON.parse(l)) }), {
+      timeoutMs: 2000,
+      claimMarginMs: 0,
+      backoff: { baseMs: 0, maxMs: 0 },
+    });
+    deliverers.push(d);
+    const answer = (message: string) => (res: http.ServerResponse) =>
+      void res.writeHead(409, { 'content-type': 'application/json' }).end(JSON.stringify({ code: 409, message }));
+    rx.secret('/webhook-waiting/7', notifySecret);
+    rx.policy('/webhook-waiting/7', answer('conflict')); // no wording to go by: retried
+    rx.secret('/webhook-waiting/8', notifySecret);
+    rx.policy('/webhook-waiting/8', answer('The execution "8" has finished already.'));
+    for (const path of ['/webhook-waiting/7', '/webhook-waiting/8']) {
+      const j = await running('conflicts', { notifyUrl: `${rx.url}${path}` });
       value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
     }
-    await deliverer({ maxAttempts: 5 }).runOnce();
-    const rows = (await t.pool.query(`SELECT url, status::text, attempts, last_status FROM webhook_deliveries ORDER BY url`)).rows;
-    const notify = rows.filter((r) => r.url.includes('/gone-'));
-    expect(notify.map((r) => [r.status, r.attempts, r.last_status])).toEqual([
-      ['failed', 1, 404],
-      ['failed', 1, 409],
-      ['failed', 1, 410],
+    expect(CONFLICT_FINAL_ATTEMPT).toBe(5);
+    const rows = async () => (await t.pool.query(`SELECT url, status::text, attempts, last_status FROM webhook_deliveries ORDER BY url`)).rows.map((r) => [r.url.slice(rx.url.length), r.status, r.attempts, r.last_status]);
+    expect(await d.runOnce()).toMatchObject({ sent: 2, retried: 1, failed: 1 });
+    expect(await rows()).toEqual([
+      ['/webhook-waiting/7', 'pending', 1, 409],
+      ['/webhook-waiting/8', 'failed', 1, 409],
     ]);
-    expect(rows.filter((r) => r.url.endsWith('/sub-gone')).map((r) => [r.status, r.last_status])).toEqual([
-      ['pending', 409],
-      ['pending', 409],
-      ['pending', 409],
+    for (let n = 2; n <= CONFLICT_FINAL_ATTEMPT; n++) expect((await d.runOnce()).sent).toBe(1);
+    expect(await rows()).toEqual([
+      ['/webhook-waiting/7', 'failed', CONFLICT_FINAL_ATTEMPT, 409],
+      ['/webhook-waiting/8', 'failed', 1, 409],
     ]);
+    expect((await d.runOnce()).sent).toBe(0);
+    const alerts = lines.filter((l) => l.alert === 'webhook.failed').map((l) => [l.url.slice(rx.url.length), l.attempt, l.level]);
+    expect(alerts).toEqual([
+      ['/webhook-waiting/8', 1, 50],
+      ['/webhook-waiting/7', CONFLICT_FINAL_ATTEMPT, 50],
+    ]);
+  });
+
+  it('retries 404 from a plain Webhook URL (n8n: the workflow is not active) like a 5xx; 404 from a resume URL and 410 are final, with the alert; a subscription retries them all', async () => {
+    const lines: Array<Record<string, any>> = [];
+    const d = new WebhookDeliverer(t.pool, pino({ level: 'warn' }, { write: (l: string) => void lines.push(JSON.parse(l)) }), {
+      timeoutMs: 2000,
+      claimMarginMs: 0,
+      backoff: { baseMs: 0, maxMs: 0 },
+      maxAttempts: 5,
+    });
+    deliverers.push(d);
+    await subscribe('gone', '/sub-gone');
+    rx.policy('/sub-gone', 404);
+    const answers: Array<[string, number]> = [
+      ['/webhook/leasehold-events', 404],
+      ['/webhook-waiting/9', 404],
+      ['/form-waiting/10', 404],
+      ['/gone', 410],
+    ];
+    for (const [path, status] of answers) {
+      rx.secret(path, notifySecret);
+      rx.policy(path, status);
+      const j = await running('gone', { notifyUrl: `${rx.url}${path}` });
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    }
+    expect(await d.runOnce()).toMatchObject({ sent: 8, retried: 5, failed: 3 });
+    const rows = (await t.pool.query(`SELECT url, subscription_id IS NOT NULL AS sub, status::text, attempts, last_status FROM webhook_deliveries ORDER BY sub, url`)).rows;
+    expect(rows.map((r) => [r.url.slice(rx.url.length), r.status, r.attempts, r.last_status])).toEqual([
+      ['/form-waiting/10', 'failed', 1, 404],
+      ['/gone', 'failed', 1, 410],
+      ['/webhook-waiting/9', 'failed', 1, 404],
+      ['/webhook/leasehold-events', 'pending', 1, 404],
+      ['/sub-gone', 'pending', 1, 404],
+      ['/sub-gone', 'pending', 1, 404],
+      ['/sub-gone', 'pending', 1, 404],
+      ['/sub-gone', 'pending', 1, 404],
+    ]);
+    // Every delivery that ends failed is an alert, final answers as the cap.
+    expect(lines.filter((l) => l.alert === 'webhook.failed').map((l) => l.url.slice(rx.url.length)).sort()).toEqual(['/form-waiting/10', '/gone', '/webhook-waiting/9']);
+    rx.policy('/webhook/leasehold-events', 'ok'); // the workflow was activated
+    expect(await d.runOnce()).toMatchObject({ sent: 5, delivered: 1, retried: 4 });
   });
 });

@@ -10,15 +10,21 @@
  *    inside the transaction that marks it, so each is raised at least once;
  * 3. claims due deliveries (FOR UPDATE SKIP LOCKED: replicas never send one twice at once),
  *    signs and POSTs each, and records the answer: delivered (2xx), retried after an
- *    exponential backoff with jitter, or `failed` at the attempt cap (an operator can retry it:
- *    `leasehold deliveries retry`).
+ *    exponential backoff with jitter, or `failed` at the attempt cap or on a final answer
+ *    (`finalAnswer`); every `failed` is logged with `alert: 'webhook.failed'` (an operator can
+ *    retry it: `leasehold deliveries retry`).
+ *
+ * Sends flow: up to `batchSize` are in flight, at most `perReceiver` of them to one receiver
+ * (scheme, host, port), and the run claims again as sends end, and every interval while some are
+ * still in flight (asking again for steps 1 and 2 too), so a receiver that keeps silent until
+ * the timeout holds only its own sends. A run ends when nothing it can send is due and its
+ * sends have ended; it sends a delivery at most once.
  *
  * Delivery is at least once (a send whose answer was lost is sent again); receivers dedupe by
  * the event id. Runs are chained with a jittered `setTimeout`, so two runs never overlap.
  */
 import { createHmac, randomUUID } from 'node:crypto';
-import { EventEmitter } from 'node:events';
-import { allEnded } from './settle.js';
+import { EventEmitter, setMaxListeners } from 'node:events';
 import { Schedule } from './schedule.js';
 import { z } from 'zod';
 import type { Logger } from '../log.js';
@@ -56,8 +62,10 @@ export function signDelivery(secret: string, timestamp: number, body: string): s
 export interface WebhookDelivererConfig {
   /** Time between runs; default 500 ms. */
   intervalMs?: number;
-  /** Deliveries claimed (and sent concurrently) per statement; default 50. */
+  /** Sends in flight at once (and the most one statement claims or takes back); default 50. */
   batchSize?: number;
+  /** Sends in flight at once to one receiver (scheme, host and port); default 10 (at most `batchSize`). */
+  perReceiver?: number;
   /** Fraction of the interval added or removed at random; default 0.1. */
   jitter?: number;
   /** A send with no answer by then fails (and is retried); default 10 s. */
@@ -83,7 +91,7 @@ export interface DelivererRun {
   delivered: number;
   /** Sends that failed and will be retried. */
   retried: number;
-  /** Deliveries that reached the cap. */
+  /** Deliveries that reached the cap, or got a final answer. */
   failed: number;
 }
 
@@ -105,6 +113,7 @@ export interface DelivererEvents {
 const configSchema = z.object({
   intervalMs: z.int().min(10).default(500),
   batchSize: z.int().min(1).max(1000).default(50),
+  perReceiver: z.int().min(1).max(1000).default(10),
   jitter: z.number().min(0).max(0.9).default(0.1),
   timeoutMs: z.int().min(100).max(600_000).default(10_000),
   claimMarginMs: z.int().min(0).max(600_000).default(5000),
@@ -113,15 +122,89 @@ const configSchema = z.object({
   alertUrl: z.url({ protocol: /^https?$/ }).optional(),
 });
 
-/** Answers of a notify_url that end its delivery at once (the target is gone or took it already). */
-const FINAL_NOTIFY_STATUSES = new Set([404, 409, 410]);
+/** The try of a notify_url delivery from which a 409 answer is final (the 4 before are retried). */
+export const CONFLICT_FINAL_ATTEMPT = 5;
+
+/** Bytes of a non-2xx answer's body kept in `last_error` (the rest is not read). */
+export const ERROR_BODY_BYTES = 200;
+
+/** n8n's resume URLs (a Wait node's `$execution.resumeUrl`, a form's `resumeFormUrl`). */
+const WAITING_PATH = /^\/(?:[^?#]*\/)?(?:webhook|form)-waiting\//;
+
+/** Whether `url`'s path is an n8n resume URL (`…/webhook-waiting/<execution id>`, `…/form-waiting/…`). */
+export function isWaitingUrl(url: string): boolean {
+  try {
+    return WAITING_PATH.test(new URL(url).pathname);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether an answer ends its delivery at once, as `failed` (with the alert), short of the attempt
+ * cap. Only a job's notify_url has final answers; a subscription is an operator's setting and is
+ * retried to the cap whatever it answers.
+ *
+ * - 410: the target says it is gone.
+ * - 404 from an n8n resume URL (`/webhook-waiting/`, `/form-waiting/`): its execution does not
+ *   exist (deleted, or pruned). From any other URL 404 is retried like a 5xx: n8n answers it for
+ *   a production webhook whose workflow is inactive or being re-activated.
+ * - 409 from the `CONFLICT_FINAL_ATTEMPT`th try on (the tries before span 37–75 s at the default
+ *   backoff): n8n's resume URL answers 409 both while the execution "is running already" (it has
+ *   not reached its Wait node yet: a job that ends right after its enqueue) and once it "has
+ *   finished already". A body that says the execution has finished (n8n's wording) is final at
+ *   once; any other 409 is retried until then, so the retry does not depend on the wording.
+ */
+export function finalAnswer(d: { toNotifyUrl: boolean; url: string; attempt: number }, status: number, body: string): boolean {
+  if (!d.toNotifyUrl) return false;
+  if (status === 410) return true;
+  if (status === 404) return isWaitingUrl(d.url);
+  if (status === 409) return d.attempt >= CONFLICT_FINAL_ATTEMPT || /\bhas finished\b/i.test(body);
+  return false;
+}
+
+/** Control, format and line-separator characters and white space, made one space in an error. */
+const controls = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\s]+/gu;
+
+/**
+ * The start of an answer's body as text: at most ERROR_BODY_BYTES bytes read (the rest is
+ * cancelled, never read), a character cut at the end left out, control and format characters
+ * and runs of white space made one space. What a read that fails (the timeout, stop) got so far.
+ */
+async function bodyStart(res: Response): Promise<string> {
+  if (!res.body) return '';
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    while (size < ERROR_BODY_BYTES) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      chunks.push(value);
+      size += value.byteLength;
+    }
+  } catch {
+    // The send's timeout or stop() cut the body: keep what came.
+  } finally {
+    await reader.cancel().catch(() => undefined);
+  }
+  const bytes = Buffer.concat(chunks).subarray(0, ERROR_BODY_BYTES);
+  return new TextDecoder('utf-8').decode(bytes, { stream: true }).replace(controls, ' ').trim();
+}
+
+/** The controller stop() aborts: every send in flight listens to it (up to `batchSize`, not Node's 10). */
+function stopSignal(): AbortController {
+  const c = new AbortController();
+  setMaxListeners(0, c.signal);
+  return c;
+}
 
 /** Sends the outbox on a schedule; `runOnce()` for tests and tools. */
 export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   readonly config: z.output<typeof configSchema>;
   private readonly schedule: Schedule<DelivererRun>;
   /** Aborts sends in flight when the deliverer stops. */
-  private abort = new AbortController();
+  private abort = stopSignal();
 
   constructor(
     private readonly db: Queryable,
@@ -152,7 +235,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     const stopping = this.schedule.stop();
     this.abort.abort(new Error('the deliverer stopped'));
     await stopping;
-    this.abort = new AbortController();
+    this.abort = stopSignal();
   }
 
   /** Sweeps, raises alerts and sends everything due now; returns the counts; joins a run in progress. */
@@ -162,17 +245,123 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
 
   private async drain(): Promise<DelivererRun> {
     const run: DelivererRun = { reclaimed: 0, alerts: 0, sent: 0, delivered: 0, retried: 0, failed: 0 };
+    const { batchSize, intervalMs } = this.config;
+    const perReceiver = Math.min(this.config.perReceiver, batchSize);
+    // Sends in flight, by receiver; deliveries this run claimed that are sending or pending again
+    // (a run sends each once, however soon its retry is due; added before the send is recorded,
+    // so a claim racing the record cannot take it back).
+    const inFlight = new Map<string, number>();
+    /** Sends in flight by claim: the run's own sweep leaves these claims alone. */
+    const claims = new Map<string, number>();
+    let sending = 0;
+    const again = new Set<number>();
+    let failure: { err: unknown } | undefined;
+    let notifySecret: string | undefined;
+    let wake: (() => void) | undefined;
+
+    // Claim when the last claim filled every free slot, when a send ends after a claim that found
+    // work (more may be due; the claim passed a receiver at its cap over, or rows another
+    // deliverer held), and after each look at the work (now, then every interval while sends are
+    // in flight): deliveries that came due meanwhile go out beside the slow ones.
+    let ask = false;
+    let found = 0;
+    let nextLook = 0;
+    for (;;) {
+      const stopping = this.abort.signal.aborted || failure !== undefined;
+      if (!stopping && Date.now() >= nextLook) {
+        nextLook = Date.now() + intervalMs;
+        try {
+          ask = (await this.sweep(run, [...claims.keys()])) || ask;
+        } catch (err) {
+          failure ??= { err };
+          continue;
+        }
+      }
+      const room = batchSize - sending;
+      if (!stopping && ask && room > 0) {
+        const claimId = randomUUID();
+        let batch: ClaimedDelivery[];
+        try {
+          batch = await deliveryClaim(this.db, {
+            limit: room,
+            claimId,
+            leaseMs: this.config.timeoutMs + this.config.claimMarginMs,
+            perReceiver,
+            inFlight,
+            skip: [...again],
+          });
+          if (batch.some((d) => d.secret === null)) notifySecret ??= await signingSecretGet(this.db);
+        } catch (err) {
+          // Claimed rows not sent are taken back by the sweep when their claim ends.
+          failure ??= { err };
+          continue;
+        }
+        ask = batch.length === room;
+        found = batch.length;
+        if (batch.length > 0) claims.set(claimId, batch.length);
+        for (const d of batch) {
+          again.add(d.id);
+          sending++;
+          inFlight.set(d.receiver, (inFlight.get(d.receiver) ?? 0) + 1);
+          this.deliver(d, claimId, d.secret ?? notifySecret!, run)
+            .then((status) => {
+              if (status === 'delivered' || status === 'failed') again.delete(d.id);
+            })
+            .catch((err: unknown) => {
+              failure ??= { err };
+            })
+            .finally(() => {
+              sending--;
+              const left = claims.get(claimId)! - 1;
+              if (left > 0) claims.set(claimId, left);
+              else claims.delete(claimId);
+              const n = inFlight.get(d.receiver)!;
+              if (found > 0 || n >= perReceiver) ask = true;
+              if (n > 1) inFlight.set(d.receiver, n - 1);
+              else inFlight.delete(d.receiver);
+              wake?.();
+            });
+        }
+      }
+      // Every send ends (and is recorded) before the run ends or fails: stop() waits for the
+      // run, so none is still writing when the pool closes. stop() cuts them at once.
+      if (sending === 0) break;
+      // Until a send ends, or it is time to look at the work again.
+      await new Promise<void>((resolve) => {
+        const timer = stopping ? undefined : setTimeout(resolve, Math.max(0, nextLook - Date.now()));
+        wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      wake = undefined;
+    }
+    if (failure) throw failure.err;
+    this.emit('webhook:run', run);
+    return run;
+  }
+
+  /**
+   * Asks what there is to do, takes back expired claims (not `ours`, the run's claims still
+   * sending) and raises the new dead-letter alerts; returns whether deliveries are due.
+   */
+  private async sweep(run: DelivererRun, ours: string[]): Promise<boolean> {
     const { batchSize, maxAttempts } = this.config;
     // What there is to do, asked once; a step that finds work makes the claim's worth asking
     // (a delivery taken back, an alert's delivery queued: both due now, in this run).
     const work = await deliveryWork(this.db);
     while (work.reclaim) {
-      const back = await deliveryReclaimExpired(this.db, { limit: batchSize, maxAttempts });
+      const back = await deliveryReclaimExpired(this.db, { limit: batchSize, maxAttempts, except: ours });
       for (const d of back) {
         run.reclaimed++;
-        if (d.status === 'failed') run.failed++;
-        else work.due = true;
-        this.log.warn({ deliveryId: d.id, eventId: d.eventId, url: d.url, attempts: d.attempts, status: d.status }, 'webhook delivery taken back from a deliverer that stopped');
+        const ctx = { deliveryId: d.id, eventId: d.eventId, url: d.url, attempts: d.attempts, status: d.status };
+        if (d.status === 'failed') {
+          run.failed++;
+          this.log.error({ ...ctx, alert: 'webhook.failed' }, 'webhook delivery taken back from a deliverer that stopped, at its attempt cap: failed for good (leasehold deliveries retry)');
+        } else {
+          work.due = true;
+          this.log.warn(ctx, 'webhook delivery taken back from a deliverer that stopped');
+        }
       }
       if (back.length < batchSize) break;
     }
@@ -186,20 +375,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       if (n > 0 && this.config.alertUrl) work.due = true;
       if (n < batchSize) break;
     }
-    let notifySecret: string | undefined;
-    while (work.due) {
-      if (this.abort.signal.aborted) break;
-      const claimId = randomUUID();
-      const batch = await deliveryClaim(this.db, { limit: batchSize, claimId, leaseMs: this.config.timeoutMs + this.config.claimMarginMs });
-      if (batch.length === 0) break;
-      if (batch.some((d) => d.secret === null)) notifySecret ??= await signingSecretGet(this.db);
-      // Every send of the batch ends (and is recorded) before the run goes on or fails: stop()
-      // waits for the run, so none is still writing when the pool closes.
-      await allEnded(batch.map((d) => this.deliver(d, claimId, d.secret ?? notifySecret!, run)));
-      if (batch.length < batchSize) break;
-    }
-    this.emit('webhook:run', run);
-    return run;
+    return work.due;
   }
 
   private raise(a: { eventId: string; jobId: string; body: string }) {
@@ -217,7 +393,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     this.emit('alert', { eventId: a.eventId, jobId: a.jobId, event });
   }
 
-  private async deliver(d: ClaimedDelivery, claimId: string, secret: string, run: DelivererRun): Promise<void> {
+  private async deliver(d: ClaimedDelivery, claimId: string, secret: string, run: DelivererRun): Promise<'delivered' | 'pending' | 'failed' | 'lost'> {
     run.sent++;
     const result = await this.send(d, secret);
     const done = await deliveryFinish(this.db, {
@@ -240,14 +416,19 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
         break;
       case 'failed':
         run.failed++;
-        if (result.final) this.log.warn({ ...ctx, error: result.error }, 'the notify_url refused the delivery for good (404, 409 or 410): not retried');
-        else this.log.error({ ...ctx, error: result.error, alert: 'webhook.failed' }, 'webhook delivery failed for good (leasehold deliveries retry)');
+        this.log.error(
+          { ...ctx, error: result.error, alert: 'webhook.failed', final: result.final === true },
+          result.final
+            ? `the notify_url answered ${result.httpStatus} for good: delivery failed, not retried (leasehold deliveries retry)`
+            : 'webhook delivery failed for good (leasehold deliveries retry)',
+        );
         break;
       case 'lost':
         this.log.warn(ctx, 'webhook delivery was taken back before its send was recorded');
         break;
     }
     this.emit('webhook:sent', { delivery, result, status: done.status });
+    return done.status;
   }
 
   /** POSTs the body, signed; never throws. */
@@ -280,12 +461,15 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
         },
         signal: sending.signal,
       });
-      await res.body?.cancel().catch(() => undefined);
-      if (res.status >= 200 && res.status < 300) return { ok: true, httpStatus: res.status };
-      // A notify_url that says the target is gone (n8n: a Wait node's execution already resumed
-      // or ended, 409; a workflow deactivated, 404) will not take it later: not retried.
-      const final = d.toNotifyUrl && FINAL_NOTIFY_STATUSES.has(res.status);
-      return { ok: false, httpStatus: res.status, error: `HTTP ${res.status} ${res.statusText}`.trim(), ...(final ? { final } : {}) };
+      if (res.status >= 200 && res.status < 300) {
+        await res.body?.cancel().catch(() => undefined);
+        return { ok: true, httpStatus: res.status };
+      }
+      // The receiver's reason, for the operator (n8n: `{"code":409,"message":"The execution
+      // \"42\" is running already."}`), read within this send's timeout.
+      const said = await bodyStart(res);
+      const error = `HTTP ${res.status} ${res.statusText}`.trim() + (said ? `: ${said}` : '');
+      return { ok: false, httpStatus: res.status, error, ...(finalAnswer(d, res.status, said) ? { final: true } : {}) };
     } catch (err) {
       const e = err as Error & { cause?: { code?: string; message?: string } };
       const why = e.name === 'TimeoutError' ? `no answer within ${this.config.timeoutMs} ms` : (e.cause?.code ?? e.cause?.message ?? e.message);

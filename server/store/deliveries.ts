@@ -173,6 +173,8 @@ export interface ClaimedDelivery {
   eventId: string;
   type: WebhookEventType;
   url: string;
+  /** Its receiver: the URL's scheme, host and port, lower case (`RECEIVER_SQL`); sends in flight are counted by it. */
+  receiver: string;
   /** This send's number, from 1. */
   attempt: number;
   body: string;
@@ -184,16 +186,39 @@ export interface ClaimedDelivery {
   header: { name: string; value: string } | null;
 }
 
+/** The receiver of a delivery's URL in SQL: `scheme://host[:port]` (user info included), lower case. */
+const receiverSql = (url: string) => `lower(coalesce(substring(${url} from '^[^:/?#]+://[^/?#]+'), ${url}))`;
+
 // Safe with any number of deliverers: due rows are locked FOR UPDATE SKIP LOCKED, so two never
 // take the same delivery, and each claim is fenced by claim_id. Served by
 // webhook_deliveries_due_idx (next_attempt_at) WHERE status = 'pending'.
+//
+// A receiver (scheme, host, port) gets at most $7 sends in flight from this deliverer: `busy` is
+// what it has in flight per receiver ($5, $6), a receiver at its cap is passed over in the scan
+// (so a silent one with a backlog does not hide the others behind it), and of the next due rows
+// of each other receiver only as many as it has room for are locked. The scan looks at 4 × $1
+// due rows; what it leaves the next claim takes. $8: deliveries this run already sent (a run
+// sends each at most once, however soon its retry is due).
 const claimSql = statement(
   'deliveryClaim',
-  `WITH c AS (
-     SELECT id, event_id, url, subscription_id FROM webhook_deliveries
-     WHERE status = 'pending' AND next_attempt_at <= coalesce($4::timestamptz, now())
-     ORDER BY next_attempt_at, id
-     LIMIT $1
+  `WITH busy AS (
+     SELECT b.receiver, b.n FROM unnest($5::text[], $6::int[]) AS b(receiver, n)
+   ), due AS (
+     SELECT w.id, w.next_attempt_at, ${receiverSql('w.url')} AS receiver FROM webhook_deliveries w
+     WHERE w.status = 'pending' AND w.next_attempt_at <= coalesce($4::timestamptz, now())
+       AND w.id <> ALL ($8::bigint[])
+       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.receiver = ${receiverSql('w.url')} AND busy.n >= $7)
+     ORDER BY w.next_attempt_at, w.id
+     LIMIT $1::int * 4
+   ), room AS (
+     SELECT due.id, row_number() OVER (PARTITION BY due.receiver ORDER BY due.next_attempt_at, due.id) + coalesce(busy.n, 0) AS n
+     FROM due LEFT JOIN busy ON busy.receiver = due.receiver
+   ), c AS (
+     SELECT w.id, w.event_id, w.url, w.subscription_id FROM webhook_deliveries w
+     WHERE w.id IN (SELECT id FROM room WHERE n <= $7)
+       AND w.status = 'pending' AND w.next_attempt_at <= coalesce($4::timestamptz, now())
+     ORDER BY w.next_attempt_at, w.id
+     LIMIT $1::int
      FOR UPDATE SKIP LOCKED
    )
    UPDATE webhook_deliveries d SET status = 'sending', attempts = d.attempts + 1, claim_id = $2,
@@ -205,34 +230,51 @@ const claimSql = statement(
    LEFT JOIN notify_headers h ON h.job_id = e.job_id
    LEFT JOIN subscriptions s ON s.id = c.subscription_id
    WHERE d.id = c.id
-   RETURNING d.id, d.event_id, d.url, d.attempts, e.type::text AS type, e.body,
+   RETURNING d.id, d.event_id, d.url, ${receiverSql('d.url')} AS receiver, d.attempts, e.type::text AS type, e.body,
      c.subscription_id IS NULL AND c.url = j.notify_url AS to_notify_url,
      CASE WHEN c.subscription_id IS NULL AND c.url = j.notify_url AND h.job_id IS NOT NULL
           THEN jsonb_build_object('name', h.name, 'value', h.value) END AS header,
      coalesce(s.secret, (SELECT s2.secret FROM subscriptions s2 WHERE s2.url = c.url ORDER BY s2.created_at, s2.id LIMIT 1)) AS secret`,
 );
 
-/** Claims up to `limit` due deliveries for `leaseMs` (the send timeout and a margin). */
+/**
+ * Claims up to `limit` due deliveries for `leaseMs` (the send timeout and a margin). With
+ * `perReceiver`, a receiver (`ClaimedDelivery.receiver`) gets no more than that in flight,
+ * counting the claimer's own sends in flight (`inFlight`, by receiver); `skip` are deliveries
+ * not to take again (those the claimer's run already sent).
+ */
 export async function deliveryClaim(
   db: Queryable,
-  p: { limit: number; claimId: string; leaseMs: number; now?: Date },
+  p: { limit: number; claimId: string; leaseMs: number; now?: Date; perReceiver?: number; inFlight?: ReadonlyMap<string, number>; skip?: readonly number[] },
 ): Promise<ClaimedDelivery[]> {
+  const busy = [...(p.inFlight ?? new Map<string, number>())];
   const rows = await run<{
     id: number;
     event_id: string;
     url: string;
+    receiver: string;
     attempts: number;
     type: WebhookEventType;
     body: string;
     secret: string | null;
     to_notify_url: boolean | null;
     header: { name: string; value: string } | null;
-  }>(db, claimSql, [p.limit, p.claimId, p.leaseMs, p.now ?? null]);
+  }>(db, claimSql, [
+    p.limit,
+    p.claimId,
+    p.leaseMs,
+    p.now ?? null,
+    busy.map(([r]) => r),
+    busy.map(([, n]) => n),
+    p.perReceiver ?? p.limit,
+    p.skip ?? [],
+  ]);
   return rows.map((r) => ({
     id: r.id,
     eventId: r.event_id,
     type: r.type,
     url: r.url,
+    receiver: r.receiver,
     attempt: r.attempts,
     body: r.body,
     secret: r.secret,
@@ -261,9 +303,9 @@ export interface SendResult {
   ok: boolean;
   /** The HTTP status, when an answer came. */
   httpStatus?: number;
-  /** Why it failed (status line, timeout, connection error), at most 500 characters. */
+  /** Why it failed (status line and the start of the answer's body, timeout, connection error), at most 500 characters. */
   error?: string;
-  /** The answer is final: not retried (a notify_url answering 404, 409 or 410). */
+  /** The answer is final: not retried (the deliverer's `finalAnswer` decides). */
   final?: boolean;
 }
 
@@ -318,6 +360,7 @@ const reclaimSql = statement(
   `WITH c AS (
      SELECT id FROM webhook_deliveries
      WHERE status = 'sending' AND claimed_until < coalesce($3::timestamptz, now())
+       AND claim_id <> ALL ($4::uuid[])
      ORDER BY claimed_until
      LIMIT $1
      FOR UPDATE SKIP LOCKED
@@ -331,15 +374,19 @@ const reclaimSql = statement(
    RETURNING d.id, d.event_id, d.url, d.attempts, d.status::text AS status`,
 );
 
-/** Takes back up to `limit` deliveries whose claim outlived its deliverer. */
+/**
+ * Takes back up to `limit` deliveries whose claim outlived its deliverer; `except`: claims the
+ * caller still holds and is sending (its own sweep leaves them to it).
+ */
 export async function deliveryReclaimExpired(
   db: Queryable,
-  p: { limit: number; maxAttempts: number; now?: Date },
+  p: { limit: number; maxAttempts: number; now?: Date; except?: readonly string[] },
 ): Promise<Array<{ id: number; eventId: string; url: string; attempts: number; status: 'pending' | 'failed' }>> {
   const rows = await run<{ id: number; event_id: string; url: string; attempts: number; status: 'pending' | 'failed' }>(db, reclaimSql, [
     p.limit,
     p.maxAttempts,
     p.now ?? null,
+    p.except ?? [],
   ]);
   return rows.map((r) => ({ id: r.id, eventId: r.event_id, url: r.url, attempts: r.attempts, status: r.status }));
 }

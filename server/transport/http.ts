@@ -19,7 +19,7 @@ import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { toJson, type JsonValue } from '@bufbuild/protobuf';
+import { fromJson, toJson, type DescMessage, type JsonValue } from '@bufbuild/protobuf';
 import {
   Code,
   ConnectError,
@@ -228,7 +228,7 @@ async function handle(
     connect = { code: 'invalid_argument', message: malformedMessage(handler.method.input.typeName, connect.message) };
     answer.status = 400;
   }
-  const { status, json } = errorBody(answer.status, connect, holder.failure);
+  const { status, json } = errorBody(answer.status, connect, holder.failure, () => failingKey(handler.method.input, payload));
   answer.header.forEach((v, k) => {
     if (k !== 'content-type' && k !== 'content-length' && k !== 'content-encoding') res.setHeader(k, v);
   });
@@ -328,6 +328,8 @@ function errorBody(
   httpStatus: number,
   connect: Record<string, unknown> | undefined,
   failure: Failure | undefined,
+  /** The body's top-level key that does not decode, asked only when the message names no field. */
+  failingField?: () => string | undefined,
 ): { status: number; json: Record<string, unknown> } {
   const bare = typeof connect?.code === 'string' ? undefined : codeOfStatus(httpStatus);
   const base: Record<string, unknown> = bare ? { ...(connect ?? {}), code: bare.code, message: bare.message } : { ...connect };
@@ -337,7 +339,7 @@ function errorBody(
   const json: Record<string, unknown> = { ...base, status, outcome };
   if (failure && (failure.outcome === 'invalid' || failure.outcome === 'too_large')) json.field = failure.field;
   else if (code === 'invalid_argument' && typeof base.message === 'string') {
-    const field = fieldOfDecodeError(base.message);
+    const field = fieldOfDecodeError(base.message) ?? (/cannot decode message /.test(base.message) ? failingField?.() : undefined);
     if (field) json.field = field;
   }
   if (failure && (failure.outcome === 'stale' || failure.outcome === 'conflict') && failure.current) {
@@ -353,6 +355,30 @@ function fieldOfDecodeError(message: string): string | undefined {
   if (unknown) return unknown[1];
   const field = /cannot decode field [\w.]+\.(\w+) from JSON/.exec(message);
   return field?.[1];
+}
+
+/**
+ * The top-level key of a JSON `body` that does not decode as a field of `input`, by its JSON name
+ * (`runAt` for `run_at` too). A value of a message type that does not decode (`"payload": "{…}"`,
+ * `"runAt": "tomorrow"`) makes protobuf-es say which message it could not decode, not which field
+ * held it: each key is decoded alone to find it. Only on the error path.
+ */
+function failingKey(input: DescMessage, body: Uint8Array): string | undefined {
+  let json: unknown;
+  try {
+    json = JSON.parse(Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  if (typeof json !== 'object' || json === null || Array.isArray(json)) return undefined;
+  for (const [key, value] of Object.entries(json as Record<string, JsonValue>)) {
+    try {
+      fromJson(input, { [key]: value }, { ignoreUnknownFields: false });
+    } catch {
+      return input.fields.find((f) => f.name === key || f.jsonName === key)?.jsonName ?? key;
+    }
+  }
+  return undefined;
 }
 
 async function healthz(deps: ServerDeps, health: HealthController, req: http.IncomingMessage, res: http.ServerResponse) {

@@ -41,8 +41,11 @@ export interface Received {
   eventId: string;
 }
 
-/** `fail`: 500; a number: that status (after verifying); `hang`: no answer. */
-export type Policy = 'ok' | 'fail' | 'hang' | number;
+/**
+ * `fail`: 500; a number: that status (after verifying); `hang`: no answer; a function: it
+ * answers (or not), whatever the signature, given the request and how many came to this path.
+ */
+export type Policy = 'ok' | 'fail' | 'hang' | number | ((res: http.ServerResponse, got: Received, n: number) => void);
 
 export interface Receiver {
   url: string;
@@ -85,7 +88,11 @@ export async function startReceiver(): Promise<Receiver> {
       const eventId = String(req.headers['leasehold-event-id'] ?? '');
       received.push({ path, headers: req.headers, body, valid, eventId });
       const policy = policies.get(path) ?? 'ok';
-      if (policy === 'hang') {
+      if (typeof policy === 'function') {
+        hanging.add(res);
+        res.on('close', () => hanging.delete(res));
+        policy(res, received.at(-1)!, received.filter((r) => r.path === path).length);
+      } else if (policy === 'hang') {
         hanging.add(res);
         res.on('close', () => hanging.delete(res));
       } else if (!valid) {
