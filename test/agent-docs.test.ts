@@ -42,7 +42,7 @@ it('the Linux walk-through of docs/agent.md runs as pasted', async () => {
   expect(stdout, stderr).toMatch(/job [0-9a-f-]{36}: JOB_STATUS_SUCCEEDED \{"sum":42\}/);
 }, 150_000);
 
-it('the WinSW template runs the installed package\'s bin with the guide\'s configuration path', () => {
+it('the WinSW template runs the installed package\'s bin with the guide\'s configuration path, and drains on stop', () => {
   const xml = readFileSync(path.join(root, 'examples/windows/leasehold-agent.xml'), 'utf8');
   for (const tag of ['id', 'executable', 'arguments', 'workingdirectory', 'stoptimeout', 'logpath']) {
     expect(xml, tag).toMatch(new RegExp(`<${tag}>[^<]+</${tag}>`));
@@ -50,6 +50,11 @@ it('the WinSW template runs the installed package\'s bin with the guide\'s confi
   // The package installed in C:\leasehold (test/agent-wine.test.ts runs these arguments under Wine).
   expect(xml).toMatch(/<arguments>"C:\\leasehold\\node_modules\\@leasehold\\agent-client\\bin\\leasehold-agent\.mjs" --config "C:\\leasehold\\agent\.json"<\/arguments>/);
   expect(guide).toContain('C:\\leasehold\\agent.json');
+  // A stop drains: WinSW 2.x stops the children before node unless told otherwise, and waits
+  // longer than the agent's default grace (30 s) before killing node.
+  expect(xml).toMatch(/<stopparentprocessfirst>true<\/stopparentprocessfirst>/);
+  const stop = /<stoptimeout>(\d+) sec<\/stoptimeout>/.exec(xml);
+  expect(Number(stop?.[1])).toBeGreaterThan(30);
   // Balanced tags: every element opened is closed.
   const open = [...xml.replace(/<!--[\s\S]*?-->/g, '').matchAll(/<(\/?)([a-zA-Z]+)[^>]*?(\/?)>/g)];
   const stack: string[] = [];

@@ -2,10 +2,14 @@
  * `leasehold-agent` as a real process running real commands, against a real coordinator:
  * results, retryable and final failures, timeouts and cancels that take the whole process tree
  * down, a revoke after the lease is lost, a restart with a result still in the outbox, paths
- * with spaces, `--check`, and an invalid configuration (exit code 2 naming the field).
+ * with spaces, `--check`, and an invalid configuration (exit code 2 naming the field). And what
+ * a runner must not do to commands: a second runner started on the same configuration (a console
+ * start beside the service) is refused by the outbox lock before it touches the first one's
+ * commands; a drained runner leaves no command behind, one that ignores SIGTERM included; a
+ * command killed from outside is retried.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { cp, mkdir, mkdtemp, open, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -20,6 +24,7 @@ import { checkInvariants } from './helpers/invariants.js';
 import { rawClient, unary } from './helpers/raw-agent.js';
 import { startProxy, type TcpProxy } from './helpers/tcp-proxy.js';
 import { alive } from './helpers/pids.js';
+import { groupAlive } from './helpers/process-group.js';
 
 const run = promisify(execFile);
 const root = path.resolve(import.meta.dirname, '..');
@@ -309,6 +314,59 @@ describe('leasehold-agent', () => {
     const err = await run(process.execPath, [bin, '--config', bad, '--check'], { cwd: root }).catch((e: { code: number; stderr: string }) => e);
     expect((err as { code: number }).code).toBe(1);
     expect((err as { stderr: string }).stderr).toMatch(/refused this agent/);
+  });
+
+  it('refuses a second runner on the same configuration by the outbox lock, before it touches the first one\'s running command', async () => {
+    // The command runs until the test creates its release file, then answers.
+    const release = path.join(work, 'release-second-runner');
+    const wait = `const fs = require('fs'); const t = setInterval(() => { if (fs.existsSync(process.env.RELEASE)) { clearInterval(t); console.log(JSON.stringify({ ok: true })); } }, 20);`;
+    const c = await config('runner-second', { long: { command: [process.execPath, '-e', wait], env: { RELEASE: release } } });
+    const first = startRunner(c.file);
+    const j = await enqueue('long', {}, { maxAttempts: 2 });
+    await first.waitFor((l) => l.event === 'command.started');
+    const second = startRunner(c.file);
+    expect(await second.exited).toBe(1);
+    expect(second.lines.map((l) => String(l.msg))).toContainEqual(expect.stringMatching(/^leasehold-agent: outbox .* is in use by process \d+ \(lock file .*outbox\.lock/));
+    expect(second.lines.some((l) => String(l.msg).startsWith('stopped a command left running'))).toBe(false);
+    await writeFile(release, '');
+    await until(lh, 'ended', async () => ['succeeded', 'failed', 'dead'].includes((await job(j.id)).status), 20_000);
+    // Its first attempt, the one the second runner must not have killed, did the job.
+    expect(await job(j.id)).toMatchObject({ status: 'succeeded', attempt_no: 1, result: { ok: true } });
+  });
+
+  it.skipIf(process.platform !== 'linux')('leaves no process of a command that ignores SIGTERM behind when drained (SIGTERM to the runner)', async () => {
+    // The drain's polite stop is ignored, and the queue's killGrace is far longer than the drain:
+    // the runner exits first, and kills the group on its way out.
+    const c = await config('runner-drain-stubborn', { stubborn: { command: ['/bin/sh', '-c', 'trap "" TERM; sleep 40'], killGrace: '60s' } }, { grace: '300ms' });
+    const r = startRunner(c.file);
+    await enqueue('stubborn', {}, { maxAttempts: 1 });
+    const pgid = (await r.waitFor((l) => l.event === 'command.started')).pid as number;
+    expect(groupAlive(pgid)).toBe(true);
+    try {
+      r.child.kill('SIGTERM');
+      expect(await r.exited).toBe(0);
+      await waitFor('no process of the command left', () => !groupAlive(pgid), 5000);
+      expect(r.lines.find((l) => l.event === 'commands.killed')).toMatchObject({ pids: [pgid] });
+      expect(existsSync(path.join(c.outboxDir, 'running'))).toBe(true);
+      expect(readdirSync(path.join(c.outboxDir, 'running'))).toEqual([]);
+    } finally {
+      try {
+        process.kill(-pgid, 'SIGKILL'); // what a failed run left behind
+      } catch {
+        // gone, as it should be
+      }
+    }
+  });
+
+  it.skipIf(process.platform === 'win32')('retries a command killed from outside (a service manager stopping it first, the OOM killer), as stopped, not failed', async () => {
+    const c = await config('runner-killed', {
+      killed: { command: ['/bin/sh', '-c', 'if [ "$LEASEHOLD_ATTEMPT_NO" = 1 ]; then kill -KILL $$; fi; echo "{\\"attempt\\":$LEASEHOLD_ATTEMPT_NO}"'] },
+    });
+    const r = startRunner(c.file);
+    const j = await enqueue('killed', {}, { maxAttempts: 3 });
+    await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded', 30_000);
+    expect(await job(j.id)).toMatchObject({ attempt_no: 2, result: { attempt: 2 } });
+    expect(await r.waitFor((l) => l.event === 'handler.finished' && l.kind === 'failed')).toMatchObject({ retryable: true, error: 'exited with signal SIGKILL (stopped from outside: retried)' });
   });
 
   it.each([

@@ -3,7 +3,9 @@
  * taskkill and tasklist command lines, the parse of tasklist's answer, the spawn options and
  * the default outbox location, the process lists the tree is found in where taskkill /T is
  * refused, and the image name recorded for a crash cleanup. (Run under Wine for real:
- * test/agent-wine.test.ts.)
+ * test/agent-wine.test.ts.) Parent process ids can be stale (an exited parent's id given to a
+ * new process): the creation times that wmic and PowerShell list keep a stale "child" out of a
+ * tree, and tell what a command that has exited left running.
  */
 import { describe, expect, it } from 'vitest';
 import { defaultOutboxDir } from '../agent-client/src/runner/config.js';
@@ -11,12 +13,22 @@ import {
   decodeWindowsOutput,
   descendants,
   expectedImage,
+  parseCreationTime,
+  parseProcessList,
   parseProcessParents,
   parseTasklist,
+  parseWindowsTime,
   treeSpawnOptions,
+  windowsCreationQueries,
   windowsKillCommands,
+  windowsProcessListCommands,
   windowsProcessQuery,
 } from '../agent-client/src/runner/process-tree.js';
+
+/** 2024-01-15 08:30:12.345678 UTC, as microseconds since 1970. */
+const T = Date.UTC(2024, 0, 15, 8, 30, 12) * 1000 + 345678;
+/** T + `s` whole seconds as wmic prints a CreationDate: local time (here UTC+1) and its offset in minutes. */
+const cim = (s: number) => `${new Date(Math.floor(T / 1000) + s * 1000 + 3600_000).toISOString().replace(/\D/g, '').slice(0, 14)}.345678+060`;
 
 describe('Windows process trees', () => {
   it('asks the tree to close, then forces it, with taskkill /T', () => {
@@ -66,5 +78,99 @@ describe('Windows process trees', () => {
     expect(expectedImage({ file: 'add.cmd', shell: true }, { ComSpec: 'C:\\Windows\\system32\\cmd.exe' })).toBe('cmd.exe');
     expect(expectedImage({ file: 'C:\\Program Files\\Tool\\resize.exe' }, {})).toBe('resize.exe');
     expect(expectedImage({ file: 'ping' }, {})).toBe('ping.exe');
+  });
+
+  it('reads creation times as wmic (CIM datetime, local time and offset) and PowerShell (FILETIME) print them, to one value', () => {
+    expect(parseWindowsTime('20240115093012.345678+060')).toBe(T);
+    expect(parseWindowsTime('20240115033012.345678-300')).toBe(T);
+    expect(parseWindowsTime('133497810123456780')).toBe(T);
+    expect(parseWindowsTime('4242')).toBeUndefined();
+    expect(parseWindowsTime('')).toBeUndefined();
+    expect(cim(0)).toBe('20240115093012.345678+060');
+  });
+
+  it('asks wmic, else PowerShell, when one process was created, and reads their answers', () => {
+    expect(windowsCreationQueries(77)).toEqual([
+      ['wmic', ['process', 'where', 'ProcessId=77', 'get', 'CreationDate']],
+      ['powershell.exe', ['-NoProfile', '-NonInteractive', '-Command', "(Get-CimInstance Win32_Process -Filter 'ProcessId=77').CreationDate.ToFileTimeUtc()"]],
+    ]);
+    expect(() => windowsCreationQueries(-1)).toThrow(/not a pid/);
+    expect(parseCreationTime('CreationDate               \r\r\n20240115093012.345678+060  \r\r\n\r\r\n')).toBe(T);
+    expect(parseCreationTime('133497810123456780\r\n')).toBe(T);
+    // wmic for a pid that is gone (its message goes to stderr), Wine's wmic, PowerShell's error.
+    expect(parseCreationTime('')).toBeUndefined();
+    expect(parseCreationTime('No Instance(s) Available.\r\n')).toBeUndefined();
+  });
+
+  it('lists processes with their creation times first, and without them where the tool has none (Wine)', () => {
+    expect(windowsProcessListCommands.map(([cmd, args]) => [cmd, args.at(-1)])).toEqual([
+      ['wmic', 'CreationDate,ParentProcessId,ProcessId'],
+      ['powershell.exe', 'Get-CimInstance Win32_Process | ForEach-Object { "$($_.ParentProcessId) $($_.ProcessId) $(if ($_.CreationDate) { $_.CreationDate.ToFileTimeUtc() })" }'],
+      ['wmic', 'ParentProcessId,ProcessId'],
+    ]);
+    // Windows' wmic prints the columns in alphabetical order; the System processes have no date.
+    const windows = [
+      'CreationDate               ParentProcessId  ProcessId  ',
+      '                           0                0          ',
+      '                           0                4          ',
+      `${cim(-60)}  4                700        `,
+      `${cim(0)}  700              5000       `,
+      `${cim(5)}  5000             5100       `,
+      '',
+    ].join('\r\r\n');
+    const list = parseProcessList(decodeWindowsOutput(Buffer.from(`\uFEFF${windows}`, 'utf16le')));
+    expect([...list.parents]).toEqual([[4, 0], [700, 4], [5000, 700], [5100, 5000]]);
+    expect(list.created.get(5000)).toBe(T);
+    expect(list.created.get(5100)).toBe(T + 5_000_000);
+    expect(list.created.has(4)).toBe(false);
+    expect(parseProcessParents(windows).get(5100)).toBe(5000);
+    // PowerShell's lines: `parent pid FILETIME`, the FILETIME missing where there is no date.
+    const ps = parseProcessList('0 4 \n4 700 133497810123456780\n700 5000 133497810173456780\n');
+    expect([...ps.parents]).toEqual([[4, 0], [700, 4], [5000, 700]]);
+    expect([...ps.created]).toEqual([[700, T], [5000, T + 5_000_000]]);
+    // Wine's wmic, asked for a CreationDate its Win32_Process does not have: no rows, so the next command.
+    expect(parseProcessList('CreationDateParentProcessIDProcessID\r\n').parents.size).toBe(0);
+  });
+
+  it('does not take a process for a child of a parent created after it (a stale, reused parent id)', () => {
+    // explorer.exe (4321) was started by userinit (5000), which exited; our command got pid 5000.
+    const wmic = [
+      'CreationDate               ParentProcessId  ProcessId',
+      `${cim(-3600)}  5000             4321`,
+      `${cim(-10)}  4322             9000`,
+      `${cim(0)}  9000             5000`,
+      `${cim(1)}  5000             5100`,
+      `${cim(2)}  5100             5200`,
+      `${cim(3)}  4321             5300`,
+    ].join('\r\n');
+    const { parents, created } = parseProcessList(wmic);
+    expect(descendants(5000, parents, created)).toEqual(new Set([5000, 5100, 5200]));
+    // Before the fix, or from a list without dates: the parent id alone takes explorer and its child.
+    expect(descendants(5000, parents)).toEqual(new Set([5000, 5100, 5200, 4321, 5300]));
+  });
+
+  it('finds what a command that has exited left running, by creation times only, its pid perhaps reused', () => {
+    // The command, pid 5000, created at T, has exited. Its child 5100 and grandchild 5200 run on;
+    // explorer (4321) has a stale parent id 5000 from before; 5000 is now a new process (created
+    // at T + 60 s) whose own child is 7000; 6000 claims parent 5000 with no date known.
+    const wmic = [
+      'CreationDate               ParentProcessId  ProcessId',
+      `${cim(-3600)}  5000             4321`,
+      `${cim(1)}  5000             5100`,
+      `${cim(2)}  5100             5200`,
+      `${cim(60)}  800              5000`,
+      `${cim(61)}  5000             7000`,
+      '                           5000             6000',
+    ].join('\r\n');
+    const { parents, created } = parseProcessList(wmic);
+    const known = new Map([[5000, T]]);
+    const left = descendants(5000, parents, created, { known, strict: true });
+    expect([...left].filter((p) => !known.has(p)).sort()).toEqual([5100, 5200]);
+    // A later round, 5100 stopped meanwhile: its child 5400, started since, is found by 5100's recorded time.
+    const later = parseProcessList(['CreationDate  ParentProcessId  ProcessId', `${cim(3)}  5100  5400`, `${cim(60)}  800  5000`].join('\r\n'));
+    const again = descendants(5000, later.parents, later.created, { known: new Map([...known, [5100, T + 1_000_000], [5200, T + 2_000_000]]), strict: true });
+    expect(again.has(5400)).toBe(true);
+    // Without creation times (Wine), nothing can be told: nothing is found.
+    expect([...descendants(5000, parseProcessParents('5000 4321\n5000 5100\n'), new Map(), { known, strict: true })]).toEqual([5000]);
   });
 });

@@ -7,16 +7,27 @@
  *   command ran to its own end after its attempt was gone.
  * - A pid file that cannot be written does not leave the command running unwatched: it is run,
  *   its result read, and the failure logged.
+ * And what a command's end and output mean:
+ * - killed by a signal nobody in the agent sent (SIGTERM, SIGKILL…, Windows' Ctrl+C exit code)
+ *   it was stopped, not failed: retried;
+ * - stdout is read in lines of at most 1 MiB: a longer one is dropped as it comes (a huge line
+ *   once crashed the agent), and a last JSON line too long fails the job; a UTF-8 character
+ *   split between two writes stays whole, on stdout and in the stderr tail;
+ * - a missing working directory is named as such;
+ * - `killRunningCommands` (the runner's exit) kills what still runs, a command ignoring SIGTERM too.
  */
+import { existsSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { JobContext, JobInfo } from '../agent-client/src/context.js';
+import type { JobContext, JobError, JobInfo } from '../agent-client/src/context.js';
 import { configSchema } from '../agent-client/src/runner/config.js';
-import { runCommand } from '../agent-client/src/runner/run-command.js';
+import { killRunningCommands, MAX_LINE_BYTES, OutputLines, runCommand, stoppedFromOutside, TextTail } from '../agent-client/src/runner/run-command.js';
+import { waitFor } from './helpers/coordinator.js';
+import { groupAlive } from './helpers/process-group.js';
 
 let work = '';
 beforeAll(async () => {
@@ -46,8 +57,18 @@ function command(cmd: Record<string, unknown>) {
 const job: JobInfo = { id: '01a24a00-0000-7000-8000-000000000001', queue: 'q', payload: { a: 1 }, priority: 0, attemptNo: 1, labels: {} };
 
 /** What runCommand reads of a context: the attempt, its signal and the idempotency key. */
-function context(abort: AbortController): JobContext {
-  return { attempt: { id: '01a24a00-0000-7000-8000-0000000000a1', number: 1 }, signal: abort.signal, idempotencyKey: (s: string) => `${job.id}:${s}` } as unknown as JobContext;
+function context(abort: AbortController, attemptId = '01a24a00-0000-7000-8000-0000000000a1'): JobContext {
+  return { attempt: { id: attemptId, number: 1 }, signal: abort.signal, idempotencyKey: (s: string) => `${job.id}:${s}` } as unknown as JobContext;
+}
+
+/** Runs a node script as the command; resolves with its result, or with the JobError it threw. */
+async function runNode(script: string, opts: { log?: ReturnType<typeof logger>['log']; cwd?: string } = {}) {
+  const cmd = command({ command: [process.execPath, '-e', script], ...(opts.cwd ? { cwd: opts.cwd } : {}) });
+  return runCommand(cmd, job, context(new AbortController()), { log: opts.log ?? logger().log, pidDir: path.join(work, 'pids') }).catch((err: JobError) => ({
+    message: err.message,
+    retryable: err.retryable,
+    details: err.options.details,
+  }));
 }
 
 describe.skipIf(process.platform === 'win32')('runCommand around the start', () => {
@@ -71,5 +92,141 @@ describe.skipIf(process.platform === 'win32')('runCommand around the start', () 
     const result = await runCommand(cmd, job, context(new AbortController()), { log, pidDir: path.join(notADir, 'pids') });
     expect(result).toEqual({ ok: true });
     expect(lines.find((l) => l.msg === 'could not write the pid file')).toBeDefined();
+  }, 20_000);
+});
+
+describe('how a command ended', () => {
+  it('counts a kill nobody in the agent asked for (SIGTERM, SIGINT, SIGKILL, SIGHUP, SIGQUIT, Ctrl+C on Windows) as stopped, not failed', () => {
+    for (const sig of ['SIGTERM', 'SIGINT', 'SIGKILL', 'SIGHUP', 'SIGQUIT'] as const) expect(stoppedFromOutside(null, sig), sig).toBe(true);
+    for (const sig of ['SIGSEGV', 'SIGABRT', 'SIGBUS'] as const) expect(stoppedFromOutside(null, sig), sig).toBe(false);
+    // Windows: STATUS_CONTROL_C_EXIT as Node gives it (unsigned), and the same 32 bits signed.
+    expect(stoppedFromOutside(3221225786, null)).toBe(true);
+    expect(stoppedFromOutside(-1073741510, null)).toBe(true);
+    expect(stoppedFromOutside(1, null)).toBe(false);
+    expect(stoppedFromOutside(3221225477, null)).toBe(false); // an access violation is a crash
+  });
+
+  it.skipIf(process.platform === 'win32')('retries a command killed from outside, and fails for good one that crashed', async () => {
+    const killed = await runNode("process.kill(process.pid, 'SIGTERM'); setTimeout(() => {}, 10000)");
+    expect(killed).toMatchObject({ message: 'exited with signal SIGTERM (stopped from outside: retried)', retryable: true, details: { signal: 'SIGTERM', stoppedFromOutside: true } });
+    const crashed = await runNode("process.kill(process.pid, 'SIGSEGV'); setTimeout(() => {}, 10000)");
+    expect(crashed).toMatchObject({ message: 'exited with signal SIGSEGV', retryable: false });
+  }, 20_000);
+
+  it('accepts Windows exit codes (32-bit, unsigned) in retryableExitCodes', () => {
+    expect(command({ command: ['x'], retryableExitCodes: [75, 3221225477, 4294967295] }).retryableExitCodes).toEqual([75, 3221225477, 4294967295]);
+    expect(() => command({ command: ['x'], retryableExitCodes: [4294967296] })).toThrow();
+    expect(() => command({ command: ['x'], retryableExitCodes: [0] })).toThrow();
+  });
+});
+
+describe('reading the output', () => {
+  it('holds at most the line cap of a huge line, drops it, and reads the lines around it', () => {
+    const out = new OutputLines(1024);
+    out.write(Buffer.from('{"first":1}\n'));
+    const chunk = Buffer.alloc(64 * 1024, 'x');
+    let most = 0;
+    for (let i = 0; i < 640; i++) {
+      out.write(chunk); // 40 MiB without a newline
+      most = Math.max(most, out.buffered);
+    }
+    out.write(Buffer.from('\n{"ok":1}\n'));
+    out.end();
+    expect(most).toBeLessThanOrEqual(1024);
+    expect(out).toMatchObject({ discarded: 1, lastJson: { ok: 1 }, resultTooLong: undefined });
+  });
+
+  it('marks a last JSON line too long to read (an earlier one is not the result); a long log line is only dropped', () => {
+    const json = new OutputLines(100);
+    json.write(Buffer.from(`{"small":1}\n{"big":"${'y'.repeat(200)}`));
+    json.write(Buffer.from('"}\r\n'));
+    json.end();
+    expect(json.resultTooLong).toBe(211); // the line without its newline
+    const log = new OutputLines(100);
+    log.write(Buffer.from(`{"small":1}\n[info] ${'y'.repeat(200)} done\n`));
+    log.end();
+    expect(log).toMatchObject({ discarded: 1, lastJson: { small: 1 }, resultTooLong: undefined });
+  });
+
+  it('keeps a UTF-8 character split between two reads whole, on stdout and in the stderr tail', () => {
+    const bytes = Buffer.from('{"word":"Grüße 👋"}\n', 'utf8');
+    const out = new OutputLines();
+    const tail = new TextTail();
+    for (let i = 0; i < bytes.length; i++) {
+      out.write(bytes.subarray(i, i + 1)); // byte by byte: every character split
+      tail.write(bytes.subarray(i, i + 1));
+    }
+    out.end();
+    tail.end();
+    expect(out.lastJson).toEqual({ word: 'Grüße 👋' });
+    expect(tail.text).toBe('{"word":"Grüße 👋"}\n');
+    // The tail cut in the middle of a surrogate pair drops the half.
+    const short = new TextTail(2);
+    short.write(Buffer.from('a👋b', 'utf8'));
+    expect(short.text).toBe('b');
+  });
+});
+
+describe.skipIf(process.platform === 'win32')('runCommand output', () => {
+  it('completes a command that writes a 40 MB line then its result: the line dropped, counted in the log', async () => {
+    const { log, lines } = logger();
+    const result = await runNode(
+      "const chunk = 'x'.repeat(1 << 20); let n = 40; const more = () => { while (n > 0) { n--; if (!process.stdout.write(chunk)) return process.stdout.once('drain', more); } process.stdout.write('\\n' + JSON.stringify({ ok: 1 }) + '\\n'); }; more();",
+      { log },
+    );
+    expect(result).toEqual({ ok: 1 });
+    expect(lines.find((l) => l.msg === 'command ended')).toMatchObject({ code: 0, discardedLines: 1 });
+    expect(lines.find((l) => l.msg === 'dropped stdout lines longer than the limit')).toMatchObject({ lines: 1, maxBytes: MAX_LINE_BYTES });
+  }, 60_000);
+
+  it('fails the job for good when its last JSON line is over the cap, rather than return an earlier one', async () => {
+    const err = await runNode(`console.log(JSON.stringify({ early: true })); console.log(JSON.stringify({ big: 'z'.repeat(${MAX_LINE_BYTES}) }))`);
+    expect(err).toMatchObject({ retryable: false, details: { resultBytes: MAX_LINE_BYTES + 10 } });
+    expect(err.message).toMatch(/^result too long: the last JSON line on stdout has 1048586 bytes, over the limit of 1048576/);
+  }, 20_000);
+
+  it('keeps a UTF-8 character the command wrote in two halves whole, on stdout and in stderr', async () => {
+    // 'é' is 0xC3 0xA9: the halves go out in two writes, the second once the first was flushed.
+    const result = await runNode(
+      "const e = Buffer.from('é'); process.stdout.write('{\"w\":\"'); process.stdout.write(e.subarray(0, 1), () => setTimeout(() => { process.stdout.write(Buffer.concat([e.subarray(1), Buffer.from('\"}\\n')])); process.stderr.write(e.subarray(0, 1), () => setTimeout(() => process.stderr.write(e.subarray(1), () => process.exit(3)), 100)); }, 100));",
+    );
+    expect(result).toMatchObject({ message: 'exited with code 3: é', details: { stderr: 'é' } });
+    const ok = await runNode("const e = Buffer.from('ü'); process.stdout.write(Buffer.concat([Buffer.from('{\"w\":\"'), e.subarray(0, 1)]), () => setTimeout(() => process.stdout.write(Buffer.concat([e.subarray(1), Buffer.from('\"}\\n')])), 100));");
+    expect(ok).toEqual({ w: 'ü' });
+  }, 20_000);
+
+  it('says the working directory is missing, not the command', async () => {
+    const cwd = path.join(work, 'no such dir');
+    const err = await runNode('1', { cwd });
+    expect(err).toMatchObject({ retryable: false });
+    expect(err.message).toBe(`cannot start ${JSON.stringify(process.execPath)}: ENOENT: its working directory (cwd) ${JSON.stringify(cwd)} does not exist`);
+  }, 20_000);
+});
+
+describe.skipIf(process.platform !== 'linux')('killRunningCommands (the runner exiting)', () => {
+  it('kills a running command that ignores SIGTERM, with its group, and removes its pid file', async () => {
+    const { log, lines } = logger();
+    const pidDir = path.join(work, 'pids-exit');
+    const cmd = command({ command: ['/bin/sh', '-c', 'trap "" TERM; sleep 60 & wait'], killGrace: '60s' });
+    const attemptId = '01a24a00-0000-7000-8000-0000000000e1';
+    const running = runCommand(cmd, job, context(new AbortController(), attemptId), { log, pidDir }).catch((err: JobError) => ({ message: err.message, retryable: err.retryable }));
+    const started = await waitFor('command started', () => lines.find((l) => l.msg === 'command started'));
+    const pid = started.pid as number;
+    try {
+      expect(groupAlive(pid)).toBe(true);
+      expect(existsSync(path.join(pidDir, `${attemptId}.json`))).toBe(true);
+      expect(killRunningCommands()).toEqual([pid]);
+      expect(existsSync(path.join(pidDir, `${attemptId}.json`))).toBe(false);
+      await waitFor('the group gone', () => !groupAlive(pid), 5000);
+      expect(await running).toMatchObject({ message: 'exited with signal SIGKILL (stopped from outside: retried)', retryable: true });
+      expect(killRunningCommands()).toEqual([]);
+    } finally {
+      try {
+        process.kill(-pid, 'SIGKILL'); // what a failed run left behind
+      } catch {
+        // gone, as it should be
+      }
+      await running;
+    }
   }, 20_000);
 });

@@ -12,7 +12,7 @@ import { createAgent } from '../agent.js';
 import { readOutbox } from '../outbox.js';
 import { ConfigError, loadConfig, type AgentConfig } from './config.js';
 import { killLeftover, type PidRecord } from './process-tree.js';
-import { runCommand } from './run-command.js';
+import { killRunningCommands, runCommand } from './run-command.js';
 
 const log = pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? 'info', base: { pid: process.pid } });
 
@@ -44,8 +44,15 @@ function agentFor(config: AgentConfig, handleSignals: boolean, outboxDir = confi
 
 async function serve(config: AgentConfig): Promise<void> {
   const pidDir = path.join(config.outboxDir, 'running');
-  await killLeftovers(pidDir);
   const agent = agentFor(config, true);
+  // The outbox's lock first: a second runner on the same outbox (a console start beside the
+  // service) is refused here, before it takes the running agent's pid files for leftovers.
+  await agent.open();
+  await killLeftovers(pidDir);
+  // However the process ends (drained, a second Ctrl-C, a crash), no command outlives it: one that
+  // ignored the drain's polite stop would otherwise run on, reparented, while its job is redone
+  // elsewhere (the drain exits before the queue's killGrace has passed).
+  process.on('exit', killLeftBehind);
   for (const [queue, cmd] of Object.entries(config.queues)) {
     agent.handle(queue, (job, ctx) => runCommand(cmd, job, ctx, { log, pidDir }));
   }
@@ -82,6 +89,12 @@ async function check(config: AgentConfig): Promise<void> {
     await agent.stop();
     await rm(scratch, { recursive: true, force: true });
   }
+}
+
+/** On exit: kills the commands still running, and says so (synchronously: the process is ending). */
+function killLeftBehind(): void {
+  const pids = killRunningCommands();
+  if (pids.length) pino({ base: { pid: process.pid } }, pino.destination({ dest: 1, sync: true })).warn({ event: 'commands.killed', pids }, 'exiting: killed the commands still running');
 }
 
 /** Stops command trees that a previous run of this agent left behind (it was killed outright). */

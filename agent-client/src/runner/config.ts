@@ -1,11 +1,14 @@
 /**
  * The `leasehold-agent` configuration file: validated with zod, every error naming the field
- * (`queues.resize.timeout: …`). Durations are milliseconds or strings like `90s`, `10m`.
+ * (`queues.resize.timeout: …`). Durations are milliseconds or strings like `90s`, `10m`. The
+ * file and the token file may be UTF-8 or, with a byte order mark, UTF-16 (what Windows
+ * PowerShell 5.1's `>` and `Out-File` write); the TLS files named must be readable.
  */
 import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
+import { parseUrl } from '../channel.js';
 
 /** A bad configuration: the message names the field. The CLI exits with code 2. */
 export class ConfigError extends Error {
@@ -24,7 +27,32 @@ const duration = z.union([z.number(), z.string()], 'must be milliseconds or a du
     ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)} is not a duration: use e.g. 500ms, 90s, 10m, 1h` });
     return z.NEVER;
   }
-  return Math.round(Number(m[1]) * units[m[2]!]!);
+  const ms = Math.round(Number(m[1]) * units[m[2]!]!);
+  // Rounded to nothing it would mean "no limit" where a limit was asked for.
+  if (ms < 1) {
+    ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)} is less than 1 ms` });
+    return z.NEVER;
+  }
+  return ms;
+});
+
+/** A coordinator address in a form the SDK connects to (channel.ts `parseUrl`). */
+const address = z.string().superRefine((v, ctx) => {
+  if (!v.trim()) return void ctx.addIssue({ code: 'custom', message: 'is required: the coordinator address, e.g. http://127.0.0.1:50051' });
+  const bad = () => ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)} is not an address: use http://host:port, https://host:port or host:port` });
+  let target: string;
+  try {
+    target = parseUrl(v, undefined).target;
+  } catch {
+    return void bad();
+  }
+  let u: URL;
+  try {
+    u = new URL(`http://${target}`);
+  } catch {
+    return void bad();
+  }
+  if (!u.hostname || u.username || u.password || u.search || u.hash) bad();
 });
 
 const queueName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/, 'queue names are letters, digits and _ . : - (starting with a letter or digit)');
@@ -40,8 +68,11 @@ const command = z
     env: z.record(z.string(), z.string()).default({}),
     /** Killed (with its children) when it runs longer. Default: no limit. */
     timeout: duration.optional(),
-    /** Exit codes that mean "try again later"; any other non-zero code fails the job for good. */
-    retryableExitCodes: z.array(z.int().min(1).max(255)).default([]),
+    /**
+     * Exit codes that mean "try again later"; any other non-zero code fails the job for good.
+     * 1 to 4294967295: Windows exit codes are unsigned 32-bit numbers (elsewhere they stop at 255).
+     */
+    retryableExitCodes: z.array(z.int().min(1).max(0xffffffff)).default([]),
     /** Time between the polite stop (SIGTERM / taskkill) and the forced one. Default 5 s. */
     killGrace: duration.default(5000),
   })
@@ -50,10 +81,7 @@ const command = z
 export const configSchema = z
   .object({
     /** The coordinator's gRPC address, or a list of replicas to fail over between. */
-    url: z.union(
-      [z.string().min(1, 'is required: the coordinator address, e.g. http://127.0.0.1:50051'), z.array(z.string().min(1)).min(1, 'must list at least one address')],
-      'must be an address or a list of addresses',
-    ),
+    url: z.union([address, z.array(address).min(1, 'must list at least one address')], 'must be an address or a list of addresses'),
     /** The agent token, or `tokenFile`, or the LEASEHOLD_TOKEN environment variable. */
     token: z.string().min(1).optional(),
     tokenFile: z.string().min(1).optional(),
@@ -77,6 +105,29 @@ export function defaultOutboxDir(platform = process.platform, env = process.env,
   return path.join(home, '.leasehold', 'outbox');
 }
 
+/**
+ * A text file's bytes as text: UTF-8 (a byte order mark dropped) or, with a byte order mark,
+ * UTF-16 LE or BE (Windows PowerShell 5.1's `>` and `Out-File` write UTF-16 LE). Throws a
+ * `ConfigError` naming `what` for UTF-16 without a byte order mark (NUL bytes), which no JSON
+ * or token holds.
+ */
+export function decodeText(b: Buffer, what: string): string {
+  if (b[0] === 0xff && b[1] === 0xfe) return b.subarray(2).toString('utf16le');
+  if (b[0] === 0xfe && b[1] === 0xff) {
+    const le = Buffer.from(b.subarray(2, b.length - (b.length % 2)));
+    return le.swap16().toString('utf16le');
+  }
+  if (b.includes(0)) throw new ConfigError(`${what}: holds NUL bytes: UTF-16 without a byte order mark? Save it as UTF-8`);
+  return b.toString('utf8').replace(/^\uFEFF/, ''); // Notepad writes a byte order mark
+}
+
+/** Reads a file named by the configuration; a `ConfigError` naming `field` when it cannot. */
+async function readNamed(field: string, file: string): Promise<Buffer> {
+  return readFile(file).catch((err: NodeJS.ErrnoException) => {
+    throw new ConfigError(`${field}: cannot read ${file}: ${err.code ?? err.message}`);
+  });
+}
+
 /** Validates a parsed configuration; throws `ConfigError` naming the first bad field. */
 export async function parseConfig(raw: unknown, env = process.env): Promise<AgentConfig> {
   const r = configSchema.safeParse(raw);
@@ -88,12 +139,16 @@ export async function parseConfig(raw: unknown, env = process.env): Promise<Agen
   }
   const c = r.data;
   let token = c.token ?? env.LEASEHOLD_TOKEN;
-  if (!token && c.tokenFile) {
-    token = (await readFile(c.tokenFile, 'utf8').catch((err: NodeJS.ErrnoException) => {
-      throw new ConfigError(`tokenFile: cannot read ${c.tokenFile}: ${err.code ?? err.message}`);
-    })).trim();
-  }
+  if (!token && c.tokenFile) token = decodeText(await readNamed('tokenFile', c.tokenFile), `tokenFile ${c.tokenFile}`).trim();
   if (!token) throw new ConfigError('token: is required (in the file, as tokenFile, or in LEASEHOLD_TOKEN)');
+  // The SDK reads them when it connects, where a missing one would stop the agent with a bare ENOENT.
+  if (typeof c.tls === 'object') {
+    for (const field of ['ca', 'cert', 'key'] as const) {
+      const f = c.tls[field];
+      if (f !== undefined) await readNamed(`tls.${field}`, f);
+    }
+    if ((c.tls.cert === undefined) !== (c.tls.key === undefined)) throw new ConfigError(`tls: give "cert" and "key" together (mTLS), or neither`);
+  }
   for (const [q, cmd] of Object.entries(c.queues)) {
     if (cmd.shell && cmd.command.length !== 1) throw new ConfigError(`queues.${q}.command: with "shell": true, give the command line as one string`);
   }
@@ -102,15 +157,16 @@ export async function parseConfig(raw: unknown, env = process.env): Promise<Agen
 
 /** Reads and validates a configuration file. */
 export async function loadConfig(file: string, env = process.env): Promise<AgentConfig> {
-  let text: string;
+  let bytes: Buffer;
   try {
-    text = await readFile(file, 'utf8');
+    bytes = await readFile(file);
   } catch (err) {
     throw new ConfigError(`${file}: cannot read the configuration: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
   }
+  const text = decodeText(bytes, file);
   let raw: unknown;
   try {
-    raw = JSON.parse(text.replace(/^\uFEFF/, '')); // Notepad writes a byte order mark
+    raw = JSON.parse(text);
   } catch (err) {
     throw new ConfigError(`${file}: not valid JSON: ${(err as Error).message}`);
   }

@@ -7,14 +7,20 @@
  * - Windows: `taskkill /PID <pid> /T` asks the tree to close, `taskkill /PID <pid> /T /F` forces it.
  *   Where taskkill refuses `/T` (Wine's does) or fails otherwise, the failure is logged and the
  *   runner stops the tree itself: the descendants found by parent process id (`wmic`, else
- *   PowerShell's `Get-CimInstance`), each asked to close, then terminated.
+ *   PowerShell's `Get-CimInstance`), each asked to close, then terminated. A parent process id
+ *   may name a process that has exited and whose id was reused (Microsoft says so of
+ *   `Win32_Process.ParentProcessId`): where the list gives creation times, a "child" created
+ *   before its parent is not taken for one. Once a command has exited, what it left running is
+ *   found the same way (`stopLeftBehind`), and only with creation times.
  *
  * The runner records each running command in a pid file; at the next start, trees left behind
- * by an agent that was killed outright are stopped (after checking the process is still that
- * command, so a reused pid is never killed).
+ * by an agent that was killed outright are stopped (`killLeftover`), after checking that the
+ * pid still is that command (Linux: its start time and the boot; Windows: its creation time,
+ * else its image name), so that a reused pid is never killed; where the command itself has
+ * exited, what it left is found by its process group (Linux) or parent ids (Windows).
  */
 import { execFile, type ChildProcess, type SpawnOptions } from 'node:child_process';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from 'pino';
@@ -89,15 +95,16 @@ export async function killTree(child: ChildProcess, graceMs: number, opts: { pla
     // children), taken while taskkill asks it to close.
     const snapshot = windowsTree(pid);
     const { polite, force } = windowsKillCommands(pid);
-    if (!(await taskkill(polite, opts.log))) await Promise.all([...(await snapshot)].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
-    const known = await snapshot;
+    if (!(await taskkill(polite, opts.log))) await Promise.all([...(await snapshot).pids].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
+    const { pids: known, created } = await snapshot;
     if ((await wait(child, graceMs)) && known.size <= 1) return;
     if (!(await taskkill(force, opts.log)) || known.size > 1) {
       // The command (our child: this always reaches it) and what it had started, at once; then
-      // whatever was started since the snapshot.
+      // whatever was started since the snapshot (the creation times of the snapshot tell, when
+      // the command has exited meanwhile, its children from those of a process given its id).
       terminate(known);
-      const late = await windowsTree(pid);
-      terminate(new Set([...late].filter((p) => !known.has(p))));
+      const late = await windowsTree(pid, created);
+      terminate(new Set([...late.pids].filter((p) => !known.has(p))));
     }
     await wait(child, 5000);
     return;
@@ -122,9 +129,10 @@ async function taskkill([cmd, args]: [string, string[]], log: Pick<Logger, 'warn
   }
 }
 
-/** Terminates each pid (TerminateProcess on Windows); one already gone is skipped. */
-function terminate(pids: Set<number>): void {
+/** Terminates each pid (TerminateProcess on Windows); one already gone is skipped, and never this process. */
+function terminate(pids: Iterable<number>): void {
   for (const p of pids) {
+    if (p === process.pid) continue;
     try {
       process.kill(p, 'SIGKILL');
     } catch {
@@ -139,63 +147,153 @@ export function decodeWindowsOutput(b: Buffer): string {
   return (utf16 ? b.toString('utf16le') : b.toString('utf8')).replace(/^\uFEFF/, '');
 }
 
+/** 100-ns intervals from 1601 (Windows' FILETIME epoch) to 1970, in microseconds. */
+const FILETIME_1970_US = 11_644_473_600_000_000n;
+
 /**
- * Parses a process list of parent and process ids: `wmic process get ParentProcessId,ProcessId`
- * (a header, then columns) or lines of `parent pid` (PowerShell). Returns pid → parent pid.
+ * A Windows creation time as microseconds since 1970 (UTC): WMI's `CIM_DATETIME`
+ * (`yyyymmddHHMMSS.mmmmmm+UUU`, local time and its offset in minutes, as wmic prints
+ * `CreationDate`) or a FILETIME (100-ns intervals since 1601, PowerShell's `ToFileTimeUtc()`).
+ * Both come from the same kernel value, so one process gives the same number either way.
  */
-export function parseProcessParents(text: string): Map<number, number> {
-  const parents = new Map<number, number>();
+export function parseWindowsTime(s: string): number | undefined {
+  const cim = /^(\d{4})(\d{2})(\d{2})(\d{2})(\d{2})(\d{2})\.(\d{6})([+-])(\d{3})$/.exec(s);
+  if (cim) {
+    const [y, mo, d, h, mi, sec, us, sign, offset] = cim.slice(1);
+    const local = Date.UTC(Number(y), Number(mo) - 1, Number(d), Number(h), Number(mi), Number(sec));
+    return (local - (sign === '-' ? -1 : 1) * Number(offset) * 60_000) * 1000 + Number(us);
+  }
+  // A FILETIME of these centuries has 17 or 18 digits (above 2^53: read as a bigint).
+  if (/^\d{17,18}$/.test(s)) return Number(BigInt(s) / 10n - FILETIME_1970_US);
+  return undefined;
+}
+
+/**
+ * Whether two creation times are one process's: equal within a millisecond (WMI's datetime and
+ * a FILETIME may round the same instant differently; no process starts, ends and has its id
+ * given to another within a millisecond).
+ */
+const sameProcess = (a: number, b: number) => Math.abs(a - b) < 1000;
+
+/** A process list: each pid's parent pid and, where the tool gives it, its creation time (µs since 1970). */
+export interface ProcessList {
+  parents: Map<number, number>;
+  created: Map<number, number>;
+}
+
+/**
+ * Parses a process list: `wmic process get [CreationDate,]ParentProcessId,ProcessId` (a header,
+ * then columns, which wmic prints in alphabetical order whatever order they were asked in) or
+ * lines of `parent pid [creation FILETIME]` (PowerShell). A row without a creation time (wmic
+ * leaves it empty for the System process; Wine's `Win32_Process` has none) is kept without one.
+ */
+export function parseProcessList(text: string): ProcessList {
+  const list: ProcessList = { parents: new Map(), created: new Map() };
   const lines = text.split(/\r?\n/).map((l) => l.trim()).filter(Boolean);
   let order: [number, number] = [0, 1];
   if (lines[0] && /[a-z]/i.test(lines[0])) {
     // The columns' order from where their names stand (Wine's wmic runs the names together).
-    const head = lines.shift()!.toLowerCase();
+    const head = lines.shift()!.toLowerCase().replace('creationdate', '');
     const parentAt = head.indexOf('parentprocessid');
     const pidAt = head.replace('parentprocessid', ' '.repeat(15)).indexOf('processid');
-    if (parentAt < 0 || pidAt < 0) return parents;
+    if (parentAt < 0 || pidAt < 0) return list;
     order = parentAt < pidAt ? [0, 1] : [1, 0];
   }
   for (const l of lines) {
-    const cols = l.split(/\s+/).map(Number);
-    const parent = cols[order[0]];
-    const pid = cols[order[1]];
-    if (Number.isInteger(parent) && Number.isInteger(pid) && pid! > 0) parents.set(pid!, parent!);
+    const tokens = l.split(/\s+/);
+    // The creation time is told by its shape: a CIM datetime, or a third number (a FILETIME).
+    const dateAt = tokens.findIndex((t, i) => t.includes('.') || (i === 2 && /^\d{17,18}$/.test(t)));
+    const created = dateAt < 0 ? undefined : parseWindowsTime(tokens[dateAt]!);
+    const ids = tokens.filter((_, i) => i !== dateAt).map(Number);
+    const parent = ids[order[0]];
+    const pid = ids[order[1]];
+    if (!Number.isInteger(parent) || !Number.isInteger(pid) || pid! <= 0) continue;
+    list.parents.set(pid!, parent!);
+    if (created !== undefined) list.created.set(pid!, created);
   }
-  return parents;
+  return list;
 }
 
-/** `pid` and its descendants, from the parent ids of every process. */
-export function descendants(pid: number, parents: Map<number, number>): Set<number> {
-  const tree = new Set([pid]);
+/** The parent ids of a process list (see `parseProcessList`): pid → parent pid. */
+export function parseProcessParents(text: string): Map<number, number> {
+  return parseProcessList(text).parents;
+}
+
+/**
+ * `pid` and its descendants, from the parent ids of every process. Parent ids can be stale: a
+ * process keeps its parent's id after the parent exits, and Windows gives that id to new
+ * processes. So, where creation times are known (`created`), a process created before its
+ * claimed parent is not its child.
+ *
+ * - `known`: creation times recorded for members of the tree that may have exited since (the
+ *   command, once it has ended): their children are looked for too, and where the list shows
+ *   their pid held by a process created at another time, that process is not them, and
+ *   only children created before it are theirs.
+ * - `strict`: leave out any process whose creation time, or its parent's, is unknown (for a
+ *   command that has exited, whose id may have been reused: a parent id alone cannot tell).
+ */
+export function descendants(pid: number, parents: Map<number, number>, created: Map<number, number> = new Map(), opts: { known?: Map<number, number>; strict?: boolean } = {}): Set<number> {
+  const known = opts.known ?? new Map<number, number>();
+  const tree = new Set([pid, ...known.keys()]);
+  const createdOf = (p: number) => known.get(p) ?? created.get(p);
   for (let grew = true; grew; ) {
     grew = false;
     for (const [p, parent] of parents) {
-      if (!tree.has(p) && tree.has(parent)) {
-        tree.add(p);
-        grew = true;
+      if (tree.has(p) || !tree.has(parent)) continue;
+      const mine = created.get(p);
+      const theirs = createdOf(parent);
+      if (mine === undefined || theirs === undefined) {
+        if (opts.strict) continue;
+      } else if (mine < theirs) {
+        continue; // a stale parent id: that "parent" was created after this process
       }
+      // The parent's pid now held by another process (created then): only children from before it are the parent's.
+      const holder = known.has(parent) ? created.get(parent) : undefined;
+      if (holder !== undefined && !sameProcess(holder, known.get(parent)!) && (mine === undefined || mine >= holder)) continue;
+      tree.add(p);
+      grew = true;
     }
   }
   return tree;
 }
 
-/** The command lines that list every process with its parent, tried in order. */
+/**
+ * The command lines that list every process with its parent, tried in order: with creation
+ * times (wmic, else PowerShell, for Windows without wmic); then without (Wine's wmic, whose
+ * `Win32_Process` has no `CreationDate`).
+ */
 export const windowsProcessListCommands: [string, string[]][] = [
+  ['wmic', ['process', 'get', 'CreationDate,ParentProcessId,ProcessId']],
+  [
+    'powershell.exe',
+    ['-NoProfile', '-NonInteractive', '-Command', 'Get-CimInstance Win32_Process | ForEach-Object { "$($_.ParentProcessId) $($_.ProcessId) $(if ($_.CreationDate) { $_.CreationDate.ToFileTimeUtc() })" }'],
+  ],
   ['wmic', ['process', 'get', 'ParentProcessId,ProcessId']],
-  ['powershell.exe', ['-NoProfile', '-NonInteractive', '-Command', 'Get-CimInstance Win32_Process | ForEach-Object { "$($_.ParentProcessId) $($_.ProcessId)" }']],
 ];
 
-/** `pid` and its descendants on Windows (just `pid` when no process list can be had). */
-async function windowsTree(pid: number): Promise<Set<number>> {
+/** Every process with its parent (and creation time, where a tool gives it); undefined when no list can be had. */
+async function windowsProcessList(): Promise<ProcessList | undefined> {
   for (const [cmd, args] of windowsProcessListCommands) {
     const out = await execRaw(cmd, args, { ...TOOL_OPTIONS, encoding: 'buffer' }).then(
       (r) => decodeWindowsOutput(r.stdout),
       () => '',
     );
-    const parents = parseProcessParents(out);
-    if (parents.size) return descendants(pid, parents);
+    const list = parseProcessList(out);
+    if (list.parents.size) return list;
   }
-  return new Set([pid]);
+  return undefined;
+}
+
+/**
+ * `pid` and its descendants on Windows (just `pid` when no process list can be had), with the
+ * creation times of those the list dated. `known`: creation times from an earlier snapshot.
+ */
+async function windowsTree(pid: number, known?: Map<number, number>): Promise<{ pids: Set<number>; created: Map<number, number> }> {
+  const list = await windowsProcessList();
+  if (!list) return { pids: new Set([pid]), created: new Map() };
+  const pids = descendants(pid, list.parents, list.created, known ? { known } : {});
+  const created = new Map([...pids].flatMap((p) => (known?.has(p) ? [[p, known.get(p)!] as const] : list.created.has(p) ? [[p, list.created.get(p)!] as const] : [])));
+  return { pids, created };
 }
 
 /** The image a pid runs, as tasklist says (undefined when it cannot tell, as under Wine). */
@@ -204,14 +302,49 @@ async function windowsImage(pid: number): Promise<string | undefined> {
   return parseTasklist((await exec(cmd, args).catch(() => ({ stdout: '' }))).stdout);
 }
 
+/** The command lines that tell when one process was created, tried in order (wmic, PowerShell). */
+export function windowsCreationQueries(pid: number): [string, string[]][] {
+  if (!Number.isInteger(pid) || pid <= 0) throw new Error(`not a pid: ${pid}`);
+  return [
+    ['wmic', ['process', 'where', `ProcessId=${pid}`, 'get', 'CreationDate']],
+    ['powershell.exe', ['-NoProfile', '-NonInteractive', '-Command', `(Get-CimInstance Win32_Process -Filter 'ProcessId=${pid}').CreationDate.ToFileTimeUtc()`]],
+  ];
+}
+
+/** The first creation time (CIM datetime or FILETIME) in a tool's answer, if any. */
+export function parseCreationTime(text: string): number | undefined {
+  for (const t of text.split(/\s+/)) {
+    const us = parseWindowsTime(t);
+    if (us !== undefined) return us;
+  }
+  return undefined;
+}
+
+/** When a pid's process was created (µs since 1970), or undefined when no tool tells (Wine's do not). */
+async function windowsCreated(pid: number): Promise<number | undefined> {
+  for (const [cmd, args] of windowsCreationQueries(pid)) {
+    const out = await execRaw(cmd, args, { ...TOOL_OPTIONS, encoding: 'buffer' }).then(
+      (r) => decodeWindowsOutput(r.stdout),
+      () => '',
+    );
+    const us = parseCreationTime(out);
+    if (us !== undefined) return us;
+  }
+  return undefined;
+}
+
 /** What a pid file records about a running command. */
 export interface PidRecord {
   pid: number;
   platform: Platform;
   /** Linux: the process start time from /proc/<pid>/stat (clock ticks since boot). */
   startTicks?: string;
+  /** Linux: the boot it started in (/proc/sys/kernel/random/boot_id): start ticks count from it. */
+  bootId?: string;
   /** Windows: the image name, e.g. `resize.exe`. */
   image?: string;
+  /** Windows: the creation time, µs since 1970 (UTC), where wmic or PowerShell could tell it. */
+  created?: number;
 }
 
 /**
@@ -225,40 +358,144 @@ export function expectedImage(command: { file: string; shell?: boolean }, env: N
 }
 
 /**
- * Identifies a process just spawned, for a pid file. On Windows, the image that the pid really
- * runs (`tasklist`), or, where tasklist cannot tell, the one expected from the configuration.
+ * Identifies a process just spawned, for a pid file. Linux: its start time and the boot. Windows:
+ * the image that the pid really runs (`tasklist`), or, where tasklist cannot tell, the one
+ * expected from the configuration; and its creation time where a tool tells it.
  */
 export async function describeProcess(pid: number, command: { file: string; shell?: boolean }, platform: Platform = process.platform): Promise<PidRecord> {
-  if (platform === 'linux') return { pid, platform, ...(await linuxStartTicks(pid).then((s) => (s ? { startTicks: s } : {}))) };
-  if (platform === 'win32') return { pid, platform, image: (await windowsImage(pid)) ?? expectedImage(command) };
+  if (platform === 'linux') {
+    const [startTicks, bootId] = await Promise.all([linuxStartTicks(pid), linuxBootId()]);
+    return { pid, platform, ...(startTicks ? { startTicks } : {}), ...(bootId ? { bootId } : {}) };
+  }
+  if (platform === 'win32') {
+    const [image, created] = await Promise.all([windowsImage(pid), windowsCreated(pid)]);
+    return { pid, platform, image: image ?? expectedImage(command), ...(created === undefined ? {} : { created }) };
+  }
   return { pid, platform };
 }
 
-async function linuxStartTicks(pid: number): Promise<string | undefined> {
+/** The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses): field 3 is index 0. */
+async function linuxStat(pid: number | string): Promise<string[] | undefined> {
   const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => undefined);
-  if (!stat) return undefined;
-  // Field 22, counted after the command name (which may hold spaces and parentheses).
-  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+  return stat?.slice(stat.lastIndexOf(')') + 2).split(' ');
+}
+
+async function linuxStartTicks(pid: number): Promise<string | undefined> {
+  return (await linuxStat(pid))?.[19]; // field 22, starttime
+}
+
+async function linuxBootId(): Promise<string | undefined> {
+  return (await readFile('/proc/sys/kernel/random/boot_id', 'utf8').catch(() => undefined))?.trim() || undefined;
 }
 
 /**
- * Stops a tree left running by an earlier agent process, if the pid still runs that command.
- * Returns whether something was killed.
+ * The live processes of the group and session `pgid` (a detached command makes both with its
+ * own pid), the command having exited. Undefined when the group cannot be the command's: a
+ * member started before `startTicks` (only the command's descendants are in its session), or
+ * one has the pid `pgid` itself (a new process given the pid since the list of /proc began), or
+ * this very process is in it.
+ */
+async function linuxGroupMembers(pgid: number, startTicks: bigint): Promise<number[] | undefined> {
+  const members: number[] = [];
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^\d+$/.test(name)) continue;
+    const f = await linuxStat(name);
+    // f[0] state, f[2] process group, f[3] session, f[19] start time
+    if (!f?.[19] || Number(f[2]) !== pgid || Number(f[3]) !== pgid || f[0] === 'Z') continue;
+    if (BigInt(f[19]) < startTicks || Number(name) === pgid || Number(name) === process.pid) return undefined;
+    members.push(Number(name));
+  }
+  return members;
+}
+
+/**
+ * Stops what a command left running when it exited (a grandchild started in the background),
+ * as a job's processes end with the job. For the runner to call once the command has exited,
+ * with the command's pid record (`describeProcess`). Elsewhere than on Windows: SIGKILL to its
+ * process group. On Windows: its descendants by parent process id (they keep its id after it
+ * exits), terminated; only those whose creation times say they are (`descendants`, strict:
+ * the command's pid may already be another process's); nothing when its creation time was not
+ * recorded (Wine's tools give none). A child that exited before its own children is no link:
+ * those are not found. Returns the pids terminated (none elsewhere than on Windows).
+ */
+export async function stopLeftBehind(rec: PidRecord, opts: { platform?: Platform; log?: Pick<Logger, 'warn'> } = {}): Promise<Set<number>> {
+  const stopped = new Set<number>();
+  if ((opts.platform ?? process.platform) !== 'win32') {
+    signalGroup(rec.pid, 'SIGKILL');
+    return stopped;
+  }
+  if (rec.created === undefined) return stopped;
+  const known = new Map([[rec.pid, rec.created]]);
+  // A few rounds: a process stopped may have started another between the list and its end.
+  for (let round = 0; round < 3; round++) {
+    const list = await windowsProcessList();
+    if (!list) break;
+    const fresh = [...descendants(rec.pid, list.parents, list.created, { known, strict: true })].filter((p) => !known.has(p));
+    if (!fresh.length) break;
+    terminate(fresh);
+    for (const p of fresh) {
+      stopped.add(p);
+      known.set(p, list.created.get(p)!);
+    }
+  }
+  if (stopped.size) opts.log?.warn({ pid: rec.pid, left: [...stopped] }, 'stopped processes the command left running');
+  return stopped;
+}
+
+/**
+ * Stops a tree left running by an earlier agent process, if the pid still runs that command,
+ * or what the command left running if it has exited. Returns whether something was killed.
  */
 export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
-  if (rec.platform === 'win32') {
-    const image = await windowsImage(rec.pid);
-    if (!image || !rec.image || image.toLowerCase() !== rec.image.toLowerCase()) return false;
-    const known = await windowsTree(rec.pid);
-    if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(known);
+  // A pid record of this very process (a restarted agent given the pid of a dead command).
+  if (rec.pid === process.pid) return false;
+  if (rec.platform === 'win32') return killWindowsLeftover(rec, log);
+  if (rec.platform !== 'linux') return false; // no safe way to tell a reused pid here
+  if (!rec.startTicks) return false;
+  const bootId = await linuxBootId();
+  // Another boot: all its processes are gone, and start ticks count from that boot.
+  if (rec.bootId !== undefined && rec.bootId !== bootId) return false;
+  const now = await linuxStartTicks(rec.pid);
+  if (now === rec.startTicks) {
+    signalGroup(rec.pid, 'SIGKILL');
     return true;
   }
-  if (rec.platform === 'linux') {
-    const now = await linuxStartTicks(rec.pid);
-    if (!now || now !== rec.startTicks) return false;
-  } else {
-    return false; // no safe way to tell a reused pid here
-  }
+  // The pid runs another process: Linux gives a pid to no new process while any process still
+  // has it as its group (or session) id, so the command's group was empty when this one
+  // started, and it is not looked for (this process's own group would be found instead).
+  if (now !== undefined) return false;
+  // The command has exited; its group lives on while a member does (a grandchild in the
+  // background). Its members have the recorded pid as group and session, and started no
+  // earlier than the command. Another group with that id could exist only if the pid
+  // went round (pid_max) since the command's group emptied, and was taken by a new session
+  // leader that has exited in turn: not told apart here. Needs the boot the ticks count from.
+  if (rec.bootId === undefined) return false;
+  const members = await linuxGroupMembers(rec.pid, BigInt(rec.startTicks));
+  if (!members?.length) return false;
   signalGroup(rec.pid, 'SIGKILL');
+  return true;
+}
+
+/**
+ * Windows: with creation times (recorded at the start and listed now), the command still running
+ * is its pid created at the recorded time: its tree is stopped; else its descendants that
+ * outlived it are (`stopLeftBehind`). Without them (Wine's tools give none, or no tool answers
+ * now), only the image name tells the pid runs the command: it is killed when tasklist shows
+ * the recorded image (never under Wine, whose tasklist lists nothing); a pid reused by another
+ * process of the same image (`node.exe`, `cmd.exe`) is not told apart then.
+ */
+async function killWindowsLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
+  const list = rec.created === undefined ? undefined : await windowsProcessList();
+  if (rec.created !== undefined && list?.created.size) {
+    const now = list.created.get(rec.pid);
+    if (now === undefined || !sameProcess(now, rec.created)) return (await stopLeftBehind(rec, { platform: 'win32', ...(log ? { log } : {}) })).size > 0;
+    const tree = descendants(rec.pid, list.parents, list.created);
+    if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(tree);
+    return true;
+  }
+  const image = await windowsImage(rec.pid);
+  if (!image || !rec.image || image.toLowerCase() !== rec.image.toLowerCase()) return false;
+  const { pids } = await windowsTree(rec.pid);
+  if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(pids);
   return true;
 }

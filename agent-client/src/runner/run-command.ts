@@ -2,19 +2,235 @@
  * Runs one job as a local command: the payload on stdin (JSON) and in `LEASEHOLD_*`
  * environment variables; the last JSON line on stdout is the result; the exit code decides
  * between success, a retryable failure and a final one. Timeout, cancel, revoke and shutdown
- * stop the whole process tree.
+ * stop the whole process tree, and no command outlives the runner (`killRunningCommands`).
  */
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { rmSync } from 'node:fs';
+import { mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { createInterface } from 'node:readline';
+import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from 'pino';
 import { JobError, type JobContext, type JobInfo } from '../context.js';
 import type { CommandConfig } from './config.js';
-import { describeProcess, killTree, treeSpawnOptions } from './process-tree.js';
+import {
+  decodeWindowsOutput,
+  descendants,
+  describeProcess,
+  killTree,
+  parseProcessList,
+  stopLeftBehind,
+  treeSpawnOptions,
+  windowsProcessListCommands,
+  type PidRecord,
+  type ProcessList,
+} from './process-tree.js';
 
 const STDERR_TAIL = 4096;
 const PAYLOAD_ENV_MAX = 32 * 1024;
+/**
+ * The longest stdout line read, in bytes: a longer one is dropped and counted, never held whole
+ * (a line of hundreds of megabytes would take the agent's memory, and past V8's string limit
+ * kill it). Above the coordinator's result limit (256 KiB), so a result too large is refused
+ * there with its reason.
+ */
+export const MAX_LINE_BYTES = 1024 * 1024;
+
+/**
+ * stdout read as lines on its bytes: each line (up to `maxBytes`) is decoded whole, so a UTF-8
+ * character split between two reads stays intact; a longer line is dropped as it comes, so at
+ * most `maxBytes` are held. `lastJson` is the last line that parsed as JSON (an object or an
+ * array); `resultTooLong` the size of a JSON-shaped line (`{…}` or `[…]`) dropped after it, which
+ * then stands where the result would have been.
+ */
+export class OutputLines {
+  private parts: Buffer[] = [];
+  private size = 0;
+  /** Bytes of the current line past the cap (0: within it). */
+  private over = 0;
+  private overFirst = 0;
+  private overLast = 0;
+  /** Lines dropped for their length. */
+  discarded = 0;
+  lastJson: unknown;
+  resultTooLong: number | undefined;
+
+  constructor(private readonly maxBytes = MAX_LINE_BYTES) {}
+
+  /** Bytes held for the line not yet ended (at most `maxBytes`). */
+  get buffered(): number {
+    return this.size;
+  }
+
+  write(chunk: Buffer): void {
+    for (let from = 0; ; ) {
+      const nl = chunk.indexOf(0x0a, from);
+      this.add(chunk.subarray(from, nl < 0 ? chunk.length : nl));
+      if (nl < 0) return;
+      this.endLine();
+      from = nl + 1;
+    }
+  }
+
+  /** The output ended: its last line may have had no newline. */
+  end(): void {
+    if (this.size || this.over) this.endLine();
+  }
+
+  private add(b: Buffer): void {
+    if (!b.length) return;
+    if (this.over) {
+      this.over += b.length;
+      this.overLast = lastNonSpace(b) ?? this.overLast;
+      return;
+    }
+    if (this.size + b.length <= this.maxBytes) {
+      this.parts.push(b);
+      this.size += b.length;
+      return;
+    }
+    const held = Buffer.concat([...this.parts, b]);
+    this.over = held.length;
+    this.overFirst = firstNonSpace(held) ?? 0;
+    this.overLast = lastNonSpace(held) ?? 0;
+    this.parts = [];
+    this.size = 0;
+  }
+
+  private endLine(): void {
+    if (this.over) {
+      this.discarded++;
+      const jsonShaped = (this.overFirst === 0x7b && this.overLast === 0x7d) || (this.overFirst === 0x5b && this.overLast === 0x5d);
+      if (jsonShaped) this.resultTooLong = this.over;
+      this.over = 0;
+      return;
+    }
+    const line = Buffer.concat(this.parts, this.size);
+    this.parts = [];
+    this.size = 0;
+    const first = firstNonSpace(line);
+    if (first !== 0x7b && first !== 0x5b) return; // only JSON lines can be the result
+    try {
+      this.lastJson = JSON.parse(line.toString('utf8'));
+      this.resultTooLong = undefined;
+    } catch {
+      // not JSON
+    }
+  }
+}
+
+const isSpace = (c: number) => c === 0x20 || c === 0x09 || c === 0x0d || c === 0x0b || c === 0x0c;
+function firstNonSpace(b: Buffer): number | undefined {
+  for (let i = 0; i < b.length; i++) if (!isSpace(b[i]!)) return b[i];
+  return undefined;
+}
+function lastNonSpace(b: Buffer): number | undefined {
+  for (let i = b.length - 1; i >= 0; i--) if (!isSpace(b[i]!)) return b[i];
+  return undefined;
+}
+
+/** The last `max` characters of a byte stream decoded as UTF-8, a character split between reads kept whole. */
+export class TextTail {
+  private readonly decoder = new StringDecoder('utf8');
+  private tail = '';
+
+  constructor(private readonly max = STDERR_TAIL) {}
+
+  write(chunk: Buffer): void {
+    this.keep(this.decoder.write(chunk));
+  }
+
+  end(): void {
+    this.keep(this.decoder.end());
+  }
+
+  get text(): string {
+    return this.tail;
+  }
+
+  private keep(s: string): void {
+    if (!s) return;
+    let t = this.tail + s;
+    if (t.length > this.max) {
+      t = t.slice(-this.max);
+      const c = t.charCodeAt(0);
+      if (c >= 0xdc00 && c <= 0xdfff) t = t.slice(1); // half of a pair cut off
+    }
+    this.tail = t;
+  }
+}
+
+const STOP_SIGNALS: ReadonlySet<string> = new Set(['SIGTERM', 'SIGINT', 'SIGKILL', 'SIGHUP', 'SIGQUIT']);
+/** Windows' exit code of a process ended by Ctrl+C (WinSW stops a service's children so). */
+export const STATUS_CONTROL_C_EXIT = 0xc000013a;
+
+/**
+ * Whether a command was stopped rather than failed: killed by a signal nobody in the agent sent
+ * (a service manager stopping the children first, the OOM killer, a user's kill), or on Windows
+ * ended with STATUS_CONTROL_C_EXIT. Its attempt fails retryable. Node gives Windows exit codes
+ * as unsigned 32-bit numbers; a negative one is read as the same 32 bits.
+ */
+export function stoppedFromOutside(code: number | null, signal: NodeJS.Signals | null): boolean {
+  if (code === null) return signal !== null && STOP_SIGNALS.has(signal);
+  return code >>> 0 === STATUS_CONTROL_C_EXIT;
+}
+
+/** The commands running now: pid → pid file. `killRunningCommands` kills them when the runner exits. */
+const running = new Map<number, string>();
+
+/**
+ * Kills at once, synchronously, every command this process still runs and what each started
+ * (its process group; on Windows `taskkill /T /F`, else the tree found by parent ids), and
+ * removes their pid files: for the runner's exit (`process.on('exit')`), so that no command
+ * outlives it. A command that ignored the polite stop of a drain would otherwise run on,
+ * reparented, after its attempt was given to another agent. Returns the pids it killed.
+ */
+export function killRunningCommands(platform: NodeJS.Platform = process.platform): number[] {
+  const pids = [...running.keys()];
+  if (!pids.length) return pids;
+  if (platform === 'win32') killWindowsTrees(pids);
+  for (const pid of pids) {
+    if (platform !== 'win32') {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // the group is gone
+      }
+    }
+    rmSync(running.get(pid)!, { force: true });
+    running.delete(pid);
+  }
+  return pids;
+}
+
+/** `taskkill /T /F` for all of them in one call; where it fails, the trees by parent ids. */
+function killWindowsTrees(pids: number[]): void {
+  const sync = { timeout: 5000, windowsHide: true, stdio: 'pipe' as const };
+  try {
+    execFileSync('taskkill', ['/T', '/F', ...pids.flatMap((p) => ['/PID', String(p)])], sync);
+    return;
+  } catch {
+    // refused (Wine's taskkill has no /T) or partly failed: find the trees ourselves
+  }
+  let list: ProcessList = { parents: new Map(), created: new Map() };
+  for (const [cmd, args] of windowsProcessListCommands) {
+    try {
+      list = parseProcessList(decodeWindowsOutput(execFileSync(cmd, args, { ...sync, timeout: 10_000 })));
+    } catch {
+      continue;
+    }
+    if (list.parents.size) break;
+  }
+  for (const pid of pids) {
+    // With creation times where the list has them: a stale parent id is no link (process-tree.ts).
+    for (const p of descendants(pid, list.parents, list.created)) {
+      try {
+        process.kill(p, 'SIGKILL');
+      } catch {
+        // gone already
+      }
+    }
+  }
+}
 
 /**
  * Spawn errors that another attempt would meet again: the command is missing, not executable or
@@ -52,10 +268,16 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     ...(payload.length <= PAYLOAD_ENV_MAX ? { LEASEHOLD_PAYLOAD: payload } : {}),
   };
   const [file, ...args] = cmd.command as [string, ...string[]];
-  const cannotStart = (err: unknown) => {
+  const cannotStart = async (err: unknown) => {
     const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
     // Node refuses to run a batch file without a shell (EINVAL, thrown by spawn itself).
-    const hint = code === 'EINVAL' && /\.(cmd|bat)$/i.test(file) && !cmd.shell ? ': a .cmd or .bat file needs "shell": true (docs/agent.md)' : '';
+    let hint = code === 'EINVAL' && /\.(cmd|bat)$/i.test(file) && !cmd.shell ? ': a .cmd or .bat file needs "shell": true (docs/agent.md)' : '';
+    // A missing working directory fails the spawn as a missing command does (ENOENT): say which.
+    if (cmd.cwd && !hint) {
+      const dir = await stat(cmd.cwd).catch((e: NodeJS.ErrnoException) => e.code ?? 'unreadable');
+      if (typeof dir === 'string') hint = `: its working directory (cwd) ${JSON.stringify(cmd.cwd)} ${dir === 'ENOENT' ? 'does not exist' : `cannot be used: ${dir}`}`;
+      else if (!dir.isDirectory()) hint = `: its working directory (cwd) ${JSON.stringify(cmd.cwd)} is not a directory`;
+    }
     const retryable = !spawnFailureIsFinal(code);
     return new JobError(`cannot start ${JSON.stringify(file)}: ${code}${hint}${retryable ? ' (retried: the machine may start it later)' : ''}`, { retryable });
   };
@@ -69,7 +291,7 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
       ...treeSpawnOptions(),
     });
   } catch (err) {
-    throw cannotStart(err);
+    throw await cannotStart(err);
   }
   // Every listener goes on now, before the first await: a command that ends within a
   // millisecond (a two-line shell script) would otherwise exit, and close its pipes, unheard.
@@ -77,22 +299,31 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     child.once('spawn', resolve);
     child.once('error', reject);
   });
-  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
+  const pid = child.pid;
+  if (pid !== undefined) running.set(pid, pidFile);
+  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.once('exit', (code, signal) => {
+      if (pid !== undefined) running.delete(pid);
+      // Whatever it left running in its group goes too (a backgrounded grandchild, say): a job's
+      // processes end with the job, as systemd's KillMode=control-group does.
+      if (pid !== undefined && process.platform !== 'win32') {
+        try {
+          process.kill(-pid, 'SIGKILL');
+        } catch {
+          // the group is already empty
+        }
+      }
+      resolve({ code, signal });
+    }),
+  );
   const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
-  let lastJson: unknown;
-  createInterface({ input: child.stdout }).on('line', (line) => {
-    const t = line.trim();
-    if (!t.startsWith('{') && !t.startsWith('[')) return;
-    try {
-      lastJson = JSON.parse(t);
-    } catch {
-      // not JSON: only JSON lines can be the result
-    }
-  });
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => {
-    stderr = (stderr + d.toString('utf8')).slice(-STDERR_TAIL);
-  });
+  const stdout = new OutputLines();
+  child.stdout.on('data', (d: Buffer) => stdout.write(d));
+  child.stdout.on('end', () => stdout.end());
+  const stderr = new TextTail();
+  child.stderr.on('data', (d: Buffer) => stderr.write(d));
+  child.stderr.on('end', () => stderr.end());
   child.stdin.on('error', () => undefined); // a command that does not read its input
   child.stdout.on('error', () => undefined); // a pipe that fails ends the output; the exit still decides
   child.stderr.on('error', () => undefined);
@@ -119,15 +350,16 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     await spawned;
   } catch (err) {
     unwatch();
-    throw cannotStart(err);
+    throw await cannotStart(err);
   }
   // Ending with a newline: a line reader (a batch file's `set /p`, `read` in sh) keeps the whole line.
   child.stdin.end(`${payload}\n`);
-  const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
   let pidWritten = false;
+  let record: PidRecord | undefined;
   try {
     await mkdir(opts.pidDir, { recursive: true });
-    await writeFile(pidFile, JSON.stringify(await describeProcess(child.pid!, { file, shell: cmd.shell })));
+    record = await describeProcess(child.pid!, { file, shell: cmd.shell });
+    await writeFile(pidFile, JSON.stringify(record));
     pidWritten = true;
   } catch (err) {
     // The command runs and is watched all the same; only a crash of this agent would leave it
@@ -138,29 +370,43 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
 
   const { code, signal } = await done;
   unwatch();
-  // Whatever it left running in its group goes too (a backgrounded grandchild, say): a job's
-  // processes end with the job, as systemd's KillMode=control-group does.
-  if (process.platform !== 'win32') {
-    try {
-      process.kill(-child.pid!, 'SIGKILL');
-    } catch {
-      // the group is already empty
-    }
-  }
   // Output still buffered in the pipes (bounded: a grandchild elsewhere may hold them open).
-  await Promise.race([closed, new Promise((r) => setTimeout(r, 2000))]);
+  const pipesClosed = await Promise.race([closed.then(() => true), new Promise<false>((r) => setTimeout(r, 2000, false))]);
+  // On Windows nothing stops what the command left running when it exits (elsewhere its group
+  // was killed above). Pipes still open 2 s after it exited say something it started holds them
+  // (cmd's `start /b`, a tool spawning a helper): those processes are stopped, found by parent
+  // id with the creation times the pid record holds (`stopLeftBehind`; nothing without them, as
+  // under Wine). Not looked for after every command: a process list costs a wmic run.
+  if (process.platform === 'win32' && !pipesClosed && record) {
+    await stopLeftBehind(record, { log: opts.log }).catch((err: unknown) =>
+      opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, err }, 'could not stop what the command left running'),
+    );
+  }
   if (pidWritten) await rm(pidFile, { force: true }).catch((err: unknown) => opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, err }, 'could not remove the pid file'));
-  opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped }, 'command ended');
+  const discarded = stdout.discarded ? { discardedLines: stdout.discarded } : {};
+  opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped, ...discarded }, 'command ended');
+  if (stdout.discarded) opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, lines: stdout.discarded, maxBytes: MAX_LINE_BYTES }, 'dropped stdout lines longer than the limit');
 
-  const tail = stderr.trim();
+  const tail = stderr.text.trim();
   if (stopped) throw new JobError(`${stopped}${tail ? `; stderr: ${tail}` : ''}`, { retryable: true, details: { stopped, stderr: tail } });
   if (code === 0) {
+    // The last JSON line was too long to read: an earlier one is not the result, and another
+    // attempt would print the same.
+    if (stdout.resultTooLong !== undefined) {
+      throw new JobError(`result too long: the last JSON line on stdout has ${stdout.resultTooLong} bytes, over the limit of ${MAX_LINE_BYTES} (a result is at most 256 KiB)`, {
+        retryable: false,
+        details: { exitCode: code, resultBytes: stdout.resultTooLong, stderr: tail },
+      });
+    }
+    const lastJson = stdout.lastJson;
     if (lastJson === undefined) return {};
     return lastJson && typeof lastJson === 'object' && !Array.isArray(lastJson) ? (lastJson as Record<string, unknown>) : { value: lastJson };
   }
-  const retryable = code !== null && cmd.retryableExitCodes.includes(code);
-  throw new JobError(`exited with ${code === null ? `signal ${signal}` : `code ${code}`}${tail ? `: ${tail}` : ''}`, {
+  const outside = stoppedFromOutside(code, signal);
+  const retryable = outside || (code !== null && cmd.retryableExitCodes.includes(code >>> 0));
+  const how = code === null ? `signal ${signal}` : code >>> 0 === STATUS_CONTROL_C_EXIT ? `code ${code >>> 0} (0xC000013A, Ctrl+C)` : `code ${code}`;
+  throw new JobError(`exited with ${how}${outside ? ' (stopped from outside: retried)' : ''}${tail ? `: ${tail}` : ''}`, {
     retryable,
-    details: { exitCode: code, signal, stderr: tail },
+    details: { exitCode: code, signal, stderr: tail, ...(outside ? { stoppedFromOutside: true } : {}) },
   });
 }
