@@ -183,6 +183,22 @@ describe('one delivery per URL', () => {
       ['/events', true, header.value],
     ]);
   });
+  it('keeps a delivery made once for two subscriptions of a URL when the one it is kept under is removed; drops it with the last', async () => {
+    const ours = await subscribe('handover', '/handover');
+    const all = await subscribe('*', '/handover');
+    const other = await subscribe('elsewhere', '/handover'); // the URL, but another queue: never wanted it
+    const a = await running('handover');
+    value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: {} }));
+    const owner = async () => (await t.pool.query(`SELECT subscription_id FROM webhook_deliveries WHERE url = $1`, [`${rx.url}/handover`])).rows.map((r) => r.subscription_id as string);
+    const first = await owner();
+    expect(first).toHaveLength(1);
+    const [kept, theOther] = first[0] === ours.id ? [ours, all] : [all, ours];
+    value(await subscriptionRemove(t.pool, { id: kept.id }));
+    expect(await owner(), 'handed over to the other subscription that wanted the event').toEqual([theOther.id]);
+    value(await subscriptionRemove(t.pool, { id: theOther.id }));
+    expect(await owner(), 'not to a subscription of another queue: dropped').toEqual([]);
+    value(await subscriptionRemove(t.pool, { id: other.id }));
+  });
 });
 
 describe('retries, the cap, and the operator', () => {
@@ -259,7 +275,8 @@ describe('retries, the cap, and the operator', () => {
     const j = await running('collected');
     value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
     const started = Date.now();
-    const run = deliverer({ timeoutMs: 1000 }).runOnce();
+    // A retry not due at once: the run ends with the send (else it sends again every interval).
+    const run = deliverer({ timeoutMs: 1000, backoff: { baseMs: 60_000, maxMs: 60_000 } }).runOnce();
     await rx.waitFor('the send', (r) => r.received.length === 1);
     gc();
     gc();
@@ -363,6 +380,47 @@ describe('a silent receiver holds only its own sends', () => {
     } finally {
       await silent.close();
     }
+  });
+
+  it('a retry that comes due while a send to a silent receiver is in flight goes out within an interval, not when the run ends', async () => {
+    const silent = await startReceiver();
+    try {
+      silent.policy('/hang', 'hang');
+      const a = await running('retry-during', { notifyUrl: `${silent.url}/hang` });
+      value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: {} }));
+      rx.policy('/busy-once', (res, _r, n) => void (n === 1 ? res.writeHead(503).end('busy') : res.writeHead(200).end('ok')));
+      const b = await running('retry-during', { notifyUrl: `${rx.url}/busy-once` });
+      value(await attemptComplete(t.pool, { attemptId: b.attemptId, agentId: 'a1', result: {} }));
+      const d = deliverer({ timeoutMs: 20_000, intervalMs: 50, backoff: { baseMs: 100, maxMs: 100 } });
+      const recorded = delivered(d); // within 5 s, well within the silent send's 20 s timeout
+      const run = d.runOnce();
+      expect(await recorded).toBe(b.job.id);
+      expect(rx.received.filter((x) => x.path === '/busy-once')).toHaveLength(2);
+      expect(silent.received).toHaveLength(1); // still in flight: the run goes on
+      await d.stop();
+      expect(await run).toMatchObject({ delivered: 1, retried: 2, sent: 3 });
+    } finally {
+      await silent.close();
+    }
+  });
+
+  it('a stop during the look at the work claims nothing (a claim counts a try, and a send cut by the stop sends nothing)', async () => {
+    await subscribe('stop-sweep', '/stop-sweep');
+    const j = await running('stop-sweep');
+    value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
+    const d = deliverer();
+    const sweep = (d as unknown as { sweep: (...a: unknown[]) => Promise<boolean> }).sweep.bind(d);
+    let stopped: Promise<void> | undefined;
+    (d as unknown as { sweep: (...a: unknown[]) => Promise<boolean> }).sweep = async (...args) => {
+      const due = await sweep(...args);
+      stopped = d.stop(); // arrives while the run looks at the work
+      return due;
+    };
+    await d.runOnce();
+    await stopped;
+    expect(rx.received.filter((r) => r.path === '/stop-sweep')).toHaveLength(0);
+    const [row] = value(await deliveryList(t.pool, { status: 'pending' })).filter((x) => x.url.endsWith('/stop-sweep'));
+    expect(row).toMatchObject({ attempts: 0 });
   });
 
   it('60 deliveries to a silent receiver ahead in line do not hold one to another receiver (at most 10 in flight to one)', async () => {

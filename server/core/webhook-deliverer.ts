@@ -247,9 +247,9 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     const run: DelivererRun = { reclaimed: 0, alerts: 0, sent: 0, delivered: 0, retried: 0, failed: 0 };
     const { batchSize, intervalMs } = this.config;
     const perReceiver = Math.min(this.config.perReceiver, batchSize);
-    // Sends in flight, by receiver; deliveries this run claimed that are sending or pending again
-    // (a run sends each once, however soon its retry is due; added before the send is recorded,
-    // so a claim racing the record cannot take it back).
+    // Sends in flight, by receiver; deliveries sent since the last look at the work (`again`: each
+    // is sent at most once between two looks, however soon its retry is due; emptied at each look,
+    // so a retry due goes out within an interval of its time even while the run lasts).
     const inFlight = new Map<string, number>();
     /** Sends in flight by claim: the run's own sweep leaves these claims alone. */
     const claims = new Map<string, number>();
@@ -266,10 +266,13 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     let ask = false;
     let found = 0;
     let nextLook = 0;
+    // Read again after every await: a stop() during the sweep must not claim (each delivery
+    // claimed counts a try, and a send cut by the stop sends nothing).
+    const stopping = () => this.abort.signal.aborted || failure !== undefined;
     for (;;) {
-      const stopping = this.abort.signal.aborted || failure !== undefined;
-      if (!stopping && Date.now() >= nextLook) {
-        nextLook = Date.now() + intervalMs;
+      if (!stopping() && performance.now() >= nextLook) {
+        nextLook = performance.now() + intervalMs;
+        again.clear();
         try {
           ask = (await this.sweep(run, [...claims.keys()])) || ask;
         } catch (err) {
@@ -278,9 +281,11 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
         }
       }
       const room = batchSize - sending;
-      if (!stopping && ask && room > 0) {
+      if (!stopping() && ask && room > 0) {
         const claimId = randomUUID();
         let batch: ClaimedDelivery[];
+        // A send that ends while the claim runs asks again (its room was not seen by the claim).
+        ask = false;
         try {
           batch = await deliveryClaim(this.db, {
             limit: room,
@@ -296,7 +301,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
           failure ??= { err };
           continue;
         }
-        ask = batch.length === room;
+        ask ||= batch.length === room;
         found = batch.length;
         if (batch.length > 0) claims.set(claimId, batch.length);
         for (const d of batch) {
@@ -328,7 +333,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       if (sending === 0) break;
       // Until a send ends, or it is time to look at the work again.
       await new Promise<void>((resolve) => {
-        const timer = stopping ? undefined : setTimeout(resolve, Math.max(0, nextLook - Date.now()));
+        const timer = stopping() ? undefined : setTimeout(resolve, Math.max(0, nextLook - performance.now()));
         wake = () => {
           clearTimeout(timer);
           resolve();

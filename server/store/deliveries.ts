@@ -17,7 +17,7 @@ import { conflict, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, schemas } from '../domain/validation.js';
 import { backoffSql, type Backoff } from './backoff.js';
 import { WEBHOOK_EVENT_TYPES, type WebhookEventType } from '../domain/statuses.js';
-import { run, statement, type Queryable } from './sql.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 // ───────────────────────────── subscriptions ─────────────────────────────
 
@@ -98,11 +98,31 @@ export async function subscriptionList(db: Queryable, p: { withSecrets?: boolean
 
 const subscriptionRemoveSql = statement('subscriptionRemove', `DELETE FROM subscriptions WHERE id = $1 RETURNING id`);
 
-/** Removes a subscription; its deliveries not yet made are dropped with it. */
+// An event goes to a URL once, on the row of one of the subscriptions that wanted it (outbox.ts):
+// before that subscription goes, its deliveries not yet made move to another subscription of the
+// URL that wants the event too (its queue or '*', its event types), if there is one.
+const subscriptionHandOverSql = statement(
+  'subscriptionHandOver',
+  `UPDATE webhook_deliveries d SET subscription_id = coalesce((
+     SELECT s2.id FROM webhook_events e
+     JOIN jobs j ON j.id = e.job_id
+     JOIN subscriptions s2 ON s2.url = d.url AND s2.id <> $1 AND s2.queue IN (j.queue, '*') AND e.type = ANY (s2.events)
+     WHERE e.id = d.event_id
+     ORDER BY s2.created_at, s2.id LIMIT 1), d.subscription_id)
+   WHERE d.subscription_id = $1 AND d.status IN ('pending', 'sending')`,
+);
+
+/**
+ * Removes a subscription; its deliveries not yet made are dropped with it, but for those another
+ * subscription of the same URL wants as well (they go on as that one's).
+ */
 export async function subscriptionRemove(db: Queryable, p: { id: string }): Promise<Outcome<{ id: string }>> {
   const bad = check('id', schemas.id, p.id);
   if (bad) return bad;
-  const [row] = await run(db, subscriptionRemoveSql, [p.id]);
+  const [row] = await withTransaction(db, async (tx) => {
+    await run(tx, subscriptionHandOverSql, [p.id]);
+    return run(tx, subscriptionRemoveSql, [p.id]);
+  });
   return row ? ok({ id: p.id }) : notFound(`subscription ${p.id} not found`);
 }
 
