@@ -9,7 +9,7 @@
 import http2 from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { create, toBinary } from '@bufbuild/protobuf';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { CoordinatorChannel, grpc } from '../agent-client/src/channel.js';
 import { getEventListeners } from 'node:events';
 import { AgentMessageSchema, ServerMessageSchema, type ServerMessage } from '../agent-client/src/gen/leasehold/v1/agent_service_pb.js';
@@ -88,6 +88,22 @@ function outcome(call: AgentStream): Promise<{ messages: ServerMessage[]; end: '
 const codeOf = (end: 'end' | grpc.ServiceError) => (end === 'end' ? 'end' : grpc.status[end.code]);
 
 describe('the SDK stream client', () => {
+  it('sends no keepalive PING on a connection destroyed whose close has not come yet (ping() threw out of a timer and ended the agent: CI, 2026-12-06)', async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const lane = await serve((stream) => stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' }), { everyMs: 1000, timeoutMs: 500 });
+      const ended = outcome(lane.connect());
+      const session = (lane as unknown as { session: http2.ClientHttp2Session }).session;
+      if (session.connecting) await new Promise((r) => session.once('connect', r));
+      session.destroy(); // as a keepalive's or a cut's drop does; 'close' comes after the socket's
+      expect(session.destroyed).toBe(true);
+      expect(() => vi.advanceTimersByTime(1000), 'the keepalive timer, due in between').not.toThrow();
+      expect(codeOf((await ended).end)).toBe('UNAVAILABLE');
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
   it('writes gRPC frames of the hand encoder, and reads messages however the bytes are cut', async () => {
     const received: Buffer[] = [];
     let seen: http2.IncomingHttpHeaders = {};

@@ -181,12 +181,23 @@ export class LaneConnection {
     };
     ping = setInterval(() => {
       if (pending) return;
+      // Destroyed (dropped, cut) and its 'close' not emitted yet: that comes after the socket's
+      // own close, a turn of the loop or more later, and ping() would throw (ERR_HTTP2_INVALID_SESSION)
+      // out of this timer and end the agent's process.
+      if (next.destroyed || next.closed) return forget();
       pending = setTimeout(() => drop(next, new Error(`keepalive: no answer to a PING within ${this.keepalive.timeoutMs} ms`)), this.keepalive.timeoutMs);
-      const sent = next.ping((err) => {
+      let sent: boolean;
+      try {
+        sent = next.ping((err) => {
+          clearTimeout(pending);
+          pending = undefined;
+          if (err && !next.destroyed) drop(next, err);
+        });
+      } catch (err) {
         clearTimeout(pending);
         pending = undefined;
-        if (err && !next.destroyed) drop(next, err);
-      });
+        return drop(next, err as Error);
+      }
       if (!sent) {
         clearTimeout(pending);
         pending = undefined;
