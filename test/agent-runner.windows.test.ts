@@ -5,12 +5,16 @@
  * refused, and the image name recorded for a crash cleanup. (Run under Wine for real:
  * test/agent-wine.test.ts.) Parent process ids can be stale (an exited parent's id given to a
  * new process): the creation times that wmic and PowerShell list keep a stale "child" out of a
- * tree, and tell what a command that has exited left running.
+ * tree, and tell what a command that has exited left running; a process created after the
+ * command exited is not its child, whatever parent id it claims. A command gone before wmic
+ * could date it is dated from its spawn, an estimate that never passes for its exact time.
  */
 import { describe, expect, it } from 'vitest';
 import { defaultOutboxDir } from '../agent-client/src/runner/config.js';
 import {
+  CREATED_ESTIMATE_MARGIN_US,
   decodeWindowsOutput,
+  describeProcess,
   descendants,
   expectedImage,
   parseCreationTime,
@@ -21,8 +25,10 @@ import {
   treeSpawnOptions,
   windowsCreationQueries,
   windowsKillCommands,
+  windowsLeftoverState,
   windowsProcessListCommands,
   windowsProcessQuery,
+  type PidRecord,
 } from '../agent-client/src/runner/process-tree.js';
 
 /** 2024-01-15 08:30:12.345678 UTC, as microseconds since 1970. */
@@ -172,5 +178,48 @@ describe('Windows process trees', () => {
     expect(again.has(5400)).toBe(true);
     // Without creation times (Wine), nothing can be told: nothing is found.
     expect([...descendants(5000, parseProcessParents('5000 4321\n5000 5100\n'), new Map(), { known, strict: true })]).toEqual([5000]);
+  });
+
+  it('does not take a child of a process that reused the pid of a command that exited for the command\'s, the reuser gone too', () => {
+    // The command, pid 100 created at t=10 s, exited by t=15 s; 200 (t=11 s) is its child, 250
+    // (t=30 s) 200's. Another process X was given pid 100 at t=20 s, started 300 (t=21 s) and
+    // exited: 300 claims parent 100 and was created after the command, as a child of it would be.
+    const s = 1_000_000;
+    const parents = new Map([[200, 100], [300, 100], [250, 200]]);
+    const created = new Map([[200, 11 * s], [300, 21 * s], [250, 30 * s]]);
+    const known = new Map([[100, 10 * s]]);
+    expect(descendants(100, parents, created, { known, strict: true, exitedBy: 15 * s })).toEqual(new Set([100, 200, 250]));
+    // Without the bound, 300 is taken (and killed).
+    expect(descendants(100, parents, created, { known, strict: true })).toEqual(new Set([100, 200, 250, 300]));
+  });
+
+  it('dates a command gone before wmic could tell from its spawn, as an estimate', async () => {
+    // Here no tool answers (no tasklist, wmic or PowerShell): as for a batch file that exits at once.
+    const spawnedAt = T;
+    expect(await describeProcess(4242, { file: 'job.cmd', shell: true }, 'win32', { spawnedAt })).toEqual({
+      pid: 4242,
+      platform: 'win32',
+      image: 'cmd.exe',
+      created: T - CREATED_ESTIMATE_MARGIN_US,
+      createdEstimate: true,
+    });
+    expect(await describeProcess(4242, { file: 'job.cmd', shell: true }, 'win32')).not.toHaveProperty('created');
+  });
+
+  it('never takes an estimated creation time for exact when checking a pid at the next start', () => {
+    const list = (pid: number, at: number) => ({ parents: new Map([[pid, 4]]), created: new Map([[pid, at]]) });
+    const exact: PidRecord = { pid: 5000, platform: 'win32', image: 'cmd.exe', created: T };
+    expect(windowsLeftoverState(exact, list(5000, T))).toBe('running');
+    expect(windowsLeftoverState(exact, list(5000, T + 60_000_000))).toBe('exited'); // its pid reused
+    expect(windowsLeftoverState(exact, list(6000, T))).toBe('exited'); // its pid gone
+    // The command, spawned at T, still runs (created 5 ms later than that): the estimate
+    // (T − 1 s) differs from its real time, yet it is not "exited" (which would leave it
+    // running): the image decides, as without a time.
+    const estimate: PidRecord = { ...exact, created: T - CREATED_ESTIMATE_MARGIN_US, createdEstimate: true };
+    expect(windowsLeftoverState(estimate, list(5000, T + 5000))).toBe('unknown');
+    expect(windowsLeftoverState(estimate, list(5000, T + 60_000_000))).toBe('unknown');
+    expect(windowsLeftoverState(estimate, list(5000, T - 2 * CREATED_ESTIMATE_MARGIN_US))).toBe('exited'); // older than the command
+    expect(windowsLeftoverState(estimate, list(6000, T))).toBe('exited');
+    expect(windowsLeftoverState({ pid: 5000, platform: 'win32', image: 'cmd.exe' }, list(5000, T))).toBe('unknown');
   });
 });

@@ -13,11 +13,18 @@
  * - stdout is read in lines of at most 1 MiB: a longer one is dropped as it comes (a huge line
  *   once crashed the agent), and a last JSON line too long fails the job; a UTF-8 character
  *   split between two writes stays whole, on stdout and in the stderr tail;
+ * - lines end at \n, \r\n or a lone \r (progress output), and a UTF-8 byte order mark before a
+ *   line (PowerShell) is skipped, as the line reader before did: the result is still found; the
+ *   \r of a CRLF does not count toward the cap, and a dropped log line in brackets (`[INFO] …`)
+ *   is not taken for a result too long;
+ * - a last line without a newline is read even when a process the command left (outside its
+ *   group) holds stdout open;
  * - a missing working directory is named as such;
- * - `killRunningCommands` (the runner's exit) kills what still runs, a command ignoring SIGTERM too.
+ * - `killRunningCommands` (the runner's exit) kills what still runs, a command ignoring SIGTERM too;
+ *   a pid file it cannot remove stops no other kill, and one whose tree it could not list stays.
  */
-import { existsSync } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
@@ -25,7 +32,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { JobContext, JobError, JobInfo } from '../agent-client/src/context.js';
 import { configSchema } from '../agent-client/src/runner/config.js';
-import { killRunningCommands, MAX_LINE_BYTES, OutputLines, runCommand, stoppedFromOutside, TextTail } from '../agent-client/src/runner/run-command.js';
+import { killRunningCommands, looksLikeJson, MAX_LINE_BYTES, OutputLines, runCommand, stoppedFromOutside, TextTail } from '../agent-client/src/runner/run-command.js';
 import { waitFor } from './helpers/coordinator.js';
 import { groupAlive } from './helpers/process-group.js';
 
@@ -141,11 +148,56 @@ describe('reading the output', () => {
     json.write(Buffer.from(`{"small":1}\n{"big":"${'y'.repeat(200)}`));
     json.write(Buffer.from('"}\r\n'));
     json.end();
-    expect(json.resultTooLong).toBe(211); // the line without its newline
+    expect(json.resultTooLong).toBe(210); // the line without its \r\n
     const log = new OutputLines(100);
     log.write(Buffer.from(`{"small":1}\n[info] ${'y'.repeat(200)} done\n`));
     log.end();
     expect(log).toMatchObject({ discarded: 1, lastJson: { small: 1 }, resultTooLong: undefined });
+  });
+
+  /** What OutputLines reads of these writes, with a cap of `max` bytes. */
+  const read = (chunks: Array<string | Buffer>, max = MAX_LINE_BYTES) => {
+    const out = new OutputLines(max);
+    for (const c of chunks) out.write(typeof c === 'string' ? Buffer.from(c) : c);
+    out.end();
+    return { lastJson: out.lastJson, resultTooLong: out.resultTooLong, discarded: out.discarded };
+  };
+  const BOM = Buffer.from([0xef, 0xbb, 0xbf]);
+
+  it('skips a UTF-8 byte order mark before a line (PowerShell writes one), whole or split between reads', () => {
+    expect(read([Buffer.concat([BOM, Buffer.from('{"a":1}\n')])]).lastJson).toEqual({ a: 1 });
+    expect(read([Buffer.from([0xef]), Buffer.concat([BOM.subarray(1), Buffer.from('{"a":1}')])]).lastJson).toEqual({ a: 1 });
+    expect(read(['log\n', Buffer.concat([BOM, Buffer.from(' [1,2]\r\n')])]).lastJson).toEqual([1, 2]);
+    // The line reader before trimmed with String.prototype.trim: a form feed too.
+    expect(read(['\f{"a":1}\n']).lastJson).toEqual({ a: 1 });
+  });
+
+  it('ends lines at a lone \\r (progress output) and at \\r\\n once, split between reads or not', () => {
+    expect(read(['10%\r20%\r{"a":1}\n']).lastJson).toEqual({ a: 1 });
+    expect(read(['10%\r20%\r{"a":1}']).lastJson).toEqual({ a: 1 });
+    expect(read(['{"a":1}\r{"b":2}\r']).lastJson).toEqual({ b: 2 });
+    expect(read(['{"a":1}\r', '\n', '{"b":2}\r', '\r\n', 'done\r']).lastJson).toEqual({ b: 2 });
+    expect(read(['progress\r', '{"c":3}\r\n']).lastJson).toEqual({ c: 3 });
+  });
+
+  it('does not count the \\r of a CRLF toward the line cap, split between reads or not', () => {
+    const line = '{"a":"12345678"}'; // 16 bytes
+    expect(Buffer.byteLength(line)).toBe(16);
+    expect(read([`${line}\r\n`], 16)).toEqual({ lastJson: { a: '12345678' }, resultTooLong: undefined, discarded: 0 });
+    expect(read([`${line}\r`, '\n'], 16)).toEqual({ lastJson: { a: '12345678' }, resultTooLong: undefined, discarded: 0 });
+    expect(read([line.slice(0, 10), `${line.slice(10)}\r\n{"b":1}\r\n`], 16)).toMatchObject({ lastJson: { b: 1 }, discarded: 0 });
+  });
+
+  it('takes a dropped line for a result too long only when it looks like JSON, not a log line in brackets', () => {
+    const pad = 'y'.repeat(200);
+    for (const log of [`[INFO] ${pad} [done]`, `[2024-05-01 10:00:00] ${pad} [x]`, `[12:00:01] ${pad}]`, `[trace] ${pad}]`, `[ 1.5.2 ] ${pad}]`]) {
+      expect(read(['{"b":1}\n', `${log}\n`], 100), log).toEqual({ lastJson: { b: 1 }, resultTooLong: undefined, discarded: 1 });
+    }
+    for (const json of [`[{"a":"${pad}"}]`, `[ "${pad}" ]`, `[1, ${'2, '.repeat(80)}3]`, `[-1.5e3,${'0,'.repeat(80)}0]`, `[true, ${'null, '.repeat(40)}false]`, `[[${'[],'.repeat(60)}[]]]`, `{"a":"${pad}"}`]) {
+      const bytes = Buffer.concat([BOM, Buffer.from(` ${json}\r\n`)]);
+      expect(read(['{"b":1}\n', bytes], 100).resultTooLong, json).toBe(bytes.length - 2);
+    }
+    expect([looksLikeJson(Buffer.from('[]')), looksLikeJson(Buffer.from('[INFO]')), looksLikeJson(Buffer.from('\t{')), looksLikeJson(Buffer.from('[2024-05-01]'))]).toEqual(['[', undefined, '{', undefined]);
   });
 
   it('keeps a UTF-8 character split between two reads whole, on stdout and in the stderr tail', () => {
@@ -195,6 +247,33 @@ describe.skipIf(process.platform === 'win32')('runCommand output', () => {
     expect(ok).toEqual({ w: 'ü' });
   }, 20_000);
 
+  it('reads a result after progress output and a byte order mark, its line ended by a lone \\r', async () => {
+    const result = await runNode("process.stdout.write(Buffer.concat([Buffer.from('10%\\r20%\\r'), Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('{\"a\":1}\\r')]))");
+    expect(result).toEqual({ a: 1 });
+  }, 20_000);
+
+  it.skipIf(process.platform !== 'linux')('reads a last line without a newline while a process outside the group holds stdout open', async () => {
+    // The command leaves a sleep in a session of its own (outside the group killed at its exit)
+    // that inherits stdout; once the sleep's pid file says it has left the group, the command
+    // prints its result without a newline and exits.
+    const pidOut = path.join(work, 'holder.pid');
+    const script = `setsid sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 30' '${pidOut}' & while [ ! -e '${pidOut}' ]; do sleep 0.01; done; printf '{"a":1}'`;
+    const cmd = command({ command: ['/bin/sh', '-c', script] });
+    const t0 = Date.now();
+    try {
+      const result = await runCommand(cmd, job, context(new AbortController()), { log: logger().log, pidDir: path.join(work, 'pids') });
+      expect(result).toEqual({ a: 1 });
+      expect(Date.now() - t0).toBeLessThan(20_000); // read after the 2 s wait for the pipes, not at the sleep's end
+      expect(() => process.kill(Number(readFileSync(pidOut, 'utf8')), 0)).not.toThrow(); // it held stdout all along
+    } finally {
+      try {
+        process.kill(Number(readFileSync(pidOut, 'utf8')), 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  }, 40_000);
+
   it('says the working directory is missing, not the command', async () => {
     const cwd = path.join(work, 'no such dir');
     const err = await runNode('1', { cwd });
@@ -223,6 +302,63 @@ describe.skipIf(process.platform !== 'linux')('killRunningCommands (the runner e
     } finally {
       try {
         process.kill(-pid, 'SIGKILL'); // what a failed run left behind
+      } catch {
+        // gone, as it should be
+      }
+      await running;
+    }
+  }, 20_000);
+
+  it('kills the next command when a pid file cannot be removed, and never throws', async () => {
+    const { log, lines } = logger();
+    const pidDir = path.join(work, 'pids-exit-busy');
+    const [first, second] = ['01a24a00-0000-7000-8000-0000000000f1', '01a24a00-0000-7000-8000-0000000000f2'];
+    // The first command's pid file path is a directory with a file in it: rmSync throws for it
+    // (as it does on Windows for a file an antivirus holds, EPERM/EBUSY).
+    await mkdir(path.join(pidDir, `${first}.json`, 'busy'), { recursive: true });
+    const cmd = command({ command: [process.execPath, '-e', 'setTimeout(() => {}, 60000)'] });
+    const runs: Promise<unknown>[] = [];
+    const pids: number[] = [];
+    try {
+      for (const attemptId of [first, second]) {
+        runs.push(runCommand(cmd, job, context(new AbortController(), attemptId), { log, pidDir }).catch((err: JobError) => ({ message: err.message })));
+        const started = await waitFor('command started', () => lines.find((l) => l.msg === 'command started' && l.attemptId === attemptId));
+        pids.push(started.pid as number);
+      }
+      expect(existsSync(path.join(pidDir, `${second}.json`))).toBe(true);
+      let killed: number[] = [];
+      expect(() => (killed = killRunningCommands())).not.toThrow();
+      expect(killed).toEqual(pids);
+      expect(existsSync(path.join(pidDir, `${second}.json`))).toBe(false);
+      await waitFor('both groups gone', () => pids.every((p) => !groupAlive(p)), 5000);
+    } finally {
+      for (const p of pids) {
+        try {
+          process.kill(-p, 'SIGKILL');
+        } catch {
+          // gone, as it should be
+        }
+      }
+      await Promise.all(runs);
+    }
+  }, 20_000);
+
+  it('keeps the pid file of a Windows command whose tree could not be listed, for the next start', async () => {
+    // Here, as on a Windows without taskkill /T, wmic or PowerShell: the command itself is
+    // killed, what it started is unknown, so its pid file stays for killLeftover.
+    const { log, lines } = logger();
+    const pidDir = path.join(work, 'pids-exit-unlisted');
+    const attemptId = '01a24a00-0000-7000-8000-0000000000f3';
+    const cmd = command({ command: [process.execPath, '-e', 'setTimeout(() => {}, 60000)'] });
+    const running = runCommand(cmd, job, context(new AbortController(), attemptId), { log, pidDir }).catch((err: JobError) => ({ message: err.message }));
+    const pid = (await waitFor('command started', () => lines.find((l) => l.msg === 'command started'))).pid as number;
+    try {
+      expect(killRunningCommands('win32')).toEqual([pid]);
+      expect(existsSync(path.join(pidDir, `${attemptId}.json`))).toBe(true);
+      expect(await running).toMatchObject({ message: 'exited with signal SIGKILL (stopped from outside: retried)' });
+    } finally {
+      try {
+        process.kill(-pid, 'SIGKILL');
       } catch {
         // gone, as it should be
       }

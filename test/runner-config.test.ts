@@ -5,7 +5,8 @@
  *   and `Out-File` write it, is read; UTF-16 without one is named as such;
  * - a `tls` file that cannot be read names its field (the SDK reads it only when connecting);
  * - a `url` the SDK cannot connect to names `url`;
- * - a duration that rounds to 0 ms (meaning "no limit") is refused.
+ * - a duration that rounds to 0 ms (meaning "no limit") is refused, and so is one over 2^31 − 1 ms
+ *   (Node fires such a timer after 1 ms: every job would time out at once).
  */
 import { execFile } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -93,6 +94,16 @@ describe('the runner configuration', () => {
     expect(await refusal(await file(JSON.stringify({ ...valid, grace: '0.0001s' })))).toBe('grace: "0.0001s" is less than 1 ms');
     const c = await loadConfig(await file(JSON.stringify({ ...valid, queues: { q: { command: ['x'], timeout: '0.5ms', killGrace: '1.5s' } } })), noEnv);
     expect(c.queues.q).toMatchObject({ timeout: 1, killGrace: 1500 });
+  });
+
+  it('refuses a duration over 2^31 − 1 ms (Node would fire it after 1 ms), naming the field', async () => {
+    const over = (v: string | number) => `${JSON.stringify(v)} is over the longest duration, 2147483647 ms (about 24.8 days)`;
+    expect(await refusal(await file(JSON.stringify({ ...valid, queues: { q: { command: ['x'], timeout: '720h' } } })))).toBe(`queues.q.timeout: ${over('720h')}`);
+    expect(await refusal(await file(JSON.stringify({ ...valid, queues: { q: { command: ['x'], killGrace: 3e9 } } })))).toBe(`queues.q.killGrace: ${over(3e9)}`);
+    expect(await refusal(await file(JSON.stringify({ ...valid, grace: '1000h' })))).toBe(`grace: ${over('1000h')}`);
+    expect(await refusal(await file(JSON.stringify({ ...valid, grace: 2147483648 })))).toBe(`grace: ${over(2147483648)}`);
+    const c = await loadConfig(await file(JSON.stringify({ ...valid, grace: 2147483647, queues: { q: { command: ['x'], timeout: '596h' } } })), noEnv);
+    expect([c.grace, c.queues.q!.timeout]).toEqual([2147483647, 596 * 3_600_000]);
   });
 
   it('stops the agent with exit code 2 naming the field for a missing tls file and a bad url', async () => {

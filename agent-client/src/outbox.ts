@@ -457,7 +457,7 @@ export class Outbox {
       if (puts.length) {
         this.log.error(
           { err, dir: this.dir, attemptIds: puts },
-          'outbox: could not cut off a failed write; if the agent restarts before a write works again, these reports may be sent anyway (the coordinator refuses them and they are set aside)',
+          'outbox: could not cut off a failed write; if the agent restarts before a write works again, these reports may be sent anyway (accepted if their attempt is still current, else refused by the coordinator and set aside)',
         );
       }
     }

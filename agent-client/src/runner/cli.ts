@@ -3,12 +3,13 @@
  * `--check` validates the configuration, reaches the coordinator, authenticates, prints what it
  * would serve and exits. Exit codes: 0 fine, 1 runtime failure, 2 bad configuration.
  */
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
 import pino from 'pino';
 import { createAgent } from '../agent.js';
+import { LOCK_FILE } from '../outbox-lock.js';
 import { readOutbox } from '../outbox.js';
 import { ConfigError, loadConfig, type AgentConfig } from './config.js';
 import { killLeftover, type PidRecord } from './process-tree.js';
@@ -45,10 +46,12 @@ function agentFor(config: AgentConfig, handleSignals: boolean, outboxDir = confi
 async function serve(config: AgentConfig): Promise<void> {
   const pidDir = path.join(config.outboxDir, 'running');
   const agent = agentFor(config, true);
+  // When the agent before this one was last alive, read before the lock is taken over.
+  const lastAlive = await previousAgentLastAlive(config.outboxDir);
   // The outbox's lock first: a second runner on the same outbox (a console start beside the
   // service) is refused here, before it takes the running agent's pid files for leftovers.
   await agent.open();
-  await killLeftovers(pidDir);
+  await killLeftovers(pidDir, lastAlive);
   // However the process ends (drained, a second Ctrl-C, a crash), no command outlives it: one that
   // ignored the drain's polite stop would otherwise run on, reparented, while its job is redone
   // elsewhere (the drain exits before the queue's killGrace has passed).
@@ -97,15 +100,33 @@ function killLeftBehind(): void {
   if (pids.length) pino({ base: { pid: process.pid } }, pino.destination({ dest: 1, sync: true })).warn({ event: 'commands.killed', pids }, 'exiting: killed the commands still running');
 }
 
-/** Stops command trees that a previous run of this agent left behind (it was killed outright). */
-async function killLeftovers(pidDir: string): Promise<void> {
+/** How long after its last touch of the outbox lock an agent may still have run: it touches it every 10 s (outbox-lock.ts), with room for a busy event loop. */
+const LOCK_TOUCH_SLACK_MS = 30_000;
+
+/**
+ * A time (µs since 1970) by which the previous agent on this outbox had ended: its lock's last
+ * touch, plus the slack of the touch interval. On Windows its commands ended with it (Node puts
+ * them in a job object killed when the agent's process ends), so a process created later is no
+ * child of theirs (`killLeftover`). Undefined without a lock (the agent before released it on a
+ * clean exit, where it killed its commands itself): no such bound then.
+ */
+async function previousAgentLastAlive(outboxDir: string): Promise<number | undefined> {
+  const st = await stat(path.join(outboxDir, LOCK_FILE)).catch(() => undefined);
+  return st && (st.mtimeMs + LOCK_TOUCH_SLACK_MS) * 1000;
+}
+
+/**
+ * Stops command trees that a previous run of this agent left behind (it was killed outright).
+ * `exitedBy`: when that run was last alive (`previousAgentLastAlive`).
+ */
+async function killLeftovers(pidDir: string, exitedBy: number | undefined): Promise<void> {
   const names = await readdir(pidDir).catch(() => [] as string[]);
   for (const name of names) {
     const file = path.join(pidDir, name);
     const rec = await readFile(file, 'utf8')
       .then((t) => JSON.parse(t) as PidRecord)
       .catch(() => undefined);
-    if (rec && (await killLeftover(rec, log))) log.warn({ pid: rec.pid, file }, 'stopped a command left running by an earlier agent process');
+    if (rec && (await killLeftover(rec, log, exitedBy === undefined ? {} : { exitedBy }))) log.warn({ pid: rec.pid, file }, 'stopped a command left running by an earlier agent process');
     await rm(file, { force: true });
   }
 }

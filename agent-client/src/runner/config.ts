@@ -16,10 +16,16 @@ export class ConfigError extends Error {
 }
 
 const units: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+/**
+ * The longest duration: 2^31 − 1 ms, about 24.8 days, the most a Node timer waits. Past it Node
+ * warns (TimeoutOverflowWarning) and fires after 1 ms: every job would time out at once.
+ */
+export const MAX_DURATION_MS = 2 ** 31 - 1;
+const tooLong = (v: number | string) => `${JSON.stringify(v)} is over the longest duration, ${MAX_DURATION_MS} ms (about 24.8 days)`;
 const duration = z.union([z.number(), z.string()], 'must be milliseconds or a duration like 90s').transform((v, ctx) => {
   if (typeof v === 'number') {
-    if (Number.isInteger(v) && v > 0) return v;
-    ctx.addIssue({ code: 'custom', message: `${v} is not a positive whole number of milliseconds` });
+    if (Number.isInteger(v) && v > 0 && v <= MAX_DURATION_MS) return v;
+    ctx.addIssue({ code: 'custom', message: Number.isInteger(v) && v > 0 ? tooLong(v) : `${v} is not a positive whole number of milliseconds` });
     return z.NEVER;
   }
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$/.exec(v);
@@ -31,6 +37,10 @@ const duration = z.union([z.number(), z.string()], 'must be milliseconds or a du
   // Rounded to nothing it would mean "no limit" where a limit was asked for.
   if (ms < 1) {
     ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)} is less than 1 ms` });
+    return z.NEVER;
+  }
+  if (ms > MAX_DURATION_MS) {
+    ctx.addIssue({ code: 'custom', message: tooLong(v) });
     return z.NEVER;
   }
   return ms;

@@ -11,7 +11,9 @@
  *   may name a process that has exited and whose id was reused (Microsoft says so of
  *   `Win32_Process.ParentProcessId`): where the list gives creation times, a "child" created
  *   before its parent is not taken for one. Once a command has exited, what it left running is
- *   found the same way (`stopLeftBehind`), and only with creation times.
+ *   found the same way (`stopLeftBehind`), and only with creation times: after the command's
+ *   (recorded, or estimated from its spawn) and before its exit (at the next start: before
+ *   the earlier agent was last alive).
  *
  * The runner records each running command in a pid file; at the next start, trees left behind
  * by an agent that was killed outright are stopped (`killLeftover`), after checking that the
@@ -231,8 +233,17 @@ export function parseProcessParents(text: string): Map<number, number> {
  *   only children created before it are theirs.
  * - `strict`: leave out any process whose creation time, or its parent's, is unknown (for a
  *   command that has exited, whose id may have been reused: a parent id alone cannot tell).
+ * - `exitedBy`: a time by which `pid` had exited: a process created later is not its child. It
+ *   covers what the check on the pid's holder cannot see: the pid given to another process,
+ *   which started one of its own and exited in turn. (Only `pid`: a descendant that still runs
+ *   may start more.)
  */
-export function descendants(pid: number, parents: Map<number, number>, created: Map<number, number> = new Map(), opts: { known?: Map<number, number>; strict?: boolean } = {}): Set<number> {
+export function descendants(
+  pid: number,
+  parents: Map<number, number>,
+  created: Map<number, number> = new Map(),
+  opts: { known?: Map<number, number>; strict?: boolean; exitedBy?: number } = {},
+): Set<number> {
   const known = opts.known ?? new Map<number, number>();
   const tree = new Set([pid, ...known.keys()]);
   const createdOf = (p: number) => known.get(p) ?? created.get(p);
@@ -247,6 +258,8 @@ export function descendants(pid: number, parents: Map<number, number>, created: 
       } else if (mine < theirs) {
         continue; // a stale parent id: that "parent" was created after this process
       }
+      // Created after the command had exited: a child of another process given its pid since.
+      if (parent === pid && opts.exitedBy !== undefined && mine !== undefined && mine > opts.exitedBy) continue;
       // The parent's pid now held by another process (created then): only children from before it are the parent's.
       const holder = known.has(parent) ? created.get(parent) : undefined;
       if (holder !== undefined && !sameProcess(holder, known.get(parent)!) && (mine === undefined || mine >= holder)) continue;
@@ -343,9 +356,18 @@ export interface PidRecord {
   bootId?: string;
   /** Windows: the image name, e.g. `resize.exe`. */
   image?: string;
-  /** Windows: the creation time, µs since 1970 (UTC), where wmic or PowerShell could tell it. */
+  /**
+   * Windows: the creation time, µs since 1970 (UTC), where wmic or PowerShell could tell it;
+   * else (the command gone before they answered) a lower bound from when it was spawned, and
+   * `createdEstimate` is set.
+   */
   created?: number;
+  /** `created` is an estimate (earlier than the real time): it tells no pid's reuse. */
+  createdEstimate?: boolean;
 }
+
+/** How much earlier than the spawn a `createdEstimate` is set (the clock Date.now() reads may lag the kernel's). */
+export const CREATED_ESTIMATE_MARGIN_US = 1_000_000;
 
 /**
  * The image name Windows shows for a command spawned as configured: the shell (`cmd.exe`, or
@@ -360,16 +382,25 @@ export function expectedImage(command: { file: string; shell?: boolean }, env: N
 /**
  * Identifies a process just spawned, for a pid file. Linux: its start time and the boot. Windows:
  * the image that the pid really runs (`tasklist`), or, where tasklist cannot tell, the one
- * expected from the configuration; and its creation time where a tool tells it.
+ * expected from the configuration; and its creation time where a tool tells it, else, given
+ * `spawnedAt` (µs since 1970, taken just before the spawn), that time less a margin, marked as
+ * an estimate: a lower bound still tells the command's children from older processes.
  */
-export async function describeProcess(pid: number, command: { file: string; shell?: boolean }, platform: Platform = process.platform): Promise<PidRecord> {
+export async function describeProcess(
+  pid: number,
+  command: { file: string; shell?: boolean },
+  platform: Platform = process.platform,
+  opts: { spawnedAt?: number } = {},
+): Promise<PidRecord> {
   if (platform === 'linux') {
     const [startTicks, bootId] = await Promise.all([linuxStartTicks(pid), linuxBootId()]);
     return { pid, platform, ...(startTicks ? { startTicks } : {}), ...(bootId ? { bootId } : {}) };
   }
   if (platform === 'win32') {
     const [image, created] = await Promise.all([windowsImage(pid), windowsCreated(pid)]);
-    return { pid, platform, image: image ?? expectedImage(command), ...(created === undefined ? {} : { created }) };
+    const when =
+      created !== undefined ? { created } : opts.spawnedAt !== undefined ? { created: opts.spawnedAt - CREATED_ESTIMATE_MARGIN_US, createdEstimate: true } : {};
+    return { pid, platform, image: image ?? expectedImage(command), ...when };
   }
   return { pid, platform };
 }
@@ -415,10 +446,12 @@ async function linuxGroupMembers(pgid: number, startTicks: bigint): Promise<numb
  * process group. On Windows: its descendants by parent process id (they keep its id after it
  * exits), terminated; only those whose creation times say they are (`descendants`, strict:
  * the command's pid may already be another process's); nothing when its creation time was not
- * recorded (Wine's tools give none). A child that exited before its own children is no link:
- * those are not found. Returns the pids terminated (none elsewhere than on Windows).
+ * recorded (Wine's tools give none). `exitedBy` (µs since 1970): when the command had exited
+ * at the latest; a process created after it is not its child (its pid reused, `descendants`).
+ * A child that exited before its own children is no link: those are not found. Returns the
+ * pids terminated (none elsewhere than on Windows).
  */
-export async function stopLeftBehind(rec: PidRecord, opts: { platform?: Platform; log?: Pick<Logger, 'warn'> } = {}): Promise<Set<number>> {
+export async function stopLeftBehind(rec: PidRecord, opts: { platform?: Platform; log?: Pick<Logger, 'warn'>; exitedBy?: number } = {}): Promise<Set<number>> {
   const stopped = new Set<number>();
   if ((opts.platform ?? process.platform) !== 'win32') {
     signalGroup(rec.pid, 'SIGKILL');
@@ -430,7 +463,9 @@ export async function stopLeftBehind(rec: PidRecord, opts: { platform?: Platform
   for (let round = 0; round < 3; round++) {
     const list = await windowsProcessList();
     if (!list) break;
-    const fresh = [...descendants(rec.pid, list.parents, list.created, { known, strict: true })].filter((p) => !known.has(p));
+    const fresh = [...descendants(rec.pid, list.parents, list.created, { known, strict: true, ...(opts.exitedBy === undefined ? {} : { exitedBy: opts.exitedBy }) })].filter(
+      (p) => !known.has(p),
+    );
     if (!fresh.length) break;
     terminate(fresh);
     for (const p of fresh) {
@@ -444,12 +479,14 @@ export async function stopLeftBehind(rec: PidRecord, opts: { platform?: Platform
 
 /**
  * Stops a tree left running by an earlier agent process, if the pid still runs that command,
- * or what the command left running if it has exited. Returns whether something was killed.
+ * or what the command left running if it has exited. `exitedBy` (Windows, µs since 1970): a
+ * time by which the command had exited (the earlier agent's last sign of life: Windows ends
+ * its commands with it), for `stopLeftBehind`. Returns whether something was killed.
  */
-export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
+export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>, opts: { exitedBy?: number } = {}): Promise<boolean> {
   // A pid record of this very process (a restarted agent given the pid of a dead command).
   if (rec.pid === process.pid) return false;
-  if (rec.platform === 'win32') return killWindowsLeftover(rec, log);
+  if (rec.platform === 'win32') return killWindowsLeftover(rec, log, opts.exitedBy);
   if (rec.platform !== 'linux') return false; // no safe way to tell a reused pid here
   if (!rec.startTicks) return false;
   const bootId = await linuxBootId();
@@ -477,24 +514,44 @@ export async function killLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): 
 }
 
 /**
+ * What a Windows process list says of a pid record at the next start: the command still runs
+ * (`running`: its pid created at the recorded time), has exited (`exited`: its pid gone, or held
+ * by a process created at another time), or cannot be told by the times (`unknown`: none
+ * recorded, or only an estimate, a lower bound, which the process now holding the pid was
+ * created after: the command itself, or a process given its pid since).
+ */
+export function windowsLeftoverState(rec: PidRecord, list: ProcessList): 'running' | 'exited' | 'unknown' {
+  if (rec.created === undefined) return 'unknown';
+  const now = list.created.get(rec.pid);
+  if (now === undefined) return 'exited';
+  if (rec.createdEstimate) return now < rec.created ? 'exited' : 'unknown';
+  return sameProcess(now, rec.created) ? 'running' : 'exited';
+}
+
+/**
  * Windows: with creation times (recorded at the start and listed now), the command still running
  * is its pid created at the recorded time: its tree is stopped; else its descendants that
  * outlived it are (`stopLeftBehind`). Without them (Wine's tools give none, or no tool answers
- * now), only the image name tells the pid runs the command: it is killed when tasklist shows
- * the recorded image (never under Wine, whose tasklist lists nothing); a pid reused by another
- * process of the same image (`node.exe`, `cmd.exe`) is not told apart then.
+ * now), or with only an estimate recorded (`createdEstimate`), only the image name tells the pid
+ * runs the command: it is killed when tasklist shows the recorded image (never under Wine, whose
+ * tasklist lists nothing); a pid reused by another process of the same image (`node.exe`,
+ * `cmd.exe`) is not told apart then. With an estimate and another image there, the command has
+ * exited: what it left is looked for as above.
  */
-async function killWindowsLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>): Promise<boolean> {
+async function killWindowsLeftover(rec: PidRecord, log?: Pick<Logger, 'warn'>, exitedBy?: number): Promise<boolean> {
   const list = rec.created === undefined ? undefined : await windowsProcessList();
-  if (rec.created !== undefined && list?.created.size) {
-    const now = list.created.get(rec.pid);
-    if (now === undefined || !sameProcess(now, rec.created)) return (await stopLeftBehind(rec, { platform: 'win32', ...(log ? { log } : {}) })).size > 0;
-    const tree = descendants(rec.pid, list.parents, list.created);
+  const dated = list !== undefined && list.created.size > 0;
+  const state = dated ? windowsLeftoverState(rec, list) : 'unknown';
+  const leftBehind = async () => (await stopLeftBehind(rec, { platform: 'win32', ...(log ? { log } : {}), ...(exitedBy === undefined ? {} : { exitedBy }) })).size > 0;
+  if (state === 'exited') return leftBehind();
+  if (state === 'running') {
+    const tree = descendants(rec.pid, list!.parents, list!.created);
     if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(tree);
     return true;
   }
   const image = await windowsImage(rec.pid);
-  if (!image || !rec.image || image.toLowerCase() !== rec.image.toLowerCase()) return false;
+  if (!image || !rec.image) return false;
+  if (image.toLowerCase() !== rec.image.toLowerCase()) return dated ? leftBehind() : false;
   const { pids } = await windowsTree(rec.pid);
   if (!(await taskkill(windowsKillCommands(rec.pid).force, log))) terminate(pids);
   return true;

@@ -38,17 +38,24 @@ export const MAX_LINE_BYTES = 1024 * 1024;
 /**
  * stdout read as lines on its bytes: each line (up to `maxBytes`) is decoded whole, so a UTF-8
  * character split between two reads stays intact; a longer line is dropped as it comes, so at
- * most `maxBytes` are held. `lastJson` is the last line that parsed as JSON (an object or an
- * array); `resultTooLong` the size of a JSON-shaped line (`{…}` or `[…]`) dropped after it, which
- * then stands where the result would have been.
+ * most `maxBytes` are held. Lines end at `\n`, `\r\n` or a lone `\r` (progress output:
+ * `10%\r20%\r`), where Node's readline ends them, so the `\r` of a CRLF never counts toward the
+ * cap. `lastJson` is the last line that parsed as JSON (an object or an array), trimmed as
+ * `String.prototype.trim` does (whitespace and a UTF-8 byte order mark, which PowerShell may
+ * write); `resultTooLong` the size of a line dropped after it that looks like JSON
+ * (`looksLikeJson`, and ending with the matching `}` or `]`), which then stands where the
+ * result would have been.
  */
 export class OutputLines {
   private parts: Buffer[] = [];
   private size = 0;
   /** Bytes of the current line past the cap (0: within it). */
   private over = 0;
-  private overFirst = 0;
+  /** The byte closing the over-cap line if it is JSON (`}` or `]`; 0 when its start is no JSON's). */
+  private overClose = 0;
   private overLast = 0;
+  /** The last line ended at a `\r`: a `\n` right after it ends nothing more (a CRLF). */
+  private afterCr = false;
   /** Lines dropped for their length. */
   discarded = 0;
   lastJson: unknown;
@@ -62,17 +69,36 @@ export class OutputLines {
   }
 
   write(chunk: Buffer): void {
-    for (let from = 0; ; ) {
-      const nl = chunk.indexOf(0x0a, from);
-      this.add(chunk.subarray(from, nl < 0 ? chunk.length : nl));
-      if (nl < 0) return;
+    let from = 0;
+    if (this.afterCr && chunk.length) {
+      this.afterCr = false;
+      if (chunk[0] === 0x0a) from = 1; // the \n of a CRLF split between two reads
+    }
+    // The next \n and \r at or after `from` (-1: none in the chunk), each searched again only
+    // once passed, so a chunk of many lines is scanned once.
+    let nl = -2;
+    let cr = -2;
+    while (from < chunk.length) {
+      if (nl !== -1 && nl < from) nl = chunk.indexOf(0x0a, from);
+      if (cr !== -1 && cr < from) cr = chunk.indexOf(0x0d, from);
+      const eol = nl < 0 ? cr : cr < 0 ? nl : Math.min(nl, cr);
+      this.add(chunk.subarray(from, eol < 0 ? chunk.length : eol));
+      if (eol < 0) return;
       this.endLine();
-      from = nl + 1;
+      from = eol + 1;
+      if (eol === cr) {
+        if (from === chunk.length) this.afterCr = true;
+        else if (chunk[from] === 0x0a) from++;
+      }
     }
   }
 
-  /** The output ended: its last line may have had no newline. */
+  /**
+   * The output ended, or is read no longer (a process it started holds the pipe): its last line
+   * may have had no newline. Calling it again does nothing.
+   */
   end(): void {
+    this.afterCr = false;
     if (this.size || this.over) this.endLine();
   }
 
@@ -89,8 +115,9 @@ export class OutputLines {
       return;
     }
     const held = Buffer.concat([...this.parts, b]);
+    const open = looksLikeJson(held);
     this.over = held.length;
-    this.overFirst = firstNonSpace(held) ?? 0;
+    this.overClose = open === '{' ? 0x7d : open === '[' ? 0x5d : 0;
     this.overLast = lastNonSpace(held) ?? 0;
     this.parts = [];
     this.size = 0;
@@ -99,18 +126,17 @@ export class OutputLines {
   private endLine(): void {
     if (this.over) {
       this.discarded++;
-      const jsonShaped = (this.overFirst === 0x7b && this.overLast === 0x7d) || (this.overFirst === 0x5b && this.overLast === 0x5d);
-      if (jsonShaped) this.resultTooLong = this.over;
+      if (this.overClose && this.overLast === this.overClose) this.resultTooLong = this.over;
       this.over = 0;
       return;
     }
     const line = Buffer.concat(this.parts, this.size);
     this.parts = [];
     this.size = 0;
-    const first = firstNonSpace(line);
+    const first = line[textStart(line)];
     if (first !== 0x7b && first !== 0x5b) return; // only JSON lines can be the result
     try {
-      this.lastJson = JSON.parse(line.toString('utf8'));
+      this.lastJson = JSON.parse(line.toString('utf8').trim());
       this.resultTooLong = undefined;
     } catch {
       // not JSON
@@ -118,10 +144,30 @@ export class OutputLines {
   }
 }
 
+/**
+ * Whether a line, by its start, looks like JSON (an object or an array), and which: `{`, or `[`
+ * followed by `{`, `[`, `"` or `]`, or by a number, `true`, `false` or `null` and then `,` or
+ * `]` (whitespace allowed between, and whitespace or byte order marks before). So a log line
+ * in brackets (`[INFO] …`, `[2024-05-01 10:00] …`, `[12:00:01] …`) does not.
+ */
+export function looksLikeJson(line: Buffer): '{' | '[' | undefined {
+  const at = textStart(line);
+  if (line[at] === 0x7b) return '{';
+  if (line[at] !== 0x5b) return undefined;
+  const head = line.subarray(at + 1, at + 513).toString('latin1');
+  return /^[ \t]*(?:[{["\]]|(?:-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null)[ \t]*[,\]])/.test(head) ? '[' : undefined;
+}
+
 const isSpace = (c: number) => c === 0x20 || c === 0x09 || c === 0x0d || c === 0x0b || c === 0x0c;
-function firstNonSpace(b: Buffer): number | undefined {
-  for (let i = 0; i < b.length; i++) if (!isSpace(b[i]!)) return b[i];
-  return undefined;
+/** Where a line's text starts: past ASCII whitespace and UTF-8 byte order marks (EF BB BF). */
+function textStart(b: Buffer): number {
+  let i = 0;
+  while (i < b.length) {
+    if (isSpace(b[i]!)) i++;
+    else if (b[i] === 0xef && b[i + 1] === 0xbb && b[i + 2] === 0xbf) i += 3;
+    else break;
+  }
+  return i;
 }
 function lastNonSpace(b: Buffer): number | undefined {
   for (let i = b.length - 1; i >= 0; i--) if (!isSpace(b[i]!)) return b[i];
@@ -182,32 +228,54 @@ const running = new Map<number, string>();
  * (its process group; on Windows `taskkill /T /F`, else the tree found by parent ids), and
  * removes their pid files: for the runner's exit (`process.on('exit')`), so that no command
  * outlives it. A command that ignored the polite stop of a drain would otherwise run on,
- * reparented, after its attempt was given to another agent. Returns the pids it killed.
+ * reparented, after its attempt was given to another agent. It never throws, and one failure
+ * stops nothing else: a command whose kill failed (or whose tree could not be listed on
+ * Windows) keeps its pid file, for the next start to clean up (`killLeftover`); a pid file that
+ * cannot be removed (EPERM, EBUSY: an antivirus holding it) is left. Returns the pids of the
+ * commands it found running.
  */
 export function killRunningCommands(platform: NodeJS.Platform = process.platform): number[] {
   const pids = [...running.keys()];
   if (!pids.length) return pids;
-  if (platform === 'win32') killWindowsTrees(pids);
+  let killed: Set<number>;
+  try {
+    killed = platform === 'win32' ? killWindowsTrees(pids) : new Set(pids.filter(killGroup));
+  } catch {
+    killed = new Set(); // nothing is known to be dead: every pid file stays
+  }
   for (const pid of pids) {
-    if (platform !== 'win32') {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // the group is gone
-      }
-    }
-    rmSync(running.get(pid)!, { force: true });
+    const file = running.get(pid)!;
     running.delete(pid);
+    if (!killed.has(pid)) continue;
+    try {
+      rmSync(file, { force: true });
+    } catch {
+      // left for the next start, which finds the command gone
+    }
   }
   return pids;
 }
 
-/** `taskkill /T /F` for all of them in one call; where it fails, the trees by parent ids. */
-function killWindowsTrees(pids: number[]): void {
+/** SIGKILL to a command's process group; whether it is gone now (killed, or already empty). */
+function killGroup(pid: number): boolean {
+  try {
+    process.kill(-pid, 'SIGKILL');
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'ESRCH';
+  }
+}
+
+/**
+ * `taskkill /T /F` for all of them in one call; where it fails, the trees by parent ids. Returns
+ * the commands whose whole tree is known killed: all when taskkill succeeded, else those whose
+ * tree the process list gave and every process of which was killed (or already gone).
+ */
+function killWindowsTrees(pids: number[]): Set<number> {
   const sync = { timeout: 5000, windowsHide: true, stdio: 'pipe' as const };
   try {
     execFileSync('taskkill', ['/T', '/F', ...pids.flatMap((p) => ['/PID', String(p)])], sync);
-    return;
+    return new Set(pids);
   } catch {
     // refused (Wine's taskkill has no /T) or partly failed: find the trees ourselves
   }
@@ -220,16 +288,21 @@ function killWindowsTrees(pids: number[]): void {
     }
     if (list.parents.size) break;
   }
+  const killed = new Set<number>();
   for (const pid of pids) {
     // With creation times where the list has them: a stale parent id is no link (process-tree.ts).
+    // Without a list, the command alone is killed: what it started is left to the next start.
+    let all = list.parents.size > 0;
     for (const p of descendants(pid, list.parents, list.created)) {
       try {
         process.kill(p, 'SIGKILL');
-      } catch {
-        // gone already
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') all = false;
       }
     }
+    if (all) killed.add(pid);
   }
+  return killed;
 }
 
 /**
@@ -281,6 +354,9 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
     const retryable = !spawnFailureIsFinal(code);
     return new JobError(`cannot start ${JSON.stringify(file)}: ${code}${hint}${retryable ? ' (retried: the machine may start it later)' : ''}`, { retryable });
   };
+  // When the command is started, as a lower bound of its creation time (µs since 1970) where
+  // Windows' tools cannot tell it (a batch file that exits at once is gone before wmic answers).
+  const spawnedAt = Date.now() * 1000;
   let child: ChildProcessWithoutNullStreams;
   try {
     child = spawn(file, args, {
@@ -302,8 +378,12 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   const pidFile = path.join(opts.pidDir, `${ctx.attempt.id}.json`);
   const pid = child.pid;
   if (pid !== undefined) running.set(pid, pidFile);
+  // When it had exited, by the clock the process list's creation times use (µs since 1970): a
+  // process created later is no child of it, whatever parent id it claims (stopLeftBehind).
+  let exitedAt = 0;
   const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
     child.once('exit', (code, signal) => {
+      exitedAt = Date.now() * 1000;
       if (pid !== undefined) running.delete(pid);
       // Whatever it left running in its group goes too (a backgrounded grandchild, say): a job's
       // processes end with the job, as systemd's KillMode=control-group does.
@@ -358,7 +438,7 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   let record: PidRecord | undefined;
   try {
     await mkdir(opts.pidDir, { recursive: true });
-    record = await describeProcess(child.pid!, { file, shell: cmd.shell });
+    record = await describeProcess(child.pid!, { file, shell: cmd.shell }, process.platform, { spawnedAt });
     await writeFile(pidFile, JSON.stringify(record));
     pidWritten = true;
   } catch (err) {
@@ -375,13 +455,19 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   // On Windows nothing stops what the command left running when it exits (elsewhere its group
   // was killed above). Pipes still open 2 s after it exited say something it started holds them
   // (cmd's `start /b`, a tool spawning a helper): those processes are stopped, found by parent
-  // id with the creation times the pid record holds (`stopLeftBehind`; nothing without them, as
-  // under Wine). Not looked for after every command: a process list costs a wmic run.
+  // id with the creation times the pid record holds (or its estimate from the spawn) and the
+  // exit time as the upper bound (`stopLeftBehind`; nothing where the process list has no times,
+  // as under Wine). Not looked for after every command: a process list costs a wmic run.
   if (process.platform === 'win32' && !pipesClosed && record) {
-    await stopLeftBehind(record, { log: opts.log }).catch((err: unknown) =>
+    await stopLeftBehind(record, { log: opts.log, exitedBy: exitedAt }).catch((err: unknown) =>
       opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, pid: child.pid, err }, 'could not stop what the command left running'),
     );
   }
+  // The output is read no further (a process left holding the pipes may keep it open): a last
+  // line without a newline counts, as it does when the pipes end ('end' calls these too; the
+  // second call does nothing).
+  stdout.end();
+  stderr.end();
   if (pidWritten) await rm(pidFile, { force: true }).catch((err: unknown) => opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, err }, 'could not remove the pid file'));
   const discarded = stdout.discarded ? { discardedLines: stdout.discarded } : {};
   opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped, ...discarded }, 'command ended');
