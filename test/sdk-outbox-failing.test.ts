@@ -22,19 +22,20 @@ import os from 'node:os';
 import path from 'node:path';
 import pino, { type Logger } from 'pino';
 import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
-import { createAgent, Outbox, readOutbox, type Agent, type OutboxEntry } from '@leasehold/agent-client';
+import { createAgent, readOutbox, type Agent, type OutboxEntry } from '@leasehold/agent-client';
 import { encodeRecord, segmentName } from '../agent-client/src/outbox-log.js';
+import { outboxKeeper } from './helpers/outbox.js';
 import { grpc, services } from './helpers/raw-agent.js';
 
 const dirs: string[] = [];
-const open: Outbox[] = [];
+const outboxes = outboxKeeper();
 const agents: Agent[] = [];
 const servers: grpc.Server[] = [];
 
 afterEach(async () => {
   vi.restoreAllMocks();
   for (const a of agents.splice(0)) await a.stop();
-  for (const o of open.splice(0)) await o.close();
+  await outboxes.closeAll();
   for (const s of servers.splice(0)) s.forceShutdown();
 });
 afterAll(async () => {
@@ -105,16 +106,8 @@ function faultyDisk(dir: string): Disk {
   return disk;
 }
 
-async function openOutbox(dir: string, opts: { log?: Logger; retryMs?: number } = {}): Promise<Outbox> {
-  const o = new Outbox(dir, opts.log ?? pino({ level: 'silent' }), { retryMs: opts.retryMs ?? 60_000 });
-  await o.open();
-  open.push(o);
-  return o;
-}
-async function closed(o: Outbox): Promise<void> {
-  await o.close();
-  open.splice(open.indexOf(o), 1);
-}
+const openOutbox = (dir: string, opts: { log?: Logger; retryMs?: number } = {}) => outboxes.open(dir, opts.log, { retryMs: opts.retryMs ?? 60_000 });
+const closed = outboxes.closed;
 const segments = async (dir: string) => (await readdir(dir)).filter((n) => /^outbox-\d+\.log$/.test(n)).sort();
 
 describe('a put reported as failed', () => {

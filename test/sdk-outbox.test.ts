@@ -14,11 +14,12 @@ import pino, { type Logger } from 'pino';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { Outbox, readOutbox, type OutboxEntry } from '@leasehold/agent-client';
 import { encodeRecord, segmentName } from '../agent-client/src/outbox-log.js';
+import { outboxKeeper } from './helpers/outbox.js';
 import { ACK_LINGER_MS } from '../agent-client/src/outbox.js';
 
 const root = path.resolve(import.meta.dirname, '..');
 const dirs: string[] = [];
-const open: Outbox[] = [];
+const outboxes = outboxKeeper();
 
 async function tmpDir(): Promise<string> {
   const d = await mkdtemp(path.join(os.tmpdir(), 'leasehold-outbox-unit-'));
@@ -30,16 +31,9 @@ function captured(): { log: Logger; lines: Array<{ level: number; msg: string }>
   const lines: Array<{ level: number; msg: string }> = [];
   return { log: pino({ level: 'debug' }, { write: (s: string) => lines.push(JSON.parse(s) as { level: number; msg: string }) }), lines };
 }
-async function openOutbox(dir: string, opts: { log?: Logger; compactBytes?: number } = {}): Promise<Outbox> {
-  const o = new Outbox(dir, opts.log ?? pino({ level: 'silent' }), opts.compactBytes ? { compactBytes: opts.compactBytes } : {});
-  await o.open();
-  open.push(o);
-  return o;
-}
-async function closed(o: Outbox): Promise<void> {
-  await o.close();
-  open.splice(open.indexOf(o), 1);
-}
+const openOutbox = (dir: string, opts: { log?: Logger; compactBytes?: number } = {}) =>
+  outboxes.open(dir, opts.log, opts.compactBytes ? { compactBytes: opts.compactBytes } : {});
+const closed = outboxes.closed;
 let clock = Date.parse('2030-01-01T00:00:00Z');
 function entry(extra: Partial<OutboxEntry> = {}): OutboxEntry {
   const attemptId = randomUUID();
@@ -49,7 +43,7 @@ const ids = (es: OutboxEntry[]) => es.map((e) => e.attemptId).sort();
 const segments = async (dir: string) => (await readdir(dir)).filter((n) => /^outbox-\d+\.log$/.test(n)).sort();
 
 afterEach(async () => {
-  for (const o of open.splice(0)) await o.close();
+  await outboxes.closeAll();
 });
 afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });

@@ -345,6 +345,17 @@ describe('retries, the cap, and the operator', () => {
 
 describe('a silent receiver holds only its own sends', () => {
   /** The job id of the first delivery `d` records as delivered (fails after 5 s). */
+  /** A receiver that never answers, and `n` jobs of `queue` finished with it as their notify_url. */
+  const silentWith = async (queue: string, n: number) => {
+    const silent = await startReceiver();
+    silent.policy('/hang', 'hang');
+    for (let i = 0; i < n; i++) {
+      const j = await running(queue, { notifyUrl: `${silent.url}/hang` });
+      value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
+    }
+    return silent;
+  };
+
   const delivered = (d: WebhookDeliverer) => {
     const recorded = new Promise<string>((resolve, reject) => {
       const bound = setTimeout(() => reject(new Error('no delivery recorded as delivered within 5 s')), 5000);
@@ -359,13 +370,8 @@ describe('a silent receiver holds only its own sends', () => {
   };
 
   it('a delivery that comes due while sends to a silent receiver are in flight goes out at once, not after their timeout', async () => {
-    const silent = await startReceiver();
+    const silent = await silentWith('hol', 5);
     try {
-      silent.policy('/hang', 'hang');
-      for (let i = 0; i < 5; i++) {
-        const j = await running('hol', { notifyUrl: `${silent.url}/hang` });
-        value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
-      }
       const d = deliverer({ timeoutMs: 20_000, intervalMs: 50 });
       const recorded = delivered(d);
       d.start();
@@ -383,11 +389,8 @@ describe('a silent receiver holds only its own sends', () => {
   });
 
   it('a retry that comes due while a send to a silent receiver is in flight goes out within an interval, not when the run ends', async () => {
-    const silent = await startReceiver();
+    const silent = await silentWith('retry-during', 1);
     try {
-      silent.policy('/hang', 'hang');
-      const a = await running('retry-during', { notifyUrl: `${silent.url}/hang` });
-      value(await attemptComplete(t.pool, { attemptId: a.attemptId, agentId: 'a1', result: {} }));
       rx.policy('/busy-once', (res, _r, n) => void (n === 1 ? res.writeHead(503).end('busy') : res.writeHead(200).end('ok')));
       const b = await running('retry-during', { notifyUrl: `${rx.url}/busy-once` });
       value(await attemptComplete(t.pool, { attemptId: b.attemptId, agentId: 'a1', result: {} }));
@@ -424,13 +427,8 @@ describe('a silent receiver holds only its own sends', () => {
   });
 
   it('60 deliveries to a silent receiver ahead in line do not hold one to another receiver (at most 10 in flight to one)', async () => {
-    const silent = await startReceiver();
+    const silent = await silentWith('hol60', 60);
     try {
-      silent.policy('/hang', 'hang');
-      for (let i = 0; i < 60; i++) {
-        const j = await running('hol60', { notifyUrl: `${silent.url}/hang` });
-        value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: { i } }));
-      }
       rx.secret('/fast', notifySecret);
       const j = await running('hol60', { notifyUrl: `${rx.url}/fast` });
       value(await attemptComplete(t.pool, { attemptId: j.attemptId, agentId: 'a1', result: {} }));
