@@ -95,6 +95,44 @@ withDbFlags(program.command('migrate').description('apply database migrations an
   },
 );
 
+// An online copy of the embedded PostgreSQL, and putting one back (backup.ts; README, "Backups").
+// Their answer goes to stdout, their logs and a refusal's one line to stderr (exit code 2).
+const toolLog = () => createLogger(process.env, { stderr: true });
+const embeddedTool =
+  <A extends unknown[]>(what: string, fn: (config: Awaited<ReturnType<typeof loadConfig>>, ...args: A) => Promise<string>) =>
+  async (...args: [...A, ConfigFlags, Command]) => {
+    // commander passes the arguments, then the options, then the command.
+    const flags = args.at(-2) as ConfigFlags;
+    try {
+      const config = await loadConfig(flags);
+      if (config.databaseUrl) {
+        const { ConfigError } = await import('./config.js');
+        throw new ConfigError(
+          `leasehold ${what} works on the embedded PostgreSQL (DATABASE_URL unset); for the server in DATABASE_URL use its own tools: pg_dump or pg_basebackup of its version, or your provider's snapshots`,
+        );
+      }
+      process.stdout.write(`${await fn(config, ...(args.slice(0, -2) as unknown as A))}\n`);
+    } catch (err) {
+      if (!['ConfigError', 'BackupError'].includes((err as Error).name)) throw err;
+      process.stderr.write(`${(err as Error).message}\n`);
+      process.exitCode = 2;
+    }
+  };
+withDbFlags(program.command('backup <dir>').description('copy the embedded PostgreSQL into a new directory while the coordinator runs')).action(
+  embeddedTool('backup', async (config, dir: string) => {
+    const { backupEmbedded } = await import('./store/backup.js');
+    const m = await backupEmbedded({ dataDir: config.dataDir, to: dir, log: toolLog() });
+    return `backup of ${m.files} files (${(m.bytes / 1048576).toFixed(1)} MiB, PostgreSQL ${m.postgres}) in ${dir}`;
+  }),
+);
+withDbFlags(program.command('restore <dir>').description('replace the embedded PostgreSQL with a backup (the coordinator stopped)')).action(
+  embeddedTool('restore', async (config, dir: string) => {
+    const { restoreEmbedded } = await import('./store/backup.js');
+    const r = await restoreEmbedded({ dataDir: config.dataDir, from: dir, log: toolLog() });
+    return `restored the backup of ${r.manifest.createdAt} (${r.jobs} jobs)${r.previous ? `; the cluster that was there is in ${r.previous}` : ''}`;
+  }),
+);
+
 registerSeedCommand(program, { withDbFlags });
 registerRemoteCommands(program);
 registerWebhookCommands(program);

@@ -7,6 +7,8 @@
  */
 import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { expect, it } from 'vitest';
@@ -19,6 +21,8 @@ const root = path.resolve(import.meta.dirname, '..');
 const readme = readFileSync(path.join(root, 'README.md'), 'utf8');
 const blocks = [...readme.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]!.split('\n').filter((l) => l.trim()));
 const cliBlocks = blocks.filter((b) => b.some((l) => /npm run (-s )?leasehold -- /.test(l)));
+// `backup` and `restore` work on the embedded PostgreSQL (README, "Backups"): run on their own.
+const embeddedBlocks = cliBlocks.filter((b) => b.some((l) => /leasehold -- (backup|restore) /.test(l)));
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_ADMIN_KEY: 'dev-admin-key' });
 
@@ -64,7 +68,7 @@ it('every `npm run leasehold` line of the README works as pasted', async () => {
   if (demo.outcome !== 'ok') throw new Error('enqueue');
   const agents = cliBlocks.find((b) => b.some((l) => l.includes('agents add printer-1')))!;
   const operating = cliBlocks.find((b) => b.some((l) => l.includes('jobs show')))!;
-  const rest = cliBlocks.filter((b) => b !== agents && b !== operating);
+  const rest = cliBlocks.filter((b) => b !== agents && b !== operating && !embeddedBlocks.includes(b));
   // The Agents block comes first in the README (it exports LEASEHOLD_KEY); the blocks after it
   // do not depend on each other, so they run side by side, each in a copy of that terminal.
   const env = terminal();
@@ -84,3 +88,23 @@ it('every `npm run leasehold` line of the README works as pasted', async () => {
   const status = (await t.pool.query(`SELECT status::text FROM jobs WHERE id = $1`, [demo.value.id])).rows[0].status;
   expect(status).toBe('queued');
 }, 300_000);
+
+it('the Backups lines of the README back up and restore an embedded PostgreSQL as pasted', async () => {
+  expect(embeddedBlocks.length).toBe(2);
+  // A terminal without DATABASE_URL, its data directory a new one (enterable by the postgres user
+  // when tests run as root); the backup lands in the checkout's backups/ as the README says.
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-readme-backup-'));
+  await chmod(dataDir, 0o755);
+  const env = terminal();
+  delete env.DATABASE_URL;
+  env.LEASEHOLD_DATA_DIR = dataDir;
+  try {
+    const out = [...(await runBlock(embeddedBlocks[0]!, env)), ...(await runBlock(embeddedBlocks[1]!, env))];
+    expect(env.BACKUP).toMatch(/^backups\/\d{8}-\d{6}$/);
+    expect(out[0]!.stdout).toMatch(/backup of \d+ files \([\d.]+ MiB, PostgreSQL 17\.\d+\) in backups\//);
+    expect(out[1]!.stdout).toMatch(/restored the backup of .* \(0 jobs\); the cluster that was there is in .*pg\.before-restore-/);
+  } finally {
+    await rm(dataDir, { recursive: true, force: true });
+    if (env.BACKUP) await rm(path.join(root, env.BACKUP), { recursive: true, force: true });
+  }
+}, 120_000);

@@ -59,7 +59,7 @@ interface Credentials {
   password: string;
 }
 
-interface RunAs {
+export interface RunAs {
   uid?: number;
   gid?: number;
 }
@@ -191,6 +191,35 @@ async function binaries(log: Logger): Promise<Binaries> {
   };
 }
 
+/**
+ * Where the embedded cluster of `dataDir` lives and who owns it, without starting it: for
+ * `leasehold restore` (backup.ts), which must put files there while no server runs.
+ */
+export async function embeddedLayout(dataDir: string, log: Logger): Promise<{ dataDir: string; pgdata: string; runAs: RunAs }> {
+  const dir = path.resolve(dataDir);
+  await fs.mkdir(dir, { recursive: true });
+  return { dataDir: dir, pgdata: await clusterDir(dir, log), runAs: isRoot() ? await postgresUser(log) : {} };
+}
+
+/**
+ * The pid of a PostgreSQL serving `pgdata` right now (its `postmaster.pid` names a live process
+ * that answers for this data directory with these credentials), else undefined.
+ */
+export async function embeddedServerPid(dataDir: string, pgdata: string): Promise<number | undefined> {
+  const creds = await fs
+    .readFile(path.join(dataDir, 'credentials.json'), 'utf8')
+    .then((t) => JSON.parse(t) as Credentials)
+    .catch(() => undefined);
+  const text = await fs.readFile(path.join(pgdata, 'postmaster.pid'), 'utf8').catch(() => undefined);
+  if (!text) return undefined;
+  const [pidLine, , , portLine] = text.split('\n');
+  const pid = Number(pidLine);
+  if (!Number.isInteger(pid) || !alive(pid)) return undefined;
+  // A live pid without credentials to ask the server: counted as running (the safe answer).
+  if (!creds) return pid;
+  return (await servesDataDir(Number(portLine), creds, pgdata)) ? pid : undefined;
+}
+
 /** The uid and gid of the `postgres` user, created (as a system user) if missing. */
 async function postgresUser(log: Logger): Promise<RunAs> {
   const ids = async () => ({
@@ -277,11 +306,19 @@ function ready(child: ChildProcess, log: Logger): Promise<void> {
     };
     child.stdout!.on('data', onData);
     child.stderr!.on('data', onData);
+    // The timer goes with the outcome: left running, it would hold a failed start's process for
+    // a minute after its error.
     child.on('error', (err) => {
-      if (!done) reject(err);
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      reject(err);
     });
     child.on('exit', (code, signal) => {
-      if (!done) reject(new Error(`postgres exited (${code ?? signal}):\n${recent.join('\n')}`));
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      reject(new Error(`postgres exited (${code ?? signal}):\n${recent.join('\n')}`));
     });
     const timer = setTimeout(() => {
       if (!done) reject(new Error(`not ready after 60 s:\n${recent.join('\n')}`));
