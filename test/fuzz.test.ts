@@ -6,11 +6,12 @@
  */
 import { fromBinary } from '@bufbuild/protobuf';
 import fc from 'fast-check';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Health } from '../gen/grpc/health/v1/health_pb.js';
 import { AdminService } from '../gen/leasehold/v1/admin_service_pb.js';
 import { AttemptService } from '../gen/leasehold/v1/attempt_service_pb.js';
 import { JobService } from '../gen/leasehold/v1/job_service_pb.js';
+import { keyCreate } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator } from './helpers/coordinator.js';
 import { grpc } from './helpers/raw-agent.js';
@@ -109,9 +110,19 @@ describe('raw protobuf on every unary method', () => {
     clients.push(c);
     return c;
   };
+  // A key that may read and nothing else: the request is decoded (a caller without a key is
+  // refused before its body is read), and nothing it decodes into can write.
+  let readKey = '';
+  beforeAll(async () => {
+    const o = await keyCreate(t.pool, { name: 'fuzz-reader', scopes: ['read'] });
+    if (o.outcome !== 'ok') throw new Error(o.outcome);
+    readKey = o.value.key;
+  });
   const call = (c: grpc.Client, path: string, bytes: Buffer) =>
     new Promise<{ code: number; details: string }>((resolve) => {
-      c.makeUnaryRequest(path, (b: Buffer) => b, (b: Buffer) => b, bytes, new grpc.Metadata(), (err: grpc.ServiceError | null) =>
+      const md = new grpc.Metadata();
+      md.set('authorization', `Bearer ${readKey}`);
+      c.makeUnaryRequest(path, (b: Buffer) => b, (b: Buffer) => b, bytes, md, (err: grpc.ServiceError | null) =>
         resolve(err ? { code: err.code, details: err.details } : { code: grpc.status.OK, details: '' }),
       );
     });
@@ -139,7 +150,7 @@ describe('raw protobuf on every unary method', () => {
         }
         seen[decodable ? 'decodable' : 'malformed']++;
         const g = await call(c, m.path, b);
-        const res = await fetch(`${lh.httpUrl}${m.path}`, { method: 'POST', headers: { 'content-type': 'application/proto' }, body: b });
+        const res = await fetch(`${lh.httpUrl}${m.path}`, { method: 'POST', headers: { 'content-type': 'application/proto', authorization: `Bearer ${readKey}` }, body: b });
         const text = await res.text();
         if (!decodable) {
           expect(g.code, `${m.path} gRPC ${g.code} ${g.details}`).toBe(grpc.status.INVALID_ARGUMENT);
@@ -156,7 +167,7 @@ describe('raw protobuf on every unary method', () => {
     );
     console.log('raw protobuf fuzz', seen);
     expect(seen.malformed).toBeGreaterThan(0);
-    expect(await counts()).toEqual(before); // no key was given: nothing could be written
+    expect(await counts()).toEqual(before); // the key may only read: nothing could be written
     expect(await call(c, '/grpc.health.v1.Health/Check', Buffer.alloc(0))).toEqual({ code: grpc.status.OK, details: '' });
     expect((await fetch(`${lh.httpUrl}/healthz`)).status).toBe(200);
   }, 180_000);

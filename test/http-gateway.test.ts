@@ -9,6 +9,7 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import http from 'node:http';
 import https from 'node:https';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -17,7 +18,7 @@ import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { keyCreate } from '../server/store/index.js';
-import { listenHttp } from '../server/transport/http.js';
+import { HEALTHZ_PING_MS, listenHttp } from '../server/transport/http.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { rpc } from './helpers/http.js';
@@ -341,6 +342,51 @@ describe('what a stranger learns', () => {
       await up.close();
       await noDb.close();
       await deadDb.end();
+      await hub.stop();
+    }
+  });
+
+  it('/healthz is 503 within its bound when the database takes no writes or does not answer at all; calls then are 503 to retry', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const log = pino({ level: 'warn' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+    const hub = new AgentHub(t.pool, log, { leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 });
+    // A standby after a failover looks like this: it answers, and refuses every write.
+    const readOnly = new pg.Pool({ connectionString: t.url, options: '-c default_transaction_read_only=on' });
+    // A server that accepts the connection and never says a word (a lock, a silent network).
+    const accepted: net.Socket[] = [];
+    const mute = net.createServer((sock) => void accepted.push(sock));
+    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', () => r()));
+    const muteDb = new pg.Pool({ connectionString: `postgres://u:p@127.0.0.1:${(mute.address() as net.AddressInfo).port}/db` });
+    const deps = { hub, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000 };
+    const ro = await listenHttp({ ...deps, db: readOnly }, '127.0.0.1:0');
+    const silent = await listenHttp({ ...deps, db: muteDb }, '127.0.0.1:0');
+    try {
+      const r1 = await fetch(`http://127.0.0.1:${ro.address.port}/healthz`);
+      expect([r1.status, await r1.json()]).toEqual([503, { status: 'unavailable' }]);
+      // A call that needs a write there: 503 `unavailable`, to retry (it was 500 "internal error"),
+      // and logged (it was not), through the direct enqueue and through Connect alike.
+      const k = await keyCreate(t.pool, { name: 'ro-enqueuer', scopes: ['enqueue', 'read'] });
+      if (k.outcome !== 'ok') throw new Error(k.outcome);
+      for (const headers of [{}, { 'connect-timeout-ms': '5000' }] as Array<Record<string, string>>) {
+        const e = await fetch(`http://127.0.0.1:${ro.address.port}/${JOBS}/EnqueueJob`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${k.value.key}`, ...headers },
+          body: JSON.stringify({ queue: 'ro', payload: {} }),
+        });
+        expect([e.status, e.headers.get('retry-after'), await e.json()]).toEqual([503, '1', expect.objectContaining({ code: 'unavailable' })]);
+      }
+      expect(lines.filter((l) => l.msg === 'call failed: the database is unavailable')).toHaveLength(2);
+      const t0 = performance.now();
+      const r2 = await fetch(`http://127.0.0.1:${silent.address.port}/healthz`);
+      expect([r2.status, await r2.json()]).toEqual([503, { status: 'unavailable' }]);
+      expect(performance.now() - t0).toBeLessThan(HEALTHZ_PING_MS + 1_500);
+    } finally {
+      await ro.close();
+      await silent.close();
+      for (const sock of accepted) sock.destroy();
+      await readOnly.end();
+      await muteDb.end().catch(() => undefined);
+      await new Promise((r) => mute.close(r));
       await hub.stop();
     }
   });

@@ -62,9 +62,26 @@ export function principalOwner(p: Principal): string {
   return p.kind === 'agent' ? credentialOwner('agent', p.agentId) : credentialOwner('key', p.name);
 }
 
+/** What a call that needs a key is told without one (UNAUTHENTICATED, 401). */
+export const MISSING_KEY = 'missing "Authorization: Bearer <key>"';
+
+/**
+ * Whether calls to `service` need a key: all but health and reflection (open) and the agent
+ * stream (which authenticates in its Hello).
+ */
+export function needsKey(service: string): boolean {
+  return !OPEN.has(service) && service !== 'leasehold.v1.AgentService';
+}
+
 /** The bearer token of a request, if any. */
 export function bearer(header: Headers): string | undefined {
-  const m = /^Bearer\s+(\S+)\s*$/i.exec(header.get('authorization') ?? '');
+  return bearerToken(header.get('authorization') ?? undefined);
+}
+
+/** The bearer token of an `Authorization` header's value, if any (the listeners read it before the body). */
+export function bearerToken(authorization: string | undefined): string | undefined {
+  if (!authorization) return undefined;
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization);
   return m?.[1];
 }
 
@@ -91,15 +108,20 @@ async function verify(db: Queryable, token: string): Promise<Principal> {
 
 /**
  * Authenticates every call but the open services and the agent stream, checks the method's
- * scope (PERMISSION_DENIED naming it), and sets `principalKey`.
+ * scope (PERMISSION_DENIED naming it), and sets `principalKey`. A call whose listener has
+ * already authenticated it, before reading its body, comes with `principalKey` set: its key is
+ * not looked up twice.
  */
 export function authInterceptor(deps: AuthDeps): Interceptor {
   return (next) => async (req) => {
     const service = req.service.typeName;
-    if (OPEN.has(service) || service === 'leasehold.v1.AgentService') return next(req);
-    const token = bearer(req.header);
-    if (!token) throw new ConnectError('missing "Authorization: Bearer <key>"', Code.Unauthenticated);
-    const principal = await authenticate(deps.db, token, deps.credentials);
+    if (!needsKey(service)) return next(req);
+    let principal = req.contextValues.get(principalKey);
+    if (!principal) {
+      const token = bearer(req.header);
+      if (!token) throw new ConnectError(MISSING_KEY, Code.Unauthenticated);
+      principal = await authenticate(deps.db, token, deps.credentials);
+    }
     const scope = scopeOf(service, req.method.name);
     if (!hasScope(principal, scope)) {
       const who = principal.kind === 'agent' ? `agent token of ${principal.agentId}` : `key ${principal.name}`;

@@ -11,6 +11,9 @@
  *   conflict, and `limitBytes` for oversized input;
  * - oversized input is 413: a body over `HTTP_READ_MAX_BYTES` is refused before it is read, and
  *   a document over its own bound (payload, result) is `too_large` from the store;
+ * - a call that needs a key is answered 401 before its body is read, from its `Authorization`
+ *   header alone (`refuseKey`), so a caller without a key makes the listener hold nothing; a
+ *   JSON body nested past `BODY_DEPTH_MAX` is refused before it is parsed (`jsonDepthOver`);
  * - unknown paths are 404 JSON; responses carry every field, zero values included;
  * - `EnqueueJob` with a plain JSON body, the call n8n makes per job, is answered past Connect's
  *   per-call machinery, with the same bytes (gateway-enqueue.ts).
@@ -33,14 +36,20 @@ import type { UniversalHandler, UniversalServerRequest, UniversalServerResponse 
 import { CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
 import type { Failure } from '../domain/outcomes.js';
 import { databasePing } from '../store/index.js';
-import { authenticate, authInterceptor, bearer, hasScope } from './auth.js';
+import { limits } from '../domain/validation.js';
+import { authenticate, authInterceptor, bearer, bearerToken, hasScope, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
 import { toPbCurrent } from './codec.js';
 import { httpStatusOf, outcomeOfCode } from './outcome-wire.js';
 import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
+import { impossibleRunAt } from './enqueue-request.js';
 import { enqueueJobCall } from './job-routes.js';
+import { databaseUnavailable, storeErrors } from './store-errors.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
-import { listenOn, malformedMessage, routes, type ServerDeps, type TlsFiles } from './server.js';
+import { BODY_TIMEOUT_MS, listenOn, malformedMessage, OPEN_READ_MAX_BYTES, routes, type ServerDeps, type TlsFiles } from './server.js';
+
+/** How long `/healthz` waits for the database before answering 503. */
+export const HEALTHZ_PING_MS = 2_000;
 
 /** How long an idle kept-alive connection is kept (longer than clients and proxies keep theirs). */
 export const KEEP_ALIVE_MS = 65_000;
@@ -50,6 +59,20 @@ export const HTTP_READ_MAX_BYTES = 1024 * 1024;
 
 /** How much of an oversized body is read away after its 413 before the connection is closed. */
 export const HTTP_DISCARD_MAX_BYTES = 16 * 1024 * 1024;
+
+/** How long a request's headers may take to arrive (at most the body's deadline, `ServerDeps.bodyTimeoutMs`). */
+export const HEADERS_TIMEOUT_MS = 15_000;
+
+/**
+ * Deepest nesting of a JSON body: the documents in it (payload, result) are refused past
+ * `limits.jsonDepth` by their validation, which names the field; this bound, a few levels
+ * above, is checked before the body is parsed, since parsing a megabyte of `[[[[…` takes the
+ * event loop for a third of a second.
+ */
+export const BODY_DEPTH_MAX = limits.jsonDepth + 8;
+
+/** Bodies up to this size are parsed without the depth scan: they cannot nest deep enough to cost anything. */
+export const DEPTH_SCAN_MIN_BYTES = 16 * 1024;
 
 export interface HttpServer {
   /** The bound address (the port is real when 0 was asked for). */
@@ -78,7 +101,7 @@ const captureFailure: Interceptor = (next) => async (req) => {
 /** Listens on `addr` (`host:port`) with every service, over HTTP/1.1 (HTTPS when `tls` is given). */
 export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles): Promise<HttpServer> {
   const health = createHealth({ services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AdminService'] });
-  const interceptors = [captureFailure, authInterceptor({ db: deps.db, credentials: deps.credentials })];
+  const interceptors = [captureFailure, storeErrors(deps.log), authInterceptor({ db: deps.db, credentials: deps.credentials })];
   // n8n reads fields by name: emit zero values too (attemptNo: 0, priority: 0, ...). A field
   // the API does not have is a typo to report (400 naming it), not something to ignore.
   const jsonOptions = { alwaysEmitImplicit: true, ignoreUnknownFields: false };
@@ -93,8 +116,8 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
     acceptCompression: [],
     jsonOptions,
   });
-  routes(deps, health)(router);
-  const handlers = new Map<string, UniversalHandler>(router.handlers.map((h) => [h.requestPath, h]));
+  routes(deps, health, undefined, { grpc: false, grpcWeb: false, readMaxBytes: OPEN_READ_MAX_BYTES })(router);
+  const handlers = new Map<string, Route>(router.handlers.map((h) => [h.requestPath, { handler: h, keyed: needsKey(h.service.typeName) }]));
   const direct =
     deps.directEnqueue === false ? undefined : directEnqueue({ interceptors, jsonOptions, readMaxBytes: HTTP_READ_MAX_BYTES, impl: enqueueJobCall(deps) });
 
@@ -114,10 +137,18 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
       else res.destroy();
     });
   };
+  // A request must arrive in full (headers and body) within the body's deadline: past it Node
+  // answers 408 and closes the connection. Node checks every `connectionsCheckingInterval`, so the
+  // cut comes up to that much later; kept-alive connections between requests are not concerned.
+  const requestTimeout = deps.bodyTimeoutMs ?? BODY_TIMEOUT_MS;
+  const timeouts: http.ServerOptions = {
+    requestTimeout,
+    headersTimeout: Math.min(HEADERS_TIMEOUT_MS, requestTimeout),
+    connectionsCheckingInterval: Math.max(50, Math.min(5_000, Math.floor(requestTimeout / 4))),
+  };
   const server = tls
-    ? https.createServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) }, onRequest)
-    : http.createServer(onRequest);
-  server.requestTimeout = 60_000;
+    ? https.createServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), ...timeouts }, onRequest)
+    : http.createServer(timeouts, onRequest);
   // An idle kept-alive connection stays open longer than clients keep theirs (Node's global
   // agent 5 s, load balancers commonly 60 s): the client closes first, and never sends a request
   // into a socket the server is closing at that very moment (ECONNRESET). Node's own default
@@ -143,10 +174,18 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   };
 }
 
+/** A method the gateway serves: Connect's handler, and whether it needs a key (`needsKey`). */
+interface Route {
+  handler: UniversalHandler;
+  keyed: boolean;
+}
+
+const EMPTY = Buffer.alloc(0);
+
 async function handle(
   deps: ServerDeps,
   health: HealthController,
-  handlers: Map<string, UniversalHandler>,
+  handlers: Map<string, Route>,
   direct: DirectEnqueue | undefined,
   req: http.IncomingMessage,
   res: http.ServerResponse,
@@ -166,8 +205,8 @@ async function handle(
   if (path === '/healthz') return healthz(deps, health, req, res);
   if (path === '/metrics' && deps.metrics) return metrics(deps, req, res);
   if (isDashboardPath(path)) return serveDashboard(path, req, res);
-  const handler = handlers.get(path);
-  if (!handler) {
+  const route = handlers.get(path);
+  if (!route) {
     const rpc = /^\/[\w.]+\.[\w]+\/\w+$/.test(path);
     return sendJson(res, 404, {
       code: rpc ? 'unimplemented' : 'not_found',
@@ -176,28 +215,53 @@ async function handle(
       outcome: 'not_found',
     });
   }
-  const body = await readBody(req, HTTP_READ_MAX_BYTES);
+  const { handler, keyed } = route;
+  // Other verbs are Connect's to answer (405), without a body: none is read.
+  const post = req.method === 'POST';
+  // The key before the body: a caller without one is answered from the headers alone.
+  let principal: Principal | undefined;
+  if (post && keyed) {
+    const token = bearerToken(req.headers.authorization);
+    if (!token) return refuseKey(req, res, MISSING_KEY);
+    try {
+      principal = await authenticate(deps.db, token, deps.credentials);
+    } catch (err) {
+      if (err instanceof ConnectError) return refuseKey(req, res, err.rawMessage);
+      if (!databaseUnavailable(err)) throw err;
+      // The key could not be checked: the database cannot answer now (store-errors.ts).
+      deps.log.warn({ err, path }, 'call failed: the database is unavailable');
+      readAway(req, res);
+      res.setHeader('retry-after', '1');
+      return sendJson(res, 503, { code: 'unavailable', message: 'the database is unavailable: retry later', status: 503, outcome: 'error' });
+    }
+  }
+  const limit = keyed ? HTTP_READ_MAX_BYTES : OPEN_READ_MAX_BYTES;
+  const body = post ? await readBody(req, limit) : EMPTY;
   if (body === 'too_large') {
-    // The rest of the body is read and thrown away, up to HTTP_DISCARD_MAX_BYTES, so that the
-    // connection stays usable and a proxy still writing the body (Caddy, nginx) gets to read this
-    // answer: closing a socket with unread data makes the kernel reset it, and the proxy then
-    // answers 502 instead of this 413 (test/proxies.test.ts). Past that, the connection closes.
-    const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > HTTP_DISCARD_MAX_BYTES) res.setHeader('connection', 'close');
-    else discardRest(req);
+    readAway(req, res);
     return sendJson(res, 413, {
       code: 'invalid_argument',
-      message: `the request body is over the limit of ${HTTP_READ_MAX_BYTES} bytes`,
+      message: `the request body is over the limit of ${limit} bytes`,
       status: 413,
       outcome: 'too_large',
-      limitBytes: HTTP_READ_MAX_BYTES,
+      limitBytes: limit,
     });
   }
   // An empty JSON body is an empty message (curl -d '', a node that sends no body): `{}`.
   const isJson = /^application\/json\b/i.test(req.headers['content-type'] ?? '');
   const payload = body.length === 0 && isJson ? Buffer.from('{}') : body;
+  if (isJson && payload.length > DEPTH_SCAN_MIN_BYTES && jsonDepthOver(payload, BODY_DEPTH_MAX)) {
+    return sendJson(res, 400, {
+      code: 'invalid_argument',
+      message: `the request body nests deeper than ${BODY_DEPTH_MAX} levels (a document in it, at most ${limits.jsonDepth})`,
+      status: 400,
+      outcome: 'invalid',
+    });
+  }
   const holder: { failure?: Failure } = {};
   const contextValues = createContextValues().set(failureKey, holder);
+  // The auth interceptor takes the caller checked above, and does not look the key up again.
+  if (principal) contextValues.set(principalKey, principal);
   const header = requestHeaders(req, payload.length);
   const url = requestUrl(req);
   const isDirect = direct && path === ENQUEUE_PATH && takesDirectPath(req.method, header);
@@ -205,6 +269,19 @@ async function handle(
   // (`a b`, `x:99999`) is the caller's mistake, not a 500.
   if (!isDirect && !URL.canParse(url)) {
     return sendJson(res, 400, { code: 'invalid_argument', message: `the Host header is not a valid host: ${JSON.stringify(req.headers.host ?? '')}`, status: 400, outcome: 'invalid', field: 'host' });
+  }
+  // An EnqueueJob that Connect decodes (a compressed body, a `connect-timeout-ms`): protobuf-es
+  // moves an impossible runAt (February 30th, 24:00) to another day; refused as the direct path
+  // refuses it (enqueue-request.ts). A compressed body is Connect's to read, and is not checked.
+  if (!isDirect && path === ENQUEUE_PATH && isJson && !req.headers['content-encoding']) {
+    let json: unknown;
+    try {
+      json = JSON.parse(payload.toString('utf8'));
+    } catch {
+      json = undefined; // Connect answers what does not parse
+    }
+    const bad = impossibleRunAt(json);
+    if (bad) return sendJson(res, 400, { code: 'invalid_argument', message: bad.rawMessage, status: 400, outcome: 'invalid', field: 'runAt' });
   }
   const answer = isDirect
     ? await direct(url, header, payload, contextValues)
@@ -393,11 +470,21 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
     deps.log.debug('healthz: stopping');
     return sendJson(res, 503, { status: 'unavailable' });
   }
+  // Bounded: a database that does not answer (a lock, a silent connection, every pooled
+  // connection taken) is unhealthy now, not whenever it answers.
+  let bound: NodeJS.Timeout | undefined;
   try {
-    await databasePing(deps.db);
+    await Promise.race([
+      databasePing(deps.db),
+      new Promise<never>((_, reject) => {
+        bound = setTimeout(() => reject(new Error(`the database did not answer within ${HEALTHZ_PING_MS} ms`)), HEALTHZ_PING_MS);
+      }),
+    ]);
   } catch (err) {
-    deps.log.warn({ err }, 'healthz: database unreachable');
+    deps.log.warn({ err }, 'healthz: database unavailable');
     return sendJson(res, 503, { status: 'unavailable' });
+  } finally {
+    clearTimeout(bound);
   }
   return sendJson(res, 200, { status: 'ok' });
 }
@@ -429,6 +516,48 @@ async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.Se
   const { contentType, body } = await deps.metrics!.render();
   res.writeHead(200, { 'content-type': contentType, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
   res.end(req.method === 'HEAD' ? undefined : body);
+}
+
+/** 401 for a call whose key is missing or refused, answered at once: its body is never kept (`readAway`). */
+function refuseKey(req: http.IncomingMessage, res: http.ServerResponse, message: string): void {
+  readAway(req, res);
+  sendJson(res, 401, { code: 'unauthenticated', message, status: 401, outcome: 'unauthenticated' });
+}
+
+/**
+ * For a request answered without its body (413, 401): the rest is read and thrown away, up to
+ * HTTP_DISCARD_MAX_BYTES, so that the connection stays usable and a proxy still writing the body
+ * (Caddy, nginx) gets to read the answer: closing a socket with unread data makes the kernel
+ * reset it, and the proxy then answers 502 instead (test/proxies.test.ts,
+ * test/preauth-limits.test.ts). Nothing is kept, and a body that does not come is cut at the
+ * body deadline (408, `ServerDeps.bodyTimeoutMs`). A body declared past that size closes the
+ * connection after the answer.
+ */
+function readAway(req: http.IncomingMessage, res: http.ServerResponse): void {
+  const declared = Number(req.headers['content-length']);
+  if (Number.isFinite(declared) && declared > HTTP_DISCARD_MAX_BYTES) res.setHeader('connection', 'close');
+  else discardRest(req);
+}
+
+/**
+ * Whether the JSON text `body` nests arrays and objects deeper than `max`: one pass over the
+ * bytes, strings skipped, nothing parsed. Exact for valid JSON; what is not valid JSON fails its
+ * parse anyway.
+ */
+export function jsonDepthOver(body: Uint8Array, max: number): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < body.length; i++) {
+    const b = body[i]!;
+    if (inString) {
+      if (b === 0x5c) i++; // a backslash: the next byte is escaped
+      else if (b === 0x22) inString = false;
+    } else if (b === 0x22) inString = true;
+    else if (b === 0x5b || b === 0x7b) {
+      if (++depth > max) return true;
+    } else if (b === 0x5d || b === 0x7d) depth--;
+  }
+  return false;
 }
 
 /**

@@ -5,7 +5,7 @@
 import { readFileSync } from 'node:fs';
 import http2 from 'node:http2';
 import type { AddressInfo, Server } from 'node:net';
-import { Code, type ConnectRouter } from '@connectrpc/connect';
+import { Code, ConnectError, createContextValues, type ConnectRouter, type ConnectRouterOptions } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
@@ -17,13 +17,14 @@ import { adminRoutes } from './admin-routes.js';
 import { forAgentLane, serveAgentLane } from './agent-lane.js';
 import { agentStreams } from './agent-routes.js';
 import { attemptRoutes } from './attempt-routes.js';
-import { authInterceptor, type Principal } from './auth.js';
+import { authenticate, authInterceptor, bearerToken, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
 import type { QueueWaker } from '../core/queue-waker.js';
 import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
+import { databaseUnavailable, storeErrors } from './store-errors.js';
 
 export interface ServerDeps {
   db: Queryable;
@@ -62,29 +63,77 @@ export interface ServerDeps {
    * (gateway-enqueue.ts). Default true; test/gateway-enqueue.test.ts compares with false.
    */
   directEnqueue?: boolean | undefined;
+  /**
+   * How long a request's body may take to arrive in full (default `BODY_TIMEOUT_MS`): past it a
+   * gRPC call is reset (CANCEL) and an HTTP request answered 408, its connection closed. Calls
+   * that send messages both ways (the agent stream, reflection) have no such deadline.
+   */
+  bodyTimeoutMs?: number | undefined;
 }
 
 export interface TlsFiles {
   certFile: string;
   keyFile: string;
+  /**
+   * The CA certificate(s) that sign agents' client certificates (`LEASEHOLD_TLS_CLIENT_CA`, PEM).
+   * Read by `listenGrpc` alone: it then fails the TLS handshake of every connection without a
+   * certificate signed by one of them (mTLS), before any call or token is read. `listenHttp`
+   * (n8n, the dashboard, the CLI) never asks for a client certificate.
+   */
+  clientCaFile?: string | undefined;
 }
 
 /** Largest message accepted (a Completed with many results); single documents are bounded lower. */
 export const READ_MAX_BYTES = 8 * 1024 * 1024;
 
 /**
+ * Largest message of the services anyone may call without a key (health, reflection), whose
+ * requests carry a name or two: what a caller without a key can make a listener hold per call.
+ */
+export const OPEN_READ_MAX_BYTES = 16 * 1024;
+
+/**
+ * Streams one HTTP/2 connection may have open at once (its SETTINGS_MAX_CONCURRENT_STREAMS). An
+ * agent holds one (its stream) and a few step calls; a gRPC client past the limit waits for a
+ * stream to end before it opens the next (HTTP/2 clients queue them), it is not refused.
+ */
+export const MAX_CONCURRENT_STREAMS = 256;
+
+/** How long a request's body may take to arrive in full, unless `ServerDeps.bodyTimeoutMs` says otherwise. */
+export const BODY_TIMEOUT_MS = 30_000;
+
+/**
  * Every service on one router: JobService, AttemptService, AgentService, AdminService, health,
  * reflection. `agents`: the agent stream's handler when the listener also serves it itself.
+ * `open`: the options of health and reflection, which anyone may call (`OPEN_READ_MAX_BYTES`);
+ * Connect reads a service's protocols from its own options, so they repeat the router's.
  */
-export function routes(deps: ServerDeps, health: HealthController, agents = agentStreams(deps)) {
+export function routes(deps: ServerDeps, health: HealthController, agents = agentStreams(deps), open?: ConnectRouterOptions) {
   return (router: ConnectRouter) => {
     jobRoutes(deps)(router);
     attemptRoutes(deps)(router);
     agents.routes(router);
     adminRoutes(deps)(router);
-    healthRoutes({ health })(router);
-    reflectionRoutes({ sourceInfo: readDescriptorSet() })(router);
+    const openRouter = open ? withOptions(router, open) : router;
+    healthRoutes({ health })(openRouter);
+    reflectionRoutes({ sourceInfo: readDescriptorSet() })(openRouter);
   };
+}
+
+/** `router`, registering every service with `options` (below a service's own). Reflection reads every handler of `router` from it. */
+function withOptions(router: ConnectRouter, options: ConnectRouterOptions): ConnectRouter {
+  const wrapped: ConnectRouter = {
+    handlers: router.handlers,
+    service: (service, implementation, own) => {
+      router.service(service, implementation, { ...options, ...own });
+      return wrapped;
+    },
+    rpc: (method, impl, own) => {
+      router.rpc(method, impl, { ...options, ...own });
+      return wrapped;
+    },
+  };
+  return wrapped;
 }
 
 export interface GrpcServer {
@@ -100,9 +149,12 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const health = createHealth({
     services: ['leasehold.v1.JobService', 'leasehold.v1.AttemptService', 'leasehold.v1.AgentService', 'leasehold.v1.AdminService'],
   });
-  // The input message of each method, to name it when its bytes do not decode.
-  const inputs = new Map<string, string>();
+  // What the listener knows of each method before Connect's handler runs (`MethodInfo`).
+  const methods = new Map<string, MethodInfo>();
   const agents = agentStreams(deps);
+  const bodyTimeoutMs = deps.bodyTimeoutMs ?? BODY_TIMEOUT_MS;
+  // Principals of calls authenticated before their bodies were read, for the auth interceptor.
+  const admitted = new WeakMap<object, Principal>();
   const connectHandler: NodeHandler = connectNodeAdapter({
       // No compression: agents sit on the same machine or LAN, where gzip costs more CPU on both
       // ends than the bytes it saves (assignments of hundreds of jobs were being gzipped).
@@ -112,15 +164,20 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       connect: false,
       grpcWeb: false,
       routes: (router) => {
-        routes(deps, health, agents)(router);
-        for (const h of router.handlers) inputs.set(h.requestPath, h.method.input.typeName);
+        routes(deps, health, agents, { connect: false, grpcWeb: false, readMaxBytes: OPEN_READ_MAX_BYTES })(router);
+        for (const h of router.handlers) {
+          const kind = h.method.methodKind;
+          methods.set(h.requestPath, { input: h.method.input.typeName, keyed: needsKey(h.service.typeName), oneMessage: kind === 'unary' || kind === 'server_streaming' });
+        }
       },
-      interceptors: [authInterceptor({ db: deps.db, credentials: deps.credentials })],
+      contextValues: (req) => {
+        const principal = admitted.get(req);
+        return principal ? createContextValues().set(principalKey, principal) : createContextValues();
+      },
+      interceptors: [storeErrors(deps.log), authInterceptor({ db: deps.db, credentials: deps.credentials })],
       readMaxBytes: READ_MAX_BYTES,
     });
-  // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through it.
-  const handler = plainGrpcMessages((req, res) => {
-    if (forAgentLane(req)) return serveAgentLane(agents.handler, req, res, READ_MAX_BYTES);
+  const serve = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     try {
       connectHandler(req, res);
     } catch (err) {
@@ -130,12 +187,50 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       deps.log.warn({ err, authority: req.headers[':authority'] ?? req.headers.host, path: req.url }, 'request refused: its authority (Host) is not a valid host');
       if (res.headersSent) return void (req.httpVersionMajor === 2 ? res.stream.close(http2.constants.NGHTTP2_PROTOCOL_ERROR) : res.destroy());
       if (req.httpVersionMajor !== 2) return void res.writeHead(400, { 'content-type': 'text/plain' }).end('bad Host header\n');
-      res.writeHead(200, { 'content-type': 'application/grpc', 'grpc-status': String(Code.InvalidArgument), 'grpc-message': 'bad :authority' }).end();
+      refuse(req, res, undefined, 'bad :authority', Code.InvalidArgument);
     }
-  }, inputs);
+  };
+  // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through
+  // it, a call that needs a key only once its key is known good: Connect reads the whole body
+  // (up to READ_MAX_BYTES) before its interceptors run, so callers without a key could make the
+  // listener hold 8 MiB per stream.
+  const handler = plainGrpcMessages((req, res, method) => {
+    if (forAgentLane(req)) return serveAgentLane(agents.handler, req, res, READ_MAX_BYTES);
+    // Unknown paths and other verbs: Connect answers them without reading a body.
+    if (!method || req.method !== 'POST') return serve(req, res);
+    if (method.oneMessage) bodyDeadline(req, bodyTimeoutMs, deps.log);
+    if (!method.keyed) return serve(req, res);
+    const token = bearerToken(req.headers.authorization);
+    if (!token) return refuse(req, res, method.input, MISSING_KEY);
+    authenticate(deps.db, token, deps.credentials)
+      .then(
+        (principal) => {
+          if (ended(req)) return;
+          admitted.set(req, principal);
+          serve(req, res);
+        },
+        (err: unknown) => {
+          if (err instanceof ConnectError) return refuse(req, res, method.input, err.rawMessage, err.code);
+          if (databaseUnavailable(err)) {
+            deps.log.warn({ err, path: req.url }, 'call failed: the database is unavailable');
+            return refuse(req, res, method.input, 'the database is unavailable: retry later', Code.Unavailable);
+          }
+          deps.log.error({ err, path: req.url }, 'gRPC request failed: its key could not be checked');
+          refuse(req, res, method.input, 'internal error', Code.Internal);
+        },
+      )
+      // Nothing above may end the process (an unhandled rejection would, with every agent stream).
+      .catch((err: unknown) => {
+        deps.log.error({ err, path: req.url }, 'gRPC request failed');
+        if (!ended(req)) res.stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+      });
+  }, methods);
+  // The limits are HTTP/2 SETTINGS: a client learns them when it connects.
+  const settings: http2.Settings = { maxConcurrentStreams: MAX_CONCURRENT_STREAMS };
   const server = tls
-    ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true }, handler)
-    : http2.createServer(handler);
+    ? http2.createSecureServer({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile), allowHTTP1: true, settings, ...clientCertificates(tls) }, handler)
+    : http2.createServer({ settings }, handler);
+  if (tls?.clientCaFile) refusedHandshakes(server as http2.Http2SecureServer, deps.log);
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on('session', (s) => {
     sessions.add(s);
@@ -146,7 +241,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     });
   });
   const address = await listenOn(server, addr, deps.log);
-  deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls) }, 'gRPC listening');
+  deps.log.info({ addr: `${address.address}:${address.port}`, tls: Boolean(tls), clientCertificates: Boolean(tls?.clientCaFile) }, 'gRPC listening');
   let closing: Promise<void> | undefined;
   return {
     address,
@@ -170,7 +265,99 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   };
 }
 
+/**
+ * mTLS (`TlsFiles.clientCaFile`): every connection must present a certificate signed by one of
+ * its CAs, or its handshake fails (no call is read, so neither is a token: the token is still
+ * checked on every call that gets through). Nothing without it.
+ */
+function clientCertificates(tls: TlsFiles): Pick<http2.SecureServerOptions, 'requestCert' | 'rejectUnauthorized' | 'ca'> {
+  if (!tls.clientCaFile) return {};
+  return { requestCert: true, rejectUnauthorized: true, ca: readFileSync(tls.clientCaFile) };
+}
+
+/**
+ * Logs the handshakes mTLS refused for want of a client certificate, with the peer's address:
+ * what an operator looks for when an agent cannot connect. A certificate no configured CA signed
+ * cannot be logged: Node checks the chain after the handshake and destroys the socket without an
+ * alert or an event. Other failed handshakes (scanners, plain HTTP on the TLS port) go unlogged,
+ * as without mTLS.
+ */
+function refusedHandshakes(server: http2.Http2SecureServer, log: Pick<Logger, 'warn'>): void {
+  server.on('tlsClientError', (err: NodeJS.ErrnoException, socket) => {
+    if (/CERTIFICATE|CERT_/.test(String(err.code))) {
+      log.warn({ remote: `${socket.remoteAddress}:${socket.remotePort}`, code: err.code, reason: err.message }, 'TLS handshake refused: no client certificate signed by LEASEHOLD_TLS_CLIENT_CA');
+    }
+    // Node destroys the socket itself (a failed handshake), listener or not.
+  });
+}
+
 type NodeHandler = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void;
+
+/** What the gRPC listener knows of a method before Connect's handler runs. */
+interface MethodInfo {
+  /** The input message's type name, to name it when its bytes do not decode. */
+  input: string;
+  /** The call needs a key (`needsKey`): it is checked before the body is read. */
+  keyed: boolean;
+  /** The caller sends one message and ends (unary, server streaming): its body has a deadline. */
+  oneMessage: boolean;
+}
+
+/**
+ * Answers a call at once with `code` (UNAUTHENTICATED by default) and `message`, its body unread,
+ * in one HEADERS frame that ends the stream (gRPC's trailers-only answer: grpc-js reads a status
+ * only from headers that end the stream, or from trailers). Node then resets the stream with
+ * NO_ERROR, which tells the client to stop sending (RFC 9113, 8.1). Over HTTP/1.1 (TLS with
+ * `allowHTTP1`) the connection is closed.
+ */
+function refuse(req: http2.Http2ServerRequest, res: http2.Http2ServerResponse, input: string | undefined, message: string, code: Code = Code.Unauthenticated): void {
+  if (res.headersSent || ended(req)) return;
+  const type = req.headers['content-type'];
+  const headers = withPlainMessage(
+    {
+      ':status': 200,
+      'content-type': type?.startsWith('application/grpc') ? type : 'application/grpc+proto',
+      'grpc-status': String(code),
+      // Encoded as Connect encodes it, then the gRPC way, as for every answer (`withPlainMessage`).
+      'grpc-message': encodeURIComponent(message),
+    } as http2.OutgoingHttpHeaders,
+    input,
+  );
+  if (req.httpVersionMajor === 2) return void res.stream.respond(headers, { endStream: true });
+  delete headers[':status'];
+  res.writeHead(200, { ...headers, connection: 'close' });
+  res.end();
+}
+
+/** True once nothing more can be answered on the call (its stream reset or closed, its connection gone). */
+function ended(req: http2.Http2ServerRequest): boolean {
+  return req.httpVersionMajor === 2 ? req.stream.destroyed || req.stream.closed : req.socket.destroyed;
+}
+
+/**
+ * Resets an HTTP/2 call whose body has not arrived in full within `ms` (CANCEL): a caller that
+ * sends a body slowly, or never ends it, holds a stream and what it sent only that long. A call
+ * answered before its body ended (an error: a message over the size limit) has its stream
+ * closed once the answer is out (NO_ERROR: the client stops sending, RFC 9113 8.1); Node does
+ * that by itself only for an answer without trailers whose body was never read (`refuse`).
+ * Calls that arrive over HTTP/1.1 (TLS with `allowHTTP1`) are left to Node's own timeouts.
+ */
+function bodyDeadline(req: http2.Http2ServerRequest, ms: number, log: Pick<Logger, 'debug'>): void {
+  if (req.httpVersionMajor !== 2) return;
+  const stream = req.stream;
+  if (stream.endAfterHeaders) return;
+  const timer = setTimeout(() => {
+    if (req.complete) return;
+    log.debug({ path: req.url, waitedMs: ms }, 'gRPC call reset: its body did not arrive in time');
+    stream.close(http2.constants.NGHTTP2_CANCEL);
+  }, ms);
+  stream.once('close', () => clearTimeout(timer));
+  // A gRPC answer ends with trailers: once they are handed to HTTP/2 (the compatibility layer
+  // sends them from its own, earlier, 'wantTrailers' listener), the reset goes out after them.
+  stream.once('wantTrailers', () => {
+    if (!req.complete) setImmediate(() => stream.destroyed || stream.close(http2.constants.NGHTTP2_NO_ERROR));
+  });
+}
 
 /**
  * Error messages every gRPC client reads as sent. Connect percent-encodes `grpc-message` with
@@ -180,14 +367,18 @@ type NodeHandler = (req: http2.Http2ServerRequest, res: http2.Http2ServerRespons
  * encoded, which every decoder undoes: the header is re-encoded that way, in the headers of an
  * error without messages and in the trailers.
  */
-function plainGrpcMessages(handler: NodeHandler, inputs: ReadonlyMap<string, string>): NodeHandler {
+function plainGrpcMessages(
+  handler: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse, method: MethodInfo | undefined) => void,
+  methods: ReadonlyMap<string, MethodInfo>,
+): NodeHandler {
   return (req, res) => {
-    const input = inputs.get((req.url ?? '').split('?', 1)[0]!);
+    const method = methods.get((req.url ?? '').split('?', 1)[0]!);
+    const input = method?.input;
     const writeHead = res.writeHead.bind(res) as (status: number, headers?: http2.OutgoingHttpHeaders) => unknown;
     const addTrailers = res.addTrailers.bind(res);
     (res as { writeHead: unknown }).writeHead = (status: number, headers?: http2.OutgoingHttpHeaders) => writeHead(status, headers && withPlainMessage(headers, input));
     res.addTrailers = (trailers) => addTrailers(withPlainMessage(trailers, input));
-    handler(req, res);
+    handler(req, res, method);
   };
 }
 
