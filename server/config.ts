@@ -2,11 +2,13 @@
  * The coordinator's configuration: the fixed points of DESIGN.md, read from flags and the
  * environment, validated once at start with errors that name the setting.
  */
-import { existsSync } from 'node:fs';
+import { X509Certificate } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
-import { parseDuration } from './duration.js';
+import { formatDuration, parseDuration } from './duration.js';
 import { DEFAULT_RETENTION_MS, DEFAULT_SWEEP_SHARE } from './core/purger.js';
+import { limits, MAX_TIMER_MS } from './domain/validation.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
 
 export interface Config {
@@ -70,8 +72,14 @@ export interface Config {
    * would keep filling, until the kernel gives its socket up (about 15 minutes).
    */
   agentKeepaliveMs: number | undefined;
-  /** TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files). */
-  tls: { certFile: string; keyFile: string } | undefined;
+  /**
+   * TLS on both listeners when both are set (`LEASEHOLD_TLS_CERT`, `LEASEHOLD_TLS_KEY`: PEM files).
+   * `clientCaFile` (`LEASEHOLD_TLS_CLIENT_CA`, a PEM file of one or more CA certificates): the
+   * gRPC listener then asks every connection for a client certificate signed by one of them and
+   * fails the handshake of any without (mTLS for agents); the HTTP listener does not ask. The
+   * agent token is still required on top.
+   */
+  tls: { certFile: string; keyFile: string; clientCaFile?: string } | undefined;
   /**
    * Cleartext listeners on an address other than loopback were asked for: `--insecure`
    * (`LEASEHOLD_INSECURE=1`). Without it (or TLS, or `trustProxy`) such a start is refused.
@@ -108,13 +116,42 @@ export class ConfigError extends Error {
 
 export { parseDuration } from './duration.js';
 
+const TTL_LIMIT = 'a claim or a start takes a TTL of at most a day, and one above would refuse them all';
+
 const addr = z.string().regex(/^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:]+\]:\d{1,5}$/, 'must be host:port, e.g. 127.0.0.1:50051');
 
-function duration(name: string, raw: string | undefined, fallback: number, min: number): number {
+/**
+ * The jitter of the maintenance services' schedules (reaper, purger, webhook deliverer: their
+ * default, which the coordinator keeps): a wait is the interval ± 10 %.
+ */
+const SCHEDULE_JITTER = 0.1;
+
+/**
+ * The longest interval of a jittered schedule (`LEASEHOLD_REAPER_INTERVAL`,
+ * `LEASEHOLD_PURGE_INTERVAL`, `LEASEHOLD_WEBHOOK_INTERVAL`): its longest wait, the interval plus
+ * its jitter, must fit a timer (`MAX_TIMER_MS`); about 22.6 days.
+ */
+export const MAX_SCHEDULE_INTERVAL_MS = Math.floor(MAX_TIMER_MS / (1 + SCHEDULE_JITTER));
+
+/** Why a duration has its maximum, for the message that refuses one above it. */
+const TIMER_LIMIT = `the longest a timer can wait is ${MAX_TIMER_MS} ms, about 24.8 days; a timer set longer fires at once`;
+const EXACT_LIMIT = 'a larger number of milliseconds is not held exactly';
+const SCHEDULE_LIMIT = `with the schedule's jitter (+10 %) it must fit a timer, at most ${MAX_TIMER_MS} ms; a timer set longer fires at once`;
+
+/**
+ * A duration setting: `fallback` when unset, else from `min` to `max` ms (by default the longest
+ * timer, `MAX_TIMER_MS`: every duration here ends up in one), `why` saying where the maximum
+ * comes from.
+ */
+function duration(name: string, raw: string | undefined, fallback: number, min: number, max = MAX_TIMER_MS, why = TIMER_LIMIT): number {
   if (raw === undefined || raw === '') return fallback;
   const ms = parseDuration(raw);
   if (ms === undefined) throw new ConfigError(`${name}=${JSON.stringify(raw)} is not a duration: use e.g. 500ms, 2s, 1m`);
   if (ms < min) throw new ConfigError(`${name}=${raw} is below the minimum of ${min} ms`);
+  if (ms > max) {
+    const written = formatDuration(max);
+    throw new ConfigError(`${name}=${raw} is above the maximum of ${written.endsWith('ms') ? `${max} ms` : `${written} (${max} ms)`}: ${why}`);
+  }
   return ms;
 }
 
@@ -169,26 +206,38 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     grpcAddr,
     httpAddr,
     adminKey: env.LEASEHOLD_ADMIN_KEY || undefined,
-    leaseTtlMs: duration('LEASEHOLD_LEASE_TTL', env.LEASEHOLD_LEASE_TTL, 30_000, 100),
-    claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100),
+    // A claim and a start take a TTL of at most a day (schemas.ttlMs): one above would be
+    // accepted here and then refuse every claim and start.
+    leaseTtlMs: duration('LEASEHOLD_LEASE_TTL', env.LEASEHOLD_LEASE_TTL, 30_000, 100, limits.ttlMs, TTL_LIMIT),
+    claimTtlMs: duration('LEASEHOLD_CLAIM_TTL', env.LEASEHOLD_CLAIM_TTL, 30_000, 100, limits.ttlMs, TTL_LIMIT),
     heartbeatIntervalMs: duration('LEASEHOLD_HEARTBEAT_INTERVAL', env.LEASEHOLD_HEARTBEAT_INTERVAL, 10_000, 50),
     completionLingerMs: 0, // set below, from the lease it must fit in
-    reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10),
+    reaperIntervalMs: duration('LEASEHOLD_REAPER_INTERVAL', env.LEASEHOLD_REAPER_INTERVAL, 1_000, 10, MAX_SCHEDULE_INTERVAL_MS, SCHEDULE_LIMIT),
+    // Not a timer: the purge reckons it back from PostgreSQL's clock.
     retentionMs: ['off', '0'].includes(env.LEASEHOLD_RETENTION?.trim() ?? '')
       ? undefined
-      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, DEFAULT_RETENTION_MS, 60_000),
-    purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10),
+      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, DEFAULT_RETENTION_MS, 60_000, Number.MAX_SAFE_INTEGER, EXACT_LIMIT),
+    purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10, MAX_SCHEDULE_INTERVAL_MS, SCHEDULE_LIMIT),
     purgeSweepShare: fraction('LEASEHOLD_PURGE_SWEEP_SHARE', env.LEASEHOLD_PURGE_SWEEP_SHARE, DEFAULT_SWEEP_SHARE),
     vacuumDeadRows:
       env.LEASEHOLD_VACUUM_DEAD_ROWS?.trim().toLowerCase() === 'off'
         ? undefined
         : count('LEASEHOLD_VACUUM_DEAD_ROWS', env.LEASEHOLD_VACUUM_DEAD_ROWS?.trim(), DEFAULT_VACUUM_DEAD_ROWS, 0, 1_000_000_000) || undefined,
-    authCacheTtlMs: duration('LEASEHOLD_AUTH_CACHE_TTL', env.LEASEHOLD_AUTH_CACHE_TTL, 60_000, 0),
+    authCacheTtlMs: duration(
+      'LEASEHOLD_AUTH_CACHE_TTL',
+      env.LEASEHOLD_AUTH_CACHE_TTL,
+      60_000,
+      0,
+      3_600_000,
+      'it bounds how long a revoked key may work if a notification is lost',
+    ),
     webhook: {
-      intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10),
-      timeoutMs: duration('LEASEHOLD_WEBHOOK_TIMEOUT', env.LEASEHOLD_WEBHOOK_TIMEOUT, 10_000, 100),
+      intervalMs: duration('LEASEHOLD_WEBHOOK_INTERVAL', env.LEASEHOLD_WEBHOOK_INTERVAL, 500, 10, MAX_SCHEDULE_INTERVAL_MS, SCHEDULE_LIMIT),
+      // The deliverer's own bound (webhook-deliverer.ts), which would otherwise stop the start with a stack trace.
+      timeoutMs: duration('LEASEHOLD_WEBHOOK_TIMEOUT', env.LEASEHOLD_WEBHOOK_TIMEOUT, 10_000, 100, 600_000, 'the webhook deliverer waits at most that long for an answer'),
       maxAttempts: count('LEASEHOLD_WEBHOOK_MAX_ATTEMPTS', env.LEASEHOLD_WEBHOOK_MAX_ATTEMPTS, 12, 1, 100),
-      backoffMs: duration('LEASEHOLD_WEBHOOK_BACKOFF', env.LEASEHOLD_WEBHOOK_BACKOFF, 5_000, 0),
+      // Not a timer: the retry's due time is written in SQL (and no delay exceeds an hour).
+      backoffMs: duration('LEASEHOLD_WEBHOOK_BACKOFF', env.LEASEHOLD_WEBHOOK_BACKOFF, 5_000, 0, Number.MAX_SAFE_INTEGER, EXACT_LIMIT),
     },
     alertUrl: env.LEASEHOLD_ALERT_URL || undefined,
     helloTimeoutMs: duration('LEASEHOLD_HELLO_TIMEOUT', env.LEASEHOLD_HELLO_TIMEOUT, 10_000, 100),
@@ -214,6 +263,29 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     }
     cfg.tls = { certFile: cert, keyFile: key };
   }
+  const clientCa = env.LEASEHOLD_TLS_CLIENT_CA || undefined;
+  if (clientCa) {
+    if (!cfg.tls) throw new ConfigError(`LEASEHOLD_TLS_CLIENT_CA=${clientCa} needs TLS: set LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY (PEM files) too`);
+    // Read here, as the listener will: a file it could not use would stop the start later, with a stack trace.
+    let pem: string;
+    try {
+      pem = readFileSync(clientCa, 'utf8');
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'cannot be read (permission denied)' : code === 'EISDIR' ? 'is a directory' : (err as Error).message;
+      throw new ConfigError(`LEASEHOLD_TLS_CLIENT_CA=${clientCa}: ${why}`);
+    }
+    const certs = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
+    if (!certs.length) throw new ConfigError(`LEASEHOLD_TLS_CLIENT_CA=${clientCa}: no PEM certificate in it (-----BEGIN CERTIFICATE-----): it must hold the CA certificate(s) that sign the agents' certificates`);
+    for (const [i, c] of certs.entries()) {
+      try {
+        new X509Certificate(c);
+      } catch (err) {
+        throw new ConfigError(`LEASEHOLD_TLS_CLIENT_CA=${clientCa}: certificate ${i + 1} does not parse (${(err as Error).message})`);
+      }
+    }
+    cfg.tls.clientCaFile = clientCa;
+  }
   // API keys and agent tokens travel in every request: in cleartext only where no network can
   // read them (loopback), behind a TLS-terminating proxy, or when the operator says so.
   if (!cfg.tls && !cfg.insecure && !cfg.trustProxy) {
@@ -228,9 +300,6 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
           'or accept cleartext with --insecure (LEASEHOLD_INSECURE=1).',
       );
     }
-  }
-  if (cfg.authCacheTtlMs > 3_600_000) {
-    throw new ConfigError(`LEASEHOLD_AUTH_CACHE_TTL=${env.LEASEHOLD_AUTH_CACHE_TTL} is above the maximum of 1h (it bounds how long a revoked key may work if a notification is lost)`);
   }
   if (cfg.heartbeatIntervalMs >= cfg.leaseTtlMs) {
     throw new ConfigError(

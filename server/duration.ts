@@ -9,3 +9,14 @@ export function parseDuration(text: string): number | undefined {
   const ms = Number(m[1]) * units[m[2] ?? 'ms']!;
   return Number.isFinite(ms) ? Math.round(ms) : undefined;
 }
+
+/**
+ * Writes `ms` as `parseDuration` reads it, in the largest unit that divides it (`1d`, `10m`,
+ * `1500ms`), for messages that quote a bound.
+ */
+export function formatDuration(ms: number): string {
+  for (const unit of ['d', 'h', 'm', 's'] as const) {
+    if (ms !== 0 && ms % units[unit]! === 0) return `${ms / units[unit]!}${unit}`;
+  }
+  return `${ms}ms`;
+}

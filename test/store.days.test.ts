@@ -204,8 +204,8 @@ describe('the table of days', () => {
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM webhook_deliveries WHERE status = 'pending'`)).rows[0].n).toBe(1);
     const before = (await jobCounts(t.pool)).find((c) => c.queue === 'd' && c.status === 'succeeded')?.count;
     expect(Number(before)).toBe(2);
-    // Today ends before a cutoff a day from now (tomorrow is not over).
-    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000) });
+    // Today ends before a cutoff a day from now, by the database's clock (a retention of minus a day).
+    const dropped = await daysDrop(t.pool, { olderThanMs: -86_400_000 });
     expect(dropped).toMatchObject({ days: [await today()], jobs: 1, kept: 1, swept: 0, unswept: false });
     expect(await whereIs(job.id)).toEqual([]);
     expect(await whereIs(kept.job.id)).toEqual(['jobs_live']);
@@ -259,7 +259,7 @@ describe('the table of days', () => {
   it('a day past the per-minute window leaves the reads and the counts at once, and is swept after in batches', async () => {
     const ids = await endedDaysAgo(5);
     expect(await rowsOf(ids)).toEqual({ attempts: 5, steps: 5, job_keys: 5 });
-    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), batch: 2 });
+    const dropped = await daysDrop(t.pool, { olderThanMs: -86_400_000, batch: 2 });
     expect(dropped).toMatchObject({ days: [await today()], jobs: 5, kept: 0, swept: 5, unswept: false });
     expect(await rowsOf(ids)).toEqual({ attempts: 0, steps: 0, job_keys: 0 });
     expect((await t.pool.query(`SELECT relname FROM pg_class WHERE relname ~ '^jobs_(done|gone)_'`)).rows.map((r) => r.relname)).not.toContain(
@@ -290,7 +290,7 @@ describe('the table of days', () => {
         releasedAt = performance.now();
       } else if (calls === 3) nextCall = performance.now();
     };
-    const dropping = daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), batch: 2, share: 0.5, hold });
+    const dropping = daysDrop(t.pool, { olderThanMs: -86_400_000, batch: 2, share: 0.5, hold });
     await reached;
     expect(await rowsOf(ids)).toEqual({ attempts: 3, steps: 3, job_keys: 3 });
     await new Promise((r) => setTimeout(r, 1000));
@@ -313,7 +313,7 @@ describe('the table of days', () => {
       return (query as (...a: unknown[]) => unknown).apply(this, args);
     } as typeof query);
     try {
-      const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), signal: stop.signal });
+      const dropped = await daysDrop(t.pool, { olderThanMs: -86_400_000, signal: stop.signal });
       expect(dropped).toMatchObject({ jobs: 2, swept: 2, unswept: false });
     } finally {
       spy.mockRestore();
@@ -330,7 +330,7 @@ describe('the table of days', () => {
     const ids = await endedDaysAgo(3);
     const stop = new AbortController();
     stop.abort();
-    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() + 86_400_000), signal: stop.signal });
+    const dropped = await daysDrop(t.pool, { olderThanMs: -86_400_000, signal: stop.signal });
     expect(dropped).toMatchObject({ jobs: 3, swept: 0, unswept: true, vacuumMs: 0 });
     expect((await vacuumsSince(before)).every(([, n]) => n === 0)).toBe(true);
     // Gone from every read and from the counts; the rows wait in jobs_gone_* for the sweep.
@@ -343,7 +343,7 @@ describe('the table of days', () => {
     expect(await jobEnqueue(t.pool, { queue: 'other', payload: {}, idempotencyKey: 'k-old-0' })).toMatchObject({ outcome: 'ok' });
     // The day's partition can be made again meanwhile (its indexes' names are free).
     expect(await daysEnsure(t.pool)).toEqual([await today()]);
-    const next = await daysDrop(t.pool, { cutoff: new Date(Date.now() - 30 * 86_400_000) });
+    const next = await daysDrop(t.pool, { olderThanMs: 30 * 86_400_000 });
     expect(next).toMatchObject({ days: [], jobs: 0, swept: 3, unswept: false });
     expect(await rowsOf(ids)).toEqual({ attempts: 0, steps: 0, job_keys: 0 });
     // The key taken again meanwhile stays with its new job.
@@ -365,7 +365,7 @@ describe('the table of days', () => {
     await t.pool.query(`ALTER TABLE jobs DETACH PARTITION "${table}"`);
     // The job is gone from jobs, its earlier attempt still there until the drop finishes.
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1`, [job.id])).rows[0].n).toBe(1);
-    const dropped = await daysDrop(t.pool, { cutoff: new Date(Date.now() - 30 * 86_400_000) });
+    const dropped = await daysDrop(t.pool, { olderThanMs: 30 * 86_400_000 });
     expect(dropped.jobs).toBe(1);
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM attempts WHERE job_id = $1`, [job.id])).rows[0].n).toBe(0);
     expect((await t.pool.query(`SELECT to_regclass($1) AS r`, [table])).rows[0].r).toBeNull();

@@ -2,7 +2,8 @@
  * The purger: deletes finished jobs (succeeded, failed, dead, canceled) older than the retention,
  * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
  * bounded. Each run first makes the partitions of today and the next days that ending jobs move
- * to, and drops the partitions of the days that ended before the cutoff, whole (`daysDrop`: a
+ * to, and drops the partitions of the days that ended before the cutoff (the retention before
+ * PostgreSQL's `now()`, the clock every finish time is written by), whole (`daysDrop`: a
  * job is so kept for the retention rounded up to the end of its UTC day), then sweeps those days'
  * rows in the other tables at `sweepShare` of its time, a stop cutting the sweep short for the
  * next run to finish. Then it deletes the
@@ -20,6 +21,7 @@ import type { Logger } from '../log.js';
 import pg from 'pg';
 import { daysDrop, daysEnsure } from '../store/days.js';
 import type { Failure, Outcome } from '../domain/outcomes.js';
+import { MAX_TIMER_MS } from '../domain/validation.js';
 import { jobPurge, type PurgeParams, type Queryable } from '../store/index.js';
 
 export interface PurgerConfig {
@@ -68,13 +70,20 @@ export const DEFAULT_RETENTION_MS = 7 * 86_400_000;
 export const DEFAULT_SWEEP_SHARE = 0.1;
 export const DEFAULT_PURGE_BATCH = 1000;
 
-const configSchema = z.object({
-  retentionMs: z.int().min(1000).default(DEFAULT_RETENTION_MS),
-  intervalMs: z.int().min(10).default(600_000),
-  batchSize: z.int().min(1).max(100_000).default(DEFAULT_PURGE_BATCH),
-  jitter: z.number().min(0).max(0.9).default(0.1),
-  sweepShare: z.number().gt(0).max(1).default(DEFAULT_SWEEP_SHARE),
-});
+const configSchema = z
+  .object({
+    retentionMs: z.int().min(1000).default(DEFAULT_RETENTION_MS),
+    intervalMs: z.int().min(10).default(600_000),
+    batchSize: z.int().min(1).max(100_000).default(DEFAULT_PURGE_BATCH),
+    jitter: z.number().min(0).max(0.9).default(0.1),
+    sweepShare: z.number().gt(0).max(1).default(DEFAULT_SWEEP_SHARE),
+  })
+  // The longest wait the schedule may draw (interval plus jitter) must fit a timer: Node runs a
+  // longer one after 1 ms, and the purger would run without pause.
+  .refine((c) => c.intervalMs * (1 + c.jitter) <= MAX_TIMER_MS, {
+    path: ['intervalMs'],
+    message: `with its jitter must stay within ${MAX_TIMER_MS} ms, the longest timer`,
+  });
 
 /** Purges old finished jobs on a schedule; `runOnce()` for tests and tools. */
 export class Purger extends EventEmitter<PurgerEvents> {
@@ -118,7 +127,10 @@ export class Purger extends EventEmitter<PurgerEvents> {
     return this.schedule.stop();
   }
 
-  /** Purges everything past the retention now (in batches) and returns the counts; joins a run in progress. */
+  /**
+   * Purges everything past the retention now (in batches) and returns the counts; joins a run in
+   * progress. The retention is reckoned back from PostgreSQL's `now()`, or from `now` (tests).
+   */
   runOnce(now?: Date): Promise<PurgerRun> {
     return this.schedule.runOnce(() => this.drain(now));
   }
@@ -127,8 +139,10 @@ export class Purger extends EventEmitter<PurgerEvents> {
     const run: PurgerRun = { purged: 0, days: [], cutoff: undefined, batches: 0, goneMs: 0, swept: 0, unswept: false };
     if (this.db instanceof pg.Pool) {
       await daysEnsure(this.db);
+      // The cutoff by PostgreSQL's clock, as the row purge's below: this process's may be ahead.
       const dropped = await daysDrop(this.db, {
-        cutoff: new Date((now ?? new Date()).getTime() - this.config.retentionMs),
+        olderThanMs: this.config.retentionMs,
+        ...(now ? { now } : {}),
         share: this.config.sweepShare,
         signal: this.stopping.signal,
         hold: this.sweepHold,

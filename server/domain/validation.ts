@@ -22,12 +22,29 @@ export const limits = {
   maxAttempts: 1000,
   priority: 32767,
   executionTimeoutMs: 7 * 24 * 3600 * 1000,
+  /** A lease or claim TTL: at most a day (`schemas.ttlMs`, and `LEASEHOLD_LEASE_TTL` / `LEASEHOLD_CLAIM_TTL`). */
+  ttlMs: 86_400_000,
   claimBatch: 1000,
   heartbeatBatch: 10_000,
   queuesPerClaim: 100,
   /** notify_url and subscription URLs. */
   urlLength: 2048,
 } as const;
+
+/**
+ * The longest delay `setTimeout` and `setInterval` keep: 2^31 − 1 ms (about 24.8 days). Node runs
+ * a timer given more after 1 ms (a TimeoutOverflowWarning), so every duration that reaches a timer
+ * (the `LEASEHOLD_*` intervals and timeouts, a service's interval plus its jitter) stays within it.
+ */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/**
+ * The times a `schemas.date` (a job's `runAt`, a list's bounds) may hold: those a Timestamp's JSON
+ * form can write (RFC 3339, years 0001 to 9999). PostgreSQL takes more (4713 BC to 294276 AD): a
+ * runAt outside was stored, and every JSON answer that carried the job then failed with 500 (the
+ * enqueue's own, after its commit; GetJob, ListJobs; a ClaimJobs that had claimed it).
+ */
+export const dateRange = { min: new Date('0001-01-01T00:00:00Z'), max: new Date('9999-12-31T23:59:59.999Z') } as const;
 
 /** Ids are 128-bit values written as UUIDs (any version: attempt ids are 128 random bits). */
 export const idPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -73,12 +90,19 @@ export const schemas = {
     .min(1, 'must be positive')
     .max(limits.executionTimeoutMs, `must be at most ${limits.executionTimeoutMs} ms (7 days)`),
   /** A lease or claim TTL: from 100 ms to a day. */
-  ttlMs: z.int('must be an integer number of milliseconds').min(100, 'must be at least 100 ms').max(86_400_000, 'must be at most a day'),
+  ttlMs: z.int('must be an integer number of milliseconds').min(100, 'must be at least 100 ms').max(limits.ttlMs, 'must be at most a day'),
   /** Agent labels, and the labels a job requires of its agent: at most 32 `key: value` pairs. */
   labels: z
     .record(z.string().min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'), z.string().max(256, 'label values must be at most 256 characters'))
     .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels'),
-  date: z.date().refine((d) => Number.isFinite(d.getTime()), 'must be a valid time'),
+  /** A time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (`dateRange`). */
+  date: z
+    .date()
+    .refine((d) => Number.isFinite(d.getTime()), 'must be a valid time')
+    .refine(
+      (d) => d.getTime() >= dateRange.min.getTime() && d.getTime() <= dateRange.max.getTime(),
+      'must be from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z',
+    ),
   /**
    * A header a job's notify_url deliveries carry: an HTTP token name (not one Leasehold or the
    * transport sets) and a value of visible ASCII characters and spaces.

@@ -133,8 +133,15 @@ export interface DaysDropped {
 
 /** How `daysDrop` runs. */
 export interface DaysDropOptions {
-  /** Days that ended at or before this are dropped. */
-  cutoff: Date;
+  /**
+   * Days that ended at or before `now` minus this are dropped (the retention). The cutoff is
+   * reckoned by PostgreSQL's clock, as the row purge's (purge.ts) and every finish time are: a
+   * coordinator whose clock is ahead would otherwise drop days of history still retained.
+   * Negative reaches past now (tests: `-86_400_000` drops today).
+   */
+  olderThanMs: number;
+  /** Pins the time the cutoff is reckoned from (tests); default PostgreSQL's `now()`. */
+  now?: Date;
   /**
    * The share of its time the sweep spends working: after a batch that took t ms it waits
    * t × (1 − share) / share ms. Default 1 (no pause).
@@ -175,8 +182,9 @@ export async function withDays<T>(db: Queryable, statement: () => Promise<T>): P
 }
 
 /**
- * Drops the partitions of the days that ended at or before `cutoff` (a success is so kept for the
- * retention rounded up to the end of its UTC day), and finishes any drop a run before it left
+ * Drops the partitions of the days that ended at or before the cutoff, `olderThanMs` before
+ * PostgreSQL's `now()` (a success is so kept for the retention rounded up to the end of its UTC
+ * day), and finishes any drop a run before it left
  * undone. The jobs of such a day whose notification is still to be delivered (or whose dead-letter
  * alert is not raised) go back to `jobs_live` first, for the row purge to take later, as it keeps
  * such jobs today.
@@ -202,7 +210,12 @@ export async function daysDrop(pool: pg.Pool, p: DaysDropOptions): Promise<DaysD
     const { rows: lk } = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [DAYS_LOCK + 1]);
     if (!lk[0]?.ok) return out;
     try {
-      const cutoffDay = (await c.query<{ d: string }>(`SELECT to_char(($1::timestamptz AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD') AS d`, [p.cutoff])).rows[0]!.d;
+      const cutoffDay = (
+        await c.query<{ d: string }>(
+          `SELECT to_char(((coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8 / 1000.0)) AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD') AS d`,
+          [p.now ?? null, p.olderThanMs],
+        )
+      ).rows[0]!.d;
       const parts = (await dayPartitions(c)).sort((a, b) => a.day.localeCompare(b.day));
       for (const part of parts) {
         // The day ended at or before the cutoff: it is before the cutoff's own day.
@@ -314,7 +327,7 @@ async function retire(c: pg.PoolClient | pg.Client, table: string): Promise<numb
  * where it stopped), pausing after each as `share` says; drops the table when it is empty. Returns
  * the jobs swept and whether it finished.
  */
-async function sweep(c: pg.PoolClient | pg.Client, table: string, p: Omit<DaysDropOptions, 'cutoff'>): Promise<{ jobs: number; done: boolean }> {
+async function sweep(c: pg.PoolClient | pg.Client, table: string, p: Omit<DaysDropOptions, 'olderThanMs' | 'now'>): Promise<{ jobs: number; done: boolean }> {
   const share = p.share ?? 1;
   const batch = p.batch ?? 1000;
   let jobs = 0;

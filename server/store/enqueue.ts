@@ -3,7 +3,7 @@
  * caller's coordinator). One statement; the row it inserts is the enqueue's record. With an
  * idempotency key, the same key, queue and payload return the existing job.
  */
-import { conflict, duplicate, invalid, ok, type Outcome } from '../domain/outcomes.js';
+import { conflict, duplicate, invalid, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { newJobId } from './ids.js';
 import { JOBS_CHANNEL } from './notify.js';
@@ -113,13 +113,17 @@ const notifiedSql = `(SELECT count(pg_notify('${JOBS_CHANNEL}', n.queue)) FROM n
 // the other 30 columns, its JSON and its times, cost PostgreSQL 17 µs an enqueue in a lab loop.
 const PLAIN_RETURNS = 'status, run_at, created_at, claim_deadline';
 
+// Whether the job is due by the database's clock (the one the claim reads run_at by), for a
+// caller that wakes the dispatchers after the commit: its own clock may be behind PostgreSQL's.
+const dueSql = (runAt: string) => `${runAt} <= coalesce($8::timestamptz, now()) AS due`;
+
 const enqueueText = (extras: boolean, notify: boolean) => {
   if (!extras) {
-    if (!notify) return insertJobSql('$17::uuid', PLAIN_FROM, PLAIN, PLAIN_RETURNS);
+    if (!notify) return insertJobSql('$17::uuid', PLAIN_FROM, PLAIN, `${PLAIN_RETURNS}, ${dueSql('run_at')}`);
     return `WITH n AS (
      ${insertJobSql('$17::uuid', PLAIN_FROM, PLAIN, '*')}
    )
-   SELECT ${PLAIN_RETURNS.split(', ').map((c) => `n.${c}`).join(', ')}, ${notifiedSql} FROM n`;
+   SELECT ${PLAIN_RETURNS.split(', ').map((c) => `n.${c}`).join(', ')}, ${dueSql('n.run_at')}, ${notifiedSql} FROM n`;
   }
   return `WITH h AS MATERIALIZED (
      SELECT ${handOffCheck} AS yes
@@ -135,7 +139,7 @@ const enqueueText = (extras: boolean, notify: boolean) => {
    ), nh AS (
      INSERT INTO notify_headers (job_id, name, value) SELECT n.id, $15, $16 FROM n WHERE $15::text IS NOT NULL
    )
-   SELECT n.*, NULL::jsonb AS error${notify ? `, ${notifiedSql}` : ''} FROM n`;
+   SELECT n.*, NULL::jsonb AS error, ${dueSql('n.run_at')}${notify ? `, ${notifiedSql}` : ''} FROM n`;
 };
 /** The enqueue's statements by [extras][notify] (see enqueueText). */
 const enqueueSqls = {
@@ -161,7 +165,15 @@ interface PlainReturned {
   run_at: Date;
   created_at: Date;
   claim_deadline: Date | null;
+  due: boolean;
 }
+
+/**
+ * What `jobEnqueue` answers: for a job it inserted, also whether the job was due when inserted,
+ * by the database's clock (`run_at <= now()`, or the `now` given): a caller that wakes the
+ * dispatchers itself (the gateway's QueueWaker) wakes them on that, not on its own clock.
+ */
+export type EnqueueOutcome = Outcome<Job> & { due?: boolean };
 
 /**
  * The job a plain enqueue inserted, as `toJob` of its `RETURNING *` row would give it: each
@@ -221,7 +233,7 @@ type StorageColumn = 'finalAttemptId' | 'finalAgentId' | 'finalClaimedAt' | 'fin
  * Adds a job in `queued`. With an idempotency key: `ok` for a new job, `duplicate` with the
  * existing job for the same queue and payload, `conflict` for another one.
  */
-export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outcome<Job>> {
+export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<EnqueueOutcome> {
   const bad = checkAll(
     valid.queue(p.queue) ? undefined : check('queue', schemas.queue, p.queue),
     p.priority === undefined ? undefined : check('priority', schemas.priority, p.priority),
@@ -264,8 +276,14 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Outco
   ]);
   // Without a key the job is always inserted (the statement's WHERE holds for these parameters).
   if (plain && !rows[0]) throw new StoreError('the enqueue without a key or a header inserted no job');
-  if (plain) return ok(plainJob(id, p, payload.json, labels, rows[0] as PlainReturned));
-  if (rows[0]) return ok(toJob(withoutNotified(rows[0])));
+  if (plain) {
+    const r = rows[0] as PlainReturned;
+    return { outcome: 'ok', value: plainJob(id, p, payload.json, labels, r), due: r.due };
+  }
+  if (rows[0]) {
+    const { due, ...row } = withoutNotified(rows[0]);
+    return { outcome: 'ok', value: toJob(row), due: due === true };
+  }
 
   const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
     p.idempotencyKey,

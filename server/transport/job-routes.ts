@@ -60,7 +60,8 @@ export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) =>
     if (h) deps.dispatcher!.settle(h, o.outcome === 'ok' && o.value.currentAttemptId === h.attemptId ? claimedOf(o.value, h.attemptId) : undefined);
     const { value, outcome } = unwrap(o);
     if (o.outcome === 'ok') {
-      if (value.status === 'queued' && value.runAt.getTime() <= Date.now()) deps.waker?.wake(value.queue);
+      // Due by PostgreSQL's clock, which the claim reads run_at by (this process's may be behind it).
+      if (value.status === 'queued' && o.due) deps.waker?.wake(value.queue);
       log.info({ jobId: value.id, queue: value.queue }, 'job enqueued');
       deps.activity?.emit('job:enqueued', value);
     }
