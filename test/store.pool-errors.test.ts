@@ -4,10 +4,12 @@
  * client is idle. Without a listener of Leasehold's own, Node threw it and the coordinator's
  * process ended. Now the statement fails, the error is logged, the pool drops the client and
  * goes on.
+ * And what `redact` leaves of a database URL for logs: no password, neither the URL's own nor the
+ * `password`, `sslpassword` or `sslkey` query parameters pg also reads (before, those were logged).
  */
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import { createPool } from '../server/store/database.js';
+import { createPool, redact } from '../server/store/database.js';
 import { withTransaction } from '../server/store/sql.js';
 import { useTestDb } from './helpers/db.js';
 
@@ -51,5 +53,19 @@ describe.each([false, true])('createPool (hot: %s)', (hot) => {
       client.release(true);
       await pool.end();
     }
+  });
+});
+
+describe('redact', () => {
+  it("hides the URL's password and the password, sslpassword and sslkey parameters, whatever their case; keeps the rest", () => {
+    expect(redact('postgres://app:s3cret@db.example.com:5432/leasehold?sslmode=require')).toBe('postgres://app:***@db.example.com:5432/leasehold?sslmode=require');
+    const r = redact('postgres://app@db/leasehold?password=s3cret&sslmode=verify-full&sslpassword=k3y-pass&sslkey=%2Fetc%2Fkeys%2Fapp.key&application_name=lh');
+    expect(r).toBe('postgres://app@db/leasehold?password=***&sslmode=verify-full&sslpassword=***&sslkey=***&application_name=lh');
+    for (const secret of ['s3cret', 'k3y-pass', 'app.key']) expect(r).not.toContain(secret);
+    // Names pg would not read are hidden too: a spelling that is not logged costs nothing.
+    expect(redact('postgresql://db/x?PassWord=a1&SSLPASSWORD=b2&pass%77ord=c3')).toBe('postgresql://db/x?PassWord=***&SSLPASSWORD=***&password=***');
+    // Nothing to hide: the URL as it was written.
+    expect(redact('postgres://app@db/leasehold?sslmode=require&application_name=a%20b')).toBe('postgres://app@db/leasehold?sslmode=require&application_name=a%20b');
+    expect(redact('host=db password=x')).toBe('(unparseable DATABASE_URL)');
   });
 });

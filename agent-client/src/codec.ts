@@ -4,7 +4,8 @@
  * `Heartbeat` without progress). protobuf-es does the rest, and anything the hand reader does
  * not expect (an unknown field, a field twice, a truncated message): it decodes the same bytes
  * again and either understands them or says what is wrong. Measured in the benchmark's agent
- * process, decoding and encoding by reflection were a fifth of its CPU.
+ * process, decoding and encoding by reflection were a fifth of its CPU. `assignedJobProblem`
+ * says which assigned jobs the agent must not take (ids that are not UUIDs).
  */
 import { create, fromBinary, toBinary, type JsonObject, type MessageInitShape } from '@bufbuild/protobuf';
 import { WireType } from '@bufbuild/protobuf/wire';
@@ -272,6 +273,29 @@ function readRenewed(r: Reader, end: number): ServerMessage_Renewed {
   }
   if (r.pos !== end) throw UNEXPECTED;
   return m;
+}
+
+// ───────────────────────────── checking ─────────────────────────────
+
+/** Job and attempt ids as the coordinator makes them: UUIDs (8-4-4-4-12 hex digits, any version). */
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Whether `id` is a UUID, as every job and attempt id the coordinator sends is. */
+export function isUuid(id: string): boolean {
+  return UUID.test(id);
+}
+
+/**
+ * Why an assigned job cannot be taken, or undefined when it can: it has no job, or its job id
+ * or attempt id is not a UUID. Ids name things on this machine (the runner's pid files are
+ * `<attempt id>.json`), so one like `../../x` from a coordinator that is not what it should be
+ * must never reach a handler; such a job is declined (`Agent`), never started.
+ */
+export function assignedJobProblem(c: ClaimedJob): string | undefined {
+  if (!c.job) return 'the assignment has no job';
+  if (!isUuid(c.job.id)) return `the job id ${JSON.stringify(c.job.id.slice(0, 100))} is not a UUID`;
+  if (!isUuid(c.attemptId)) return `the attempt id ${JSON.stringify(c.attemptId.slice(0, 100))} is not a UUID`;
+  return undefined;
 }
 
 // ───────────────────────────── writing ─────────────────────────────

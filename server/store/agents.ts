@@ -4,6 +4,12 @@
  * revoked by stamping `revoked_at` and, in the same statement, a `credentials` NOTIFY that makes
  * every coordinator forget the token it verified (`core/credential-cache.ts`); and what operators
  * see of them (`agentOverview`: each agent's open streams and the attempts it holds).
+ *
+ * Agent ids and API key names are one namespace: a key with the `agent` scope acts as the agent
+ * its name names (`transport/auth.ts`, `requireAgent`), so a key may not take an agent's id nor an
+ * agent a key's name, revoked ones included (`agentCreate`, `keyCreate`, under `identityNameLock`),
+ * and a key that shares its name with an agent anyway (made before this rule) is refused as an
+ * agent (`keyAuthenticate`).
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { conflict, forbidden, notFound, ok, type Outcome } from '../domain/outcomes.js';
@@ -17,18 +23,52 @@ import { run, statement, withTransaction, type Queryable } from './sql.js';
 /** SHA-256 of a secret, hex: what is stored and looked up. */
 export const hashSecret = (secret: string) => createHash('sha256').update(secret, 'utf8').digest('hex');
 
+// Agent ids and key names are one namespace, and no unique index spans two tables. So both
+// creates take a transaction-scoped advisory lock on the name first (`identityNameLock`), then
+// insert in a statement of their own unless the other table holds the name. Under READ COMMITTED
+// each statement reads what had committed when it began: a create that waited for the lock sees
+// the row of the one that held it, committed with the lock's release. (One statement that took
+// the lock and checked would not: its snapshot predates the wait. SERIALIZABLE would refuse one
+// of two racing creates with a serialization failure to retry, where the lock just orders them.)
+// Two names whose hashes collide only wait for each other.
+const NAME_LOCK = 0x6c68_6964; // "lhid": an arbitrary key, used for nothing else
+const nameLockSql = statement('identityNameLock', `SELECT pg_advisory_xact_lock(${NAME_LOCK}, hashtext($1))`);
+
+/**
+ * Takes the lock under which agents and keys are created with `name` (until the transaction
+ * ends): `agentCreate` and `keyCreate` call it in their transaction, before checking the other
+ * table in a statement of their own.
+ */
+export async function identityNameLock(tx: Queryable, p: { name: string }): Promise<void> {
+  await run(tx, nameLockSql, [p.name]);
+}
+
 const createSql = statement(
   'agentCreate',
-  `INSERT INTO agents (id, token_hash) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING id, created_at`,
+  `WITH taken AS (SELECT EXISTS (SELECT 1 FROM api_keys WHERE name = $1) AS by_key),
+   ins AS (
+     INSERT INTO agents (id, token_hash) SELECT $1, $2 FROM taken WHERE NOT taken.by_key
+     ON CONFLICT (id) DO NOTHING RETURNING id
+   )
+   SELECT taken.by_key, (SELECT id FROM ins) AS id FROM taken`,
 );
 
-/** Creates an agent and returns its token, which is not stored and cannot be shown again. */
+/**
+ * Creates an agent and returns its token, which is not stored and cannot be shown again. An id
+ * taken by an agent, or by an API key (revoked ones too: they share one namespace), is `conflict`.
+ */
 export async function agentCreate(db: Queryable, p: { agentId: string }): Promise<Outcome<{ agentId: string; token: string }>> {
   const bad = check('agentId', schemas.agentId, p.agentId);
   if (bad) return bad;
   const token = `lh_agent_${randomBytes(32).toString('base64url')}`;
-  const [row] = await run(db, createSql, [p.agentId, hashSecret(token)]);
-  if (!row) return conflict(`agent ${p.agentId} already exists (revoke it and pick another name)`);
+  const [row] = await withTransaction(db, async (tx) => {
+    await identityNameLock(tx, { name: p.agentId });
+    return run<{ by_key: boolean; id: string | null }>(tx, createSql, [p.agentId, hashSecret(token)]);
+  });
+  if (row?.by_key) {
+    return conflict(`${p.agentId} is the name of an API key: an agent cannot take it, since a key with the agent scope acts as the agent of its name (pick another)`);
+  }
+  if (!row?.id) return conflict(`agent ${p.agentId} already exists (revoke it and pick another name)`);
   return ok({ agentId: p.agentId, token });
 }
 

@@ -5,6 +5,11 @@
  * keys in memory for a while (`core/credential-cache.ts`), so revoking one, and replacing the
  * bootstrap key, also sends a `credentials` NOTIFY in the same statement: every coordinator
  * forgets the key when it commits. `LEASEHOLD_ADMIN_KEY` becomes the key named `admin` at start.
+ *
+ * A key's name shares one namespace with agent ids (agents.ts): a key with the `agent` scope acts
+ * as the agent its name names, so `keyCreate` refuses an agent's id, and `keyAuthenticate` refuses
+ * a key with the `agent` scope whose name an agent has anyway (a pair made before that rule): it
+ * would act for that agent, and go on doing so after the agent's revocation.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { asc } from 'drizzle-orm';
@@ -13,11 +18,11 @@ import type pg from 'pg';
 import { z } from 'zod';
 import { conflict, forbidden, invalid, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, schemas } from '../domain/validation.js';
-import { hashSecret } from './agents.js';
+import { hashSecret, identityNameLock } from './agents.js';
 import { credentialsNotifySql } from './notify.js';
 import { apiKeys, type ApiKeyRow } from './schema.js';
 import { API_KEY_SCOPES, type ApiKeyScope } from '../domain/statuses.js';
-import { run, statement, type Queryable } from './sql.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 /** The name of the key made from `LEASEHOLD_ADMIN_KEY`; `keyCreate` refuses it. */
 export const BOOTSTRAP_KEY_NAME = 'admin';
@@ -26,12 +31,22 @@ const scopesSchema = z
   .array(z.enum(API_KEY_SCOPES, `must be one of ${API_KEY_SCOPES.join(', ')}`))
   .min(1, 'must name at least one scope');
 
+// Run after `identityNameLock` in the same transaction, so an agent created under the lock
+// meanwhile is seen (agents.ts says why a lock and a statement of its own).
 const createSql = statement(
   'keyCreate',
-  `INSERT INTO api_keys (name, key_hash, scopes) VALUES ($1, $2, $3::text[]) ON CONFLICT (name) DO NOTHING RETURNING name`,
+  `WITH taken AS (SELECT EXISTS (SELECT 1 FROM agents WHERE id = $1) AS by_agent),
+   ins AS (
+     INSERT INTO api_keys (name, key_hash, scopes) SELECT $1, $2, $3::text[] FROM taken WHERE NOT taken.by_agent
+     ON CONFLICT (name) DO NOTHING RETURNING name
+   )
+   SELECT taken.by_agent, (SELECT name FROM ins) AS name FROM taken`,
 );
 
-/** Creates a key; returns it once (only its hash is stored). A taken name is `conflict`. */
+/**
+ * Creates a key; returns it once (only its hash is stored). A name taken by a key, or by an agent
+ * (revoked ones too: agent ids and key names are one namespace), is `conflict`.
+ */
 export async function keyCreate(
   db: Queryable,
   p: { name: string; scopes: string[] },
@@ -41,8 +56,14 @@ export async function keyCreate(
   if (p.name === BOOTSTRAP_KEY_NAME) return invalid('name', `"${BOOTSTRAP_KEY_NAME}" is kept for LEASEHOLD_ADMIN_KEY`);
   const scopes = [...new Set(p.scopes)] as ApiKeyScope[];
   const key = `lh_key_${randomBytes(32).toString('base64url')}`;
-  const [row] = await run(db, createSql, [p.name, hashSecret(key), scopes]);
-  if (!row) return conflict(`key ${p.name} already exists (revoke it and pick another name)`);
+  const [row] = await withTransaction(db, async (tx) => {
+    await identityNameLock(tx, { name: p.name });
+    return run<{ by_agent: boolean; name: string | null }>(tx, createSql, [p.name, hashSecret(key), scopes]);
+  });
+  if (row?.by_agent) {
+    return conflict(`${p.name} is an agent's id: a key cannot take it, since a key with the agent scope would act as that agent (pick another name)`);
+  }
+  if (!row?.name) return conflict(`key ${p.name} already exists (revoke it and pick another name)`);
   return ok({ name: p.name, key, scopes });
 }
 
@@ -70,11 +91,14 @@ export async function keyBootstrap(db: Queryable, p: { key: string }): Promise<O
   return ok({ created: Boolean(row), replaced: Boolean(row && !row.inserted) });
 }
 
-// One read by the key's hash; last_used_at is stamped at most once a minute.
+// One read by the key's hash (with the agent of the key's name, for a key with the agent scope);
+// last_used_at is stamped at most once a minute.
 const authSql = statement(
   'keyAuthenticate',
   `WITH k AS (
-     SELECT name, key_hash, scopes, revoked_at FROM api_keys WHERE key_hash = $1
+     SELECT k.name, k.key_hash, k.scopes, k.revoked_at, a.id IS NOT NULL AS agent_named, a.revoked_at AS agent_revoked_at
+     FROM api_keys k LEFT JOIN agents a ON a.id = k.name AND 'agent' = ANY (k.scopes)
+     WHERE k.key_hash = $1
    ), t AS (
      UPDATE api_keys SET last_used_at = now()
      WHERE key_hash = $1 AND revoked_at IS NULL AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
@@ -83,16 +107,28 @@ const authSql = statement(
 );
 
 /**
- * Who holds this key: its name and scopes; `forbidden` if it was revoked, `not_found` if it is
- * unknown. The lookup is by SHA-256 of the key, so its timing depends only on the hash of what
- * was presented; the stored hash is then compared in constant time.
+ * Who holds this key: its name and scopes; `forbidden` if it was revoked, or if it has the
+ * `agent` scope and its name is an agent's id (revoked or not: such a key would act as that
+ * agent, `keyCreate` no longer makes one, and the agent's revocation must stop it too);
+ * `not_found` if it is unknown. The lookup is by SHA-256 of the key, so its timing depends only
+ * on the hash of what was presented; the stored hash is then compared in constant time.
  */
 export async function keyAuthenticate(db: Queryable, p: { key: string }): Promise<Outcome<{ name: string; scopes: ApiKeyScope[] }>> {
   if (typeof p.key !== 'string' || p.key.length === 0 || p.key.length > 512) return notFound('unknown key');
   const hash = hashSecret(p.key);
-  const [row] = await run<{ name: string; key_hash: string; scopes: ApiKeyScope[]; revoked_at: Date | null }>(db, authSql, [hash]);
+  const [row] = await run<{ name: string; key_hash: string; scopes: ApiKeyScope[]; revoked_at: Date | null; agent_named: boolean; agent_revoked_at: Date | null }>(
+    db,
+    authSql,
+    [hash],
+  );
   if (!row || !timingSafeEqual(Buffer.from(row.key_hash, 'hex'), Buffer.from(hash, 'hex'))) return notFound('unknown key');
   if (row.revoked_at) return forbidden(`key ${row.name} was revoked`);
+  if (row.agent_named) {
+    return forbidden(
+      `key ${row.name} has the agent scope and ${row.name} is the id of an agent${row.agent_revoked_at ? ' that was revoked' : ''}: ` +
+        'it cannot act as that agent (revoke the key and make one with another name)',
+    );
+  }
   return ok({ name: row.name, scopes: row.scopes });
 }
 

@@ -6,6 +6,11 @@
  * database when scraped (cached for a second, so several scrapers cost one read): they are the
  * same on every replica (aggregate them with max, not sum). Connected agents and streams are
  * this process's. The default process metrics (CPU, memory, event loop lag, GC) come with them.
+ *
+ * Queue names come from callers (a key with the enqueue scope names any queue it likes), so the
+ * `queue` label is bounded: the first `MAX_QUEUE_LABELS` distinct queues this process meets keep
+ * their name in every metric, and the jobs of any later queue are counted under
+ * `queue="_other"` (no queue can be named so: names start with a letter or a digit).
  */
 import type { EventEmitter } from 'node:events';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
@@ -32,6 +37,8 @@ export interface MetricsSources {
   activity?: Activity | undefined;
   /** The credential cache, for its counts. */
   credentials?: Pick<CredentialCache<unknown>, 'stats' | 'size'> | undefined;
+  /** Distinct queue names kept as `queue` label values; default `MAX_QUEUE_LABELS`. */
+  maxQueueLabels?: number | undefined;
   log: Logger;
 }
 
@@ -45,6 +52,26 @@ export interface Metrics {
 
 /** Enqueue-to-start latency buckets, in seconds: from a few ms (an idle agent) to an hour (a backlog). */
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600];
+
+/** The distinct queues whose names the metrics keep as `queue` labels (per process). */
+export const MAX_QUEUE_LABELS = 200;
+/** The `queue` label of the queues past those: no queue's name (names start with a letter or digit). */
+export const OTHER_QUEUE = '_other';
+
+/**
+ * The `queue` label of a queue: its name for the first `max` distinct queues met (in any metric,
+ * so a queue is named alike in all of them), `OTHER_QUEUE` for every later one. A Set lookup;
+ * the set never holds more than `max` names.
+ */
+function queueLabels(max: number): (queue: string) => string {
+  const named = new Set<string>();
+  return (queue) => {
+    if (named.has(queue)) return queue;
+    if (named.size >= max) return OTHER_QUEUE;
+    named.add(queue);
+    return queue;
+  };
+}
 
 /**
  * A labelled metric's child for some label values, made once and kept: given the labels as an
@@ -69,6 +96,7 @@ export function createMetrics(src: MetricsSources): Metrics {
   // coordinator"). A percentile of a scrape interval's samples loses nothing that matters.
   collectDefaultMetrics({ register: registry, eventLoopMonitoringPrecision: 100 });
   const r = [registry];
+  const queueOf = queueLabels(src.maxQueueLabels ?? MAX_QUEUE_LABELS);
   const offs: Array<() => void> = [];
   /** Subscribes `fn` to `event` of `emitter` (when there is one) until `close()`. */
   const on = (emitter: EventEmitter<any> | undefined, event: string, fn: (...args: any[]) => void) => {
@@ -101,7 +129,16 @@ export function createMetrics(src: MetricsSources): Metrics {
     async collect() {
       const d = await depths();
       this.reset();
-      for (const x of d?.depths ?? []) this.set({ queue: x.queue, status: x.status }, x.count);
+      // Queues past the label cap are summed under `_other`.
+      const sums = new Map<string, { queue: string; status: string; count: number }>();
+      for (const x of d?.depths ?? []) {
+        const queue = queueOf(x.queue);
+        const k = `${queue}\u0000${x.status}`;
+        const e = sums.get(k);
+        if (e) e.count += x.count;
+        else sums.set(k, { queue, status: x.status, count: x.count });
+      }
+      for (const e of sums.values()) this.set({ queue: e.queue, status: e.status }, e.count);
     },
   });
   new Gauge({
@@ -112,7 +149,12 @@ export function createMetrics(src: MetricsSources): Metrics {
     async collect() {
       const d = await depths();
       this.reset();
-      for (const w of d?.waiting ?? []) this.set({ queue: w.queue }, w.due);
+      const due = new Map<string, number>();
+      for (const w of d?.waiting ?? []) {
+        const queue = queueOf(w.queue);
+        due.set(queue, (due.get(queue) ?? 0) + w.due);
+      }
+      for (const [queue, n] of due) this.set({ queue }, n);
     },
   });
   new Gauge({
@@ -123,7 +165,12 @@ export function createMetrics(src: MetricsSources): Metrics {
     async collect() {
       const d = await depths();
       this.reset();
-      for (const w of d?.waiting ?? []) this.set({ queue: w.queue }, w.oldestAgeMs / 1000);
+      const oldest = new Map<string, number>();
+      for (const w of d?.waiting ?? []) {
+        const queue = queueOf(w.queue);
+        oldest.set(queue, Math.max(oldest.get(queue) ?? 0, w.oldestAgeMs));
+      }
+      for (const [queue, ms] of oldest) this.set({ queue }, ms / 1000);
     },
   });
 
@@ -216,7 +263,7 @@ export function createMetrics(src: MetricsSources): Metrics {
       if (o.outcome !== 'ok') return;
       started.inc();
       // Both times are the database's: run_at, and updated_at set by the start.
-      latencyOf(o.value.queue).observe(Math.max(0, (o.value.updatedAt.getTime() - o.value.runAt.getTime()) / 1000));
+      latencyOf(queueOf(o.value.queue)).observe(Math.max(0, (o.value.updatedAt.getTime() - o.value.runAt.getTime()) / 1000));
     };
   };
   on(src.hub, 'attempt:start', onStart('stream'));
@@ -237,15 +284,15 @@ export function createMetrics(src: MetricsSources): Metrics {
     if (o.outcome === 'stale') stale.inc({ call: x.kind === 'completed' ? 'complete' : 'fail' });
     if (o.outcome !== 'ok') return;
     const s = o.value.status;
-    outcomesOf(o.value.queue, s === 'queued' ? 'retried' : s).inc();
+    outcomesOf(queueOf(o.value.queue), s === 'queued' ? 'retried' : s).inc();
   };
   on(src.hub, 'attempt:report', onReport);
   on(src.activity, 'attempt:report', onReport);
-  on(src.activity, 'job:canceled', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'canceled' }));
-  on(src.activity, 'job:requeued', (j: { queue: string }) => outcomes.inc({ queue: j.queue, outcome: 'requeued' }));
+  on(src.activity, 'job:canceled', (j: { queue: string }) => outcomesOf(queueOf(j.queue), 'canceled').inc());
+  on(src.activity, 'job:requeued', (j: { queue: string }) => outcomesOf(queueOf(j.queue), 'requeued').inc());
   const enqueued = new Counter({ name: 'leasehold_jobs_enqueued_total', help: 'Jobs enqueued through JobService (duplicates not counted), by queue.', labelNames: ['queue'], registers: r });
   const enqueuedIn = children((queue) => enqueued.labels({ queue }));
-  on(src.activity, 'job:enqueued', (j: { queue: string }) => enqueuedIn(j.queue).inc());
+  on(src.activity, 'job:enqueued', (j: { queue: string }) => enqueuedIn(queueOf(j.queue)).inc());
 
   // ── leases ──
   const expiries = new Counter({ name: 'leasehold_lease_expiries_total', help: 'Attempts ended by the reaper: claim_expired, lease_expired, timed_out.', labelNames: ['reason'], registers: r });
@@ -254,7 +301,7 @@ export function createMetrics(src: MetricsSources): Metrics {
     reaperRuns.inc({ result: 'ok' });
     for (const x of run.rescued) {
       expiries.inc({ reason: x.reason });
-      if (x.status === 'dead') outcomes.inc({ queue: x.queue, outcome: 'dead' });
+      if (x.status === 'dead') outcomesOf(queueOf(x.queue), 'dead').inc();
     }
   });
   on(src.reaper, 'reaper:error', () => reaperRuns.inc({ result: 'error' }));

@@ -10,6 +10,7 @@ import { mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from 'pino';
+import { isUuid } from '../codec.js';
 import { JobError, type JobContext, type JobInfo } from '../context.js';
 import type { CommandConfig } from './config.js';
 import {
@@ -326,8 +327,15 @@ function inherited(): NodeJS.ProcessEnv {
   return rest;
 }
 
-/** Runs `cmd` for `job`; resolves with the result object or throws a `JobError`. */
+/**
+ * Runs `cmd` for `job`; resolves with the result object or throws a `JobError`. A job or attempt
+ * id that is not a UUID is refused before anything is started or written: the pid file is named
+ * after the attempt id (the SDK declines such assignments already; this is the second fence).
+ */
 export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobContext, opts: { log: Logger; pidDir: string }): Promise<Record<string, unknown>> {
+  for (const [what, id] of [['job id', job.id], ['attempt id', ctx.attempt.id]] as const) {
+    if (typeof id !== 'string' || !isUuid(id)) throw new JobError(`not started: the ${what} ${JSON.stringify(String(id).slice(0, 100))} is not a UUID`, { retryable: true });
+  }
   if (ctx.signal.aborted) throw new JobError(`not started: ${String((ctx.signal.reason as Error)?.message ?? ctx.signal.reason)}`);
   const payload = JSON.stringify(job.payload);
   const env: NodeJS.ProcessEnv = {
