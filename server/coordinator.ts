@@ -118,7 +118,12 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
       await listener.stop();
     });
 
-    const reaper = new Reaper(db.hot, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs });
+    // After its runs failed (the database down, read-only, full), the reaper leaves expired
+    // leases alone for one lease TTL: no lease could be renewed meanwhile, so all have passed, and
+    // agents need that long to reconnect and deliver what their outboxes hold or renew what still
+    // runs (the SDK keeps its reconnect wait under half a lease once welcomed). Without it the
+    // reaper, every second, requeued finished jobs before their results arrived: run twice.
+    const reaper = new Reaper(db.hot, log.child({ component: 'reaper' }), { intervalMs: config.reaperIntervalMs, outageGraceMs: config.leaseTtlMs });
     reaper.on('reaper:run', (r) => {
       if (!r.rescued.length) return;
       log.debug({ claimExpired: r.claimExpired, leaseExpired: r.leaseExpired, timedOut: r.timedOut, dead: r.dead }, 'reaper run');

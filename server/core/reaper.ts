@@ -3,6 +3,12 @@
  * (`jobRescueExpired`), so that no job is lost when an agent vanishes. Runs are chained with a
  * jittered `setTimeout`, so two runs of one reaper never overlap; several coordinators can each
  * run one on the same database, as the statement skips rows another holds.
+ *
+ * After runs that failed (the database refused the statement or could not be reached), lease
+ * expiries are held back for `outageGraceMs` from the first run that works again: while writes
+ * were refused no lease could be renewed and no result stored, so every running job's lease has
+ * passed when the outage ends, and its agent is reconnecting with the results its outbox holds.
+ * Start deadlines and execution timeouts are rescued as ever. Each reaper decides for itself.
  */
 import { EventEmitter } from 'node:events';
 import { Schedule } from './schedule.js';
@@ -19,6 +25,12 @@ export interface ReaperConfig {
   jitter?: number;
   /** Backoff before retrying a job that ran past its execution timeout. */
   backoff?: Backoff;
+  /**
+   * After a run that failed, how long from the first run that works again the reaper leaves
+   * expired leases alone (`lease_expired`), so agents can reconnect and deliver or renew what
+   * they held. The coordinator gives its lease TTL; default 30 s (the default lease TTL).
+   */
+  outageGraceMs?: number;
 }
 
 /** Counts of one run. */
@@ -30,6 +42,8 @@ export interface ReaperRun {
   dead: number;
   /** Every job rescued, in order. */
   rescued: Rescued[];
+  /** Lease expiries were held back (the grace after runs that failed): `leaseExpired` is 0. */
+  leaseExpiriesHeld: boolean;
 }
 
 export interface ReaperEvents {
@@ -44,12 +58,17 @@ const configSchema = z.object({
   batchSize: z.int().min(1).max(10_000).default(1000),
   jitter: z.number().min(0).max(0.9).default(0.1),
   backoff: z.object({ baseMs: z.int().min(0), maxMs: z.int().min(0) }).optional(),
+  outageGraceMs: z.int().min(0).default(30_000),
 });
 
 /** Recovers expired attempts on a schedule; `runOnce()` for tests and tools. */
 export class Reaper extends EventEmitter<ReaperEvents> {
   readonly config: z.output<typeof configSchema>;
   private readonly schedule: Schedule<ReaperRun>;
+  /** The last run failed: the next holds lease expiries back, and starts the grace if it works. */
+  private failing = false;
+  /** The grace after the last failures, from its first working run (ms, on the runs' clock: `now` or `Date.now()`). */
+  private grace: { from: number; until: number } | undefined;
 
   constructor(
     private readonly db: Queryable,
@@ -85,12 +104,41 @@ export class Reaper extends EventEmitter<ReaperEvents> {
   }
 
   private async drain(now: Date | undefined): Promise<ReaperRun> {
-    const run: ReaperRun = { claimExpired: 0, leaseExpired: 0, timedOut: 0, dead: 0, rescued: [] };
+    // The grace is a duration on this process's clock (or the runs' `now` in tests), never
+    // compared with the database's time; a clock stepped back ends it (as one stepped forward
+    // does), so a step never holds rescues longer than the grace. It holds from the first run
+    // after a failure on, not only once a run is known to work: that run is the one that would
+    // take every lease.
+    const at = now?.getTime() ?? Date.now();
+    if (this.grace && (at >= this.grace.until || at < this.grace.from)) this.grace = undefined;
+    const held = (this.failing && this.config.outageGraceMs > 0) || this.grace !== undefined;
+    const run: ReaperRun = { claimExpired: 0, leaseExpired: 0, timedOut: 0, dead: 0, rescued: [], leaseExpiriesHeld: held };
+    try {
+      await this.rescue(run, now, held);
+    } catch (err) {
+      this.failing = true;
+      this.grace = undefined;
+      throw err;
+    }
+    if (this.failing) {
+      this.failing = false;
+      if (this.config.outageGraceMs > 0) {
+        this.grace = { from: at, until: at + this.config.outageGraceMs };
+        this.log.info({ graceMs: this.config.outageGraceMs }, 'reaper runs work again: expired leases are left to their agents for the grace, to reconnect and report');
+      }
+    }
+    this.emit('reaper:run', run);
+    return run;
+  }
+
+  /** Rescues in batches into `run` until a batch comes back short. */
+  private async rescue(run: ReaperRun, now: Date | undefined, holdLeaseExpired: boolean): Promise<void> {
     for (;;) {
       const o = await jobRescueExpired(this.db, {
         limit: this.config.batchSize,
         ...(this.config.backoff ? { backoff: this.config.backoff } : {}),
         ...(now ? { now } : {}),
+        ...(holdLeaseExpired ? { holdLeaseExpired } : {}),
       });
       if (o.outcome !== 'ok') throw new Error(`jobRescueExpired: ${o.outcome}`);
       for (const r of o.value) {
@@ -110,7 +158,5 @@ export class Reaper extends EventEmitter<ReaperEvents> {
       }
       if (o.value.length < this.config.batchSize) break;
     }
-    this.emit('reaper:run', run);
-    return run;
   }
 }

@@ -47,8 +47,31 @@ export interface OpenOptions {
 export const HOT_SETTINGS =
   'SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan';
 
+/**
+ * How long a statement of the hot pool may take, in PostgreSQL (`statement_timeout`, which also
+ * ends a wait for a lock) and, a little longer, here (`query_timeout`: an answer that never comes,
+ * the connection black-holed by a failover or a partition without a reset). Its statements take
+ * milliseconds; without a bound, one job's row locked by an operator's transaction, a table locked
+ * by an `ALTER TABLE`, or a connection gone silent held the claims, starts, completions and the
+ * reaper for as long as that lasted (a silent connection: about 15 minutes, the kernel's
+ * retransmission limit; the keepalive below does not help a socket with data in flight). A
+ * statement cut off fails as an error does: its caller retries (the agent's outbox, the next
+ * tick, the next reaper run), and the pool drops the client whose answer never came.
+ */
+export const HOT_STATEMENT_TIMEOUT_MS = 15_000;
+/** How long opening a connection may take (both pools): a server that does not answer fails the caller. */
+export const CONNECT_TIMEOUT_MS = 10_000;
+
 // int8 (bigint ids, counts) as numbers: every value we keep in one fits in 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+
+// Every Date parameter is written in UTC (`…T…+00:00`). node-postgres writes it in the process's
+// local time by default, with the offset `getTimezoneOffset()` gives, in whole minutes: for a
+// time before its zone's standard time (local mean time, e.g. +00:17:30 in Europe/Amsterdam in
+// 1800) that offset is not the zone's, and a job's runAt of 1800-01-01T00:00:00Z was stored 30 s
+// later. Every time column is a timestamptz, so UTC changes nothing else. Set once, for the
+// process (Leasehold is no library sharing it); the store's index loads this module.
+pg.defaults.parseInputDatesAsUTC = true;
 
 /** Opens a pool on `DATABASE_URL` or on a freshly started embedded PostgreSQL. */
 export async function openDatabase(opts: OpenOptions): Promise<Database> {
@@ -154,17 +177,22 @@ export const IDLE_CONNECTION_MS = 600_000;
  * A pool whose idle-client errors (a server restart, a killed backend) are logged, not thrown.
  * `hot`: its connections take `HOT_SETTINGS` before their first query.
  */
-export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean } = {}): pg.Pool {
+export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean; statementTimeoutMs?: number; connectTimeoutMs?: number } = {}): pg.Pool {
+  const statementTimeoutMs = opts.statementTimeoutMs ?? HOT_STATEMENT_TIMEOUT_MS;
   const pool = new ClosingPool({
     connectionString: url,
     max,
     idleTimeoutMillis: IDLE_CONNECTION_MS,
+    connectionTimeoutMillis: opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
+    // The server's own limit first (it ends the statement and keeps the connection); this one only
+    // for an answer that never comes.
+    ...(opts.hot ? { query_timeout: statementTimeoutMs + 5_000 } : {}),
     application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
     // TCP keepalive from 10 s of silence: a connection to a server gone without a reset (a
     // failover, a partition) fails in minutes rather than the kernel's two hours.
     keepAlive: true,
     keepAliveInitialDelayMillis: 10_000,
-    ...(opts.hot ? { Client: HotClient } : {}),
+    ...(opts.hot ? { Client: hotClient(`${HOT_SETTINGS}; SET statement_timeout = ${statementTimeoutMs}`) } : {}),
   });
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
@@ -212,22 +240,40 @@ class ClosingPool extends pg.Pool {
 }
 
 /** A client that takes `HOT_SETTINGS` as part of connecting, so a pool hands it out ready. */
-class HotClient extends pg.Client {
-  override connect(): Promise<pg.Client>;
-  override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
-  override connect(callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): Promise<pg.Client> | void {
-    const ready = super.connect().then(() => super.query(HOT_SETTINGS)).then(() => this as pg.Client);
-    if (!callback) return ready;
-    const cb = callback as (err: Error | null, c?: pg.Client) => void;
-    ready.then((c) => cb(null, c), (err: Error) => cb(err));
-  }
-}
+// (A SET after connecting, not a startup `options` parameter: poolers such as PgBouncer refuse those.)
+const hotClient = (settings: string) =>
+  class HotClient extends pg.Client {
+    override connect(): Promise<pg.Client>;
+    override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
+    override connect(callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): Promise<pg.Client> | void {
+      const ready = super.connect().then(() => super.query(settings)).then(() => this as pg.Client);
+      if (!callback) return ready;
+      const cb = callback as (err: Error | null, c?: pg.Client) => void;
+      ready.then((c) => cb(null, c), (err: Error) => cb(err));
+    }
+  };
 
-/** The URL with its password hidden, for logs and errors. */
+/**
+ * Query parameters of a connection URL that hold a secret, or say where one is (pg reads
+ * `password` there as it reads the URL's own, `sslpassword` unlocks the client key that `sslkey`
+ * names). Compared without case: a name spelt otherwise is still not logged.
+ */
+const SECRET_PARAMS = new Set(['password', 'sslpassword', 'sslkey']);
+
+/**
+ * The URL with its secrets hidden, for logs and errors: the password in it and the values of the
+ * `password`, `sslpassword` and `sslkey` query parameters become `***`.
+ */
 export function redact(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    // Set only when one is there: rewriting the query re-encodes all of it.
+    if ([...u.searchParams.keys()].some((k) => SECRET_PARAMS.has(k.toLowerCase()))) {
+      const params = new URLSearchParams();
+      for (const [k, v] of u.searchParams) params.append(k, SECRET_PARAMS.has(k.toLowerCase()) ? '***' : v);
+      u.search = params.toString();
+    }
     return u.toString();
   } catch {
     return '(unparseable DATABASE_URL)';

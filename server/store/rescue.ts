@@ -21,6 +21,12 @@ export interface RescueParams {
   limit: number;
   /** Backoff before retrying a job that ran past its execution timeout. */
   backoff?: Backoff;
+  /**
+   * Leave running attempts whose lease passed (`lease_expired`) where they are; start deadlines
+   * (`claim_expired`) and execution timeouts (`timed_out`) are rescued as ever. The reaper sets it
+   * for a grace after a database outage, while agents come back with what their outboxes hold.
+   */
+  holdLeaseExpired?: boolean;
   now?: Date;
 }
 
@@ -50,6 +56,15 @@ export interface Rescued {
 // timeout is the job's fault: retried after a backoff, or `dead` at the cap. The attempt's row
 // is written with how it ended (and, for a lease or a timeout, an error saying so); a job going
 // to `dead` writes its job.dead notification (always: it is an alert) in the same statement.
+//
+// $5 (holdLeaseExpired) keeps the lease expiries out of the candidates, in the scan's own WHERE
+// (not after the LIMIT, where held jobs would fill every batch and hide the claims behind them):
+// a running attempt whose lease did not reach its execution deadline (reasonSql's
+// lease_expired) is neither locked nor taken. The holder may still complete, fail or renew it
+// (the fence is the attempt, not the lease); once the hold is lifted, what is still expired is
+// taken as before. A flag, not a time: the reaper measures its grace on its own clock (a
+// duration), never compared with the database's, and a lag ("expired more than the grace ago")
+// would not hold what an outage longer than the grace let expire, the very case it is for.
 const rescueSql = statement(
   'jobRescueExpired',
   `WITH d AS MATERIALIZED (
@@ -61,6 +76,7 @@ const rescueSql = statement(
          execution_deadline, claimed_at, claim_deadline, started_at, suspect_since, created_at
        FROM jobs_live
        WHERE current_attempt_id IS NOT NULL AND lease_expires_at < coalesce($4::timestamptz, now())
+         AND NOT ($5::boolean AND status = 'running' AND (execution_deadline IS NULL OR lease_expires_at < execution_deadline))
        ORDER BY lease_expires_at
        LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -147,7 +163,7 @@ export async function jobRescueExpired(db: Queryable, p: RescueParams): Promise<
     agent_id: string;
     reason: Rescued['reason'];
     status: Rescued['status'];
-  }>(db, rescueSql, [p.limit, backoff.baseMs, backoff.maxMs, p.now ?? null]));
+  }>(db, rescueSql, [p.limit, backoff.baseMs, backoff.maxMs, p.now ?? null, p.holdLeaseExpired ?? false]));
   return ok(
     rows.map((r) => ({
       jobId: r.job_id,

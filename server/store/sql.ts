@@ -37,7 +37,8 @@ export async function run<R extends pg.QueryResultRow>(
     // On the pool a statement is a transaction of its own, rolled back whole when PostgreSQL ends
     // it as the victim of a deadlock: it runs once more, as if for the first time. Seen once in a
     // benchmark drain: a lease renewal against a transition locking some of the same jobs_live
-    // rows in another order (batch.ts, `batchFence`). Inside a transaction the caller decides.
+    // rows in another order (batch.ts, `batchFence`; the renewal now skips rows others hold, so it
+    // no longer waits for any). Inside a transaction the caller decides.
     if (db instanceof pg.Pool && isDeadlock(err)) {
       try {
         return await queryShaped<R>(db, stmt.name, stmt.text, values);
@@ -47,6 +48,14 @@ export async function run<R extends pg.QueryResultRow>(
     }
     throw new StoreError(`${stmt.name} failed: ${(err as Error).message}`, { cause: err });
   }
+}
+
+/** Whether pg gave up waiting for an answer (its `query_timeout`), here or as a StoreError's cause. */
+function isReadTimeout(err: unknown): boolean {
+  for (let e = err as { message?: unknown; cause?: unknown } | undefined; e; e = e.cause as typeof e) {
+    if (e.message === 'Query read timeout') return true;
+  }
+  return false;
 }
 
 /** Whether pg's error is PostgreSQL's deadlock (SQLSTATE 40P01): its transaction was rolled back whole. */
@@ -79,17 +88,21 @@ export async function withTransaction<T>(
   if (!(db instanceof pg.Pool) && inTransaction.has(db)) return fn(db);
   const client = db instanceof pg.Pool ? await db.connect() : db;
   inTransaction.add(client);
+  // A statement whose answer never came (pg's query_timeout, the hot pool's) leaves the connection
+  // waiting for it: such a client goes back to the pool as broken, to be closed, not reused.
+  let broken: Error | undefined;
   try {
     await client.query(`${opts.mode ? `BEGIN ISOLATION LEVEL ${opts.mode}` : 'BEGIN'}${opts.local ? `; ${opts.local}` : ''}`);
     const out = await fn(client);
     await client.query('COMMIT');
     return out;
   } catch (err) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    if (isReadTimeout(err)) broken = err as Error;
+    else await client.query('ROLLBACK').catch(() => undefined);
     throw err;
   } finally {
     inTransaction.delete(client);
-    if (db instanceof pg.Pool) (client as pg.PoolClient).release();
+    if (db instanceof pg.Pool) (client as pg.PoolClient).release(broken);
   }
 }
 const inTransaction = new WeakSet<pg.PoolClient | pg.Client>();
