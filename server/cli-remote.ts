@@ -69,6 +69,7 @@ export function action<A extends unknown[]>(fn: (api: ApiClients, ...args: A) =>
   return async (...args: A) => {
     // commander passes the declared arguments, then the options, then the command.
     const flags = args[args.length - 2] as ApiFlags;
+    endQuietlyWhenStdoutCloses();
     let target: ApiTarget | undefined;
     try {
       target = apiTarget(flags);
@@ -86,9 +87,26 @@ export function action<A extends unknown[]>(fn: (api: ApiClients, ...args: A) =>
   };
 }
 
+let stdoutWatched = false;
+/**
+ * A reader that stops early (`leasehold jobs ls | head -1`) closes the pipe: the next write fails
+ * with EPIPE, which would end the process with a stack trace and exit code 1. The command ends
+ * there instead, quietly, with the exit code it had (0), as `ls | head` does; the answer was
+ * read as far as the reader wanted.
+ */
+function endQuietlyWhenStdoutCloses(): void {
+  if (stdoutWatched) return;
+  stdoutWatched = true;
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit();
+    throw err;
+  });
+}
+
 export const out = (s: string): void => void process.stdout.write(s.endsWith('\n') ? s : `${s}\n`);
-// The API's JSON, as the HTTP gateway writes it: zero values included, so scripts never meet a
-// missing field.
+// The API's JSON, as the HTTP gateway writes it (`toJson` with `alwaysEmitImplicit`): scalars,
+// enums, lists and maps always present, zero values included; a message field left unset is
+// absent (a timestamp not reached yet, such as `finishedAt`; `result` and `error` when there is none).
 export const printJson = <D extends DescMessage>(schema: D, m: MessageShape<D>) => out(JSON.stringify(toJson(schema, m, { alwaysEmitImplicit: true })));
 export const printJsonArray = <D extends DescMessage>(schema: D, ms: Array<MessageShape<D>>) =>
   out(JSON.stringify(ms.map((m) => toJson(schema, m, { alwaysEmitImplicit: true }))));

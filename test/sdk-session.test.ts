@@ -75,7 +75,7 @@ function hooks(over: Partial<SessionHooks> = {}): SessionHooks & { calls: Record
     welcomed: (...a) => void calls.welcomed!.push(a),
     message: (...a) => void calls.message!.push(a),
     disconnected: (...a) => void calls.disconnected!.push(a),
-    refused: async () => void calls.refused!.push([]),
+    refused: async (...a) => void calls.refused!.push(a),
     ...over,
   };
 }
@@ -173,7 +173,7 @@ describe('session', () => {
     ch.last.fail(grpc.status.UNAUTHENTICATED, 'bad%20token');
     await refused;
     await loop;
-    expect(h.calls.refused).toHaveLength(1);
+    expect(h.calls.refused).toEqual([[new Error('the coordinator refused this agent: bad token'), false]]);
     await vi.advanceTimersByTimeAsync(60_000);
     expect(ch.streams, 'no retry').toHaveLength(1);
   });
@@ -204,6 +204,30 @@ describe('session', () => {
     await vi.advanceTimersByTimeAsync(100);
     expect(ch.streams).toHaveLength(2);
     expect(h.calls.refused).toHaveLength(0);
+  });
+
+  it('after it was welcomed, gives up on a Hello refused as UNAUTHENTICATED (revoked, unknown token), and only on that', async () => {
+    const h = hooks();
+    const s = session(h);
+    const ch = new FakeChannel();
+    const { ready, loop } = s.start([ch], hello);
+    ch.last.receive(welcome());
+    await ready;
+    // What a coordinator answers while it restarts or its database is down, before a Welcome:
+    // retried, as is a Hello the same coordinator welcomed before and now finds invalid.
+    const transient = [grpc.status.UNAVAILABLE, grpc.status.INTERNAL, grpc.status.UNKNOWN, grpc.status.INVALID_ARGUMENT, grpc.status.PERMISSION_DENIED];
+    for (const [i, code] of transient.entries()) {
+      ch.last.fail(code, 'transient');
+      await vi.advanceTimersByTimeAsync(1000);
+      expect(ch.streams, grpc.status[code]).toHaveLength(i + 2);
+    }
+    expect(h.calls.refused).toHaveLength(0);
+
+    ch.last.fail(grpc.status.UNAUTHENTICATED, 'Hello%20refused:%20agent%20a1%20was%20revoked');
+    await loop;
+    expect(h.calls.refused).toEqual([[new Error('the coordinator refused this agent: Hello refused: agent a1 was revoked'), true]]);
+    await vi.advanceTimersByTimeAsync(60_000);
+    expect(ch.streams, 'no retry').toHaveLength(transient.length + 1);
   });
 
   it('counts a renewal from when the message it answers was sent, not from when the answer came', async () => {

@@ -15,16 +15,28 @@ import pino, { type Logger } from 'pino';
 import { Acks } from './acks.js';
 import { Assignments, type Handler } from './assignments.js';
 import { CoordinatorChannel, type TlsOption } from './channel.js';
+import { assignedJobProblem } from './codec.js';
 import { monotonic } from './clock.js';
-import type { AgentEvents } from './events.js';
+import type { AgentEmitter, AgentEvents as PartEvents } from './events.js';
 import { RevokeReason, type ServerMessage } from './gen/leasehold/v1/agent_service_pb.js';
+import type { ClaimedJob } from './gen/leasehold/v1/job_pb.js';
 import { Outbox } from './outbox.js';
 import { Reporter } from './reporter.js';
 import { Session } from './session.js';
 import { installSignals } from './signals.js';
 
-export type { AgentEvents } from './events.js';
 export type { Handler } from './assignments.js';
+
+/** The agent's events: those of its parts (events.ts), and its own. */
+export interface AgentEvents extends PartEvents {
+  /**
+   * After `start()` resolved, the coordinator refused this agent for good: its token was revoked
+   * (`leasehold agents revoke`), or is unknown there. The agent has stopped (handlers aborted,
+   * outbox closed) and does not reconnect: a revoked name never works again. `error` says what
+   * the coordinator answered. (Refused at the first start, `start()` rejects instead.)
+   */
+  refused: [{ error: Error }];
+}
 
 export interface AgentOptions {
   /**
@@ -51,7 +63,10 @@ export interface AgentOptions {
    * public ones, set `NODE_EXTRA_CA_CERTS=/path/corp-ca.pem` instead.
    */
   tls?: TlsOption;
-  /** A pino logger; default JSON to stdout at `LEASEHOLD_LOG_LEVEL` (info). */
+  /**
+   * A pino logger; default JSON to stdout at `LEASEHOLD_LOG_LEVEL` (`info` when unset or empty;
+   * a value that is not a level name makes the constructor throw, see `envLogLevel`).
+   */
   log?: Logger;
   /** How long running handlers may take to finish on drain or shutdown; default 30 s. */
   graceMs?: number;
@@ -71,13 +86,15 @@ export class Agent extends EventEmitter<AgentEvents> {
   private readonly acks: Acks;
   private stopping = false;
   private draining = false;
+  /** The coordinator refused this agent for good: it stopped itself, nobody called `stop()`. */
+  private refusal: Error | undefined;
   private loop: Promise<void> | undefined;
   private opened: Promise<void> | undefined;
   private removeSignals: (() => void) | undefined;
 
   constructor(readonly options: AgentOptions) {
     super();
-    this.log = options.log ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? 'info', base: { pid: process.pid } });
+    this.log = options.log ?? pino({ level: envLogLevel(), base: { pid: process.pid } });
     const log = this.log;
     this.outbox = new Outbox(options.outboxDir, log);
     this.session = new Session({
@@ -97,21 +114,27 @@ export class Agent extends EventEmitter<AgentEvents> {
         },
         message: (m) => this.onMessage(m),
         disconnected: (error) => this.emit('disconnected', error ? { error } : {}),
-        refused: async () => {
+        refused: async (error, started) => {
+          this.refusal = error;
           this.shutdown();
+          await this.assignments.settled(1000);
           await this.outbox.close().catch((err: unknown) => this.log.warn({ err }, 'closing the outbox failed'));
+          if (started) this.emit('refused', { error });
         },
       },
     });
     this.reporter = new Reporter({ log, outbox: this.outbox, session: this.session, draining: () => this.draining });
+    // The parts emit the events of events.ts; `refused` is the agent's own, which they never name
+    // (the cast: an emitter of more events does not type as one of fewer, for its eventNames()).
+    const events = this as unknown as AgentEmitter;
     this.assignments = new Assignments({
       log,
-      events: this,
+      events,
       handler: (queue) => this.handlers.get(queue),
       session: this.session,
       reporter: this.reporter,
     });
-    this.acks = new Acks({ log, events: this, outbox: this.outbox, reporter: this.reporter });
+    this.acks = new Acks({ log, events, outbox: this.outbox, reporter: this.reporter });
     // After the reporter's own watch: it stops taking work before anyone hears of it.
     this.outbox.watch((failure) => (failure ? this.emit('outboxFailing', { error: failure }) : this.emit('outboxRecovered', {})));
   }
@@ -197,9 +220,9 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.session.close();
   }
 
-  /** `stop()` or `drain()` was called (a signal's drain included). */
+  /** `stop()` or `drain()` was called (a signal's drain included); not when the agent stopped itself, refused for good. */
   get isStopping(): boolean {
-    return this.stopping || this.draining;
+    return (this.stopping || this.draining) && !this.refusal;
   }
 
   /** Attempts whose handlers are running now. */
@@ -211,12 +234,15 @@ export class Agent extends EventEmitter<AgentEvents> {
   private onMessage(m: ServerMessage): void {
     const k = m.kind;
     switch (k.case) {
-      case 'assign':
+      case 'assign': {
+        const jobs = k.value.jobs.filter((c) => this.acceptable(c));
+        if (!jobs.length) return;
         // The outbox cannot be written: a result could not be kept, so the job is not started.
-        if (this.reporter.paused) return this.reporter.decline(k.value.jobs.map((j) => j.attemptId));
-        for (const c of k.value.jobs) this.assignments.assign(c);
-        this.reporter.started(k.value.jobs.map((j) => j.attemptId));
+        if (this.reporter.paused) return this.reporter.decline(jobs.map((j) => j.attemptId));
+        for (const c of jobs) this.assignments.assign(c);
+        this.reporter.started(jobs.map((j) => j.attemptId));
         return;
+      }
       case 'ack':
         for (const item of k.value.items) void this.acks.onAck(item);
         return;
@@ -240,6 +266,36 @@ export class Agent extends EventEmitter<AgentEvents> {
         return;
     }
   }
+
+  /**
+   * Whether an assigned job may be taken: one without a job, or whose job id or attempt id is no
+   * UUID (`assignedJobProblem`), is refused and logged, never started: its claim expires and it
+   * goes back to the queue without counting as an attempt; its slot is given back at once.
+   */
+  private acceptable(c: ClaimedJob): boolean {
+    const problem = assignedJobProblem(c);
+    if (problem === undefined) return true;
+    this.log.error({ event: 'job.refused', reason: problem }, `refused an assigned job: ${problem}; not starting it (its claim expires and it goes back to the queue)`);
+    this.reporter.freeSlot();
+    return false;
+  }
+}
+
+/** The levels `LEASEHOLD_LOG_LEVEL` takes (pino's), most verbose first; `silent` logs nothing. */
+export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] as const;
+
+/**
+ * The level `LEASEHOLD_LOG_LEVEL` sets: `info` when unset or empty, a level name in any case.
+ * Anything else throws an error naming the setting and the levels: given to pino it would throw
+ * its own, naming neither (the runner turns this one into exit code 2).
+ */
+export function envLogLevel(env: NodeJS.ProcessEnv = process.env): (typeof LOG_LEVELS)[number] {
+  const raw = env.LEASEHOLD_LOG_LEVEL;
+  const name = raw?.trim().toLowerCase();
+  if (!name) return 'info';
+  const level = LOG_LEVELS.find((l) => l === name);
+  if (!level) throw new Error(`LEASEHOLD_LOG_LEVEL=${JSON.stringify(raw)} is not a log level: use ${LOG_LEVELS.join(', ')} (default info)`);
+  return level;
 }
 
 /** Creates an agent: `createAgent(opts).handle(queue, fn).start()`. */

@@ -249,7 +249,13 @@ export class LaneCall<I, O> extends EventEmitter {
     req.on('trailers', (trailers) => this.readStatus(trailers));
     req.on('data', (chunk: Buffer) => this.read(chunk));
     // A reset stream errs too (its code is read at the end); the connection's error says more.
-    req.on('error', () => undefined);
+    // But a connection that could not be made (refused, a certificate not trusted) closes its
+    // streams before it emits its error: the stream's error carries it as its cause
+    // (ERR_HTTP2_STREAM_CANCEL), kept here as the connection's, so the stream ends saying why.
+    req.on('error', (err: Error) => {
+      if (!this.session.destroyed || ended.has(this.session)) return;
+      ended.set(this.session, err.cause instanceof Error ? err.cause : err);
+    });
     // The coordinator ended its side (its status in the trailers): the call is over, whether or
     // not this side has ended its own (a refused Hello ends the stream while the agent still writes).
     req.on('end', () => {

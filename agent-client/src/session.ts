@@ -63,13 +63,17 @@ export interface SessionHooks {
   /** Any message but `Welcome` and `GoAway`, which the session handles itself. */
   message(m: ServerMessage): void;
   disconnected(error?: grpc.ServiceError): void;
-  /** The coordinator refused this agent for good before ever welcoming it: let everything go. */
-  refused(): Promise<void>;
+  /**
+   * The coordinator refused this agent for good (`refusedForGood`): let everything go. `started`:
+   * after it had welcomed the agent once (then `ready` has resolved already, and only this hook
+   * tells of it); before, `ready` rejects with `error` once this has settled.
+   */
+  refused(error: Error, started: boolean): Promise<void>;
 }
 
 export interface SessionOptions {
   log: Logger;
-  /** Reconnect backoff: base and cap; default 250 ms and 30 s. */
+  /** Reconnect backoff: base and cap; default 250 ms and 30 s (once welcomed, half the lease at most). */
   reconnect?: { baseMs?: number; maxMs?: number };
   hooks: SessionHooks;
 }
@@ -77,8 +81,30 @@ export interface SessionOptions {
 /** Below this, a silence is a busy machine's noise (GC, a slow query), not a gone coordinator. */
 const SILENCE_FLOOR_MS = 2000;
 
+/**
+ * A welcomed stream that ends in error sooner than this after its Welcome did not work either:
+ * the reconnect backoff keeps growing rather than starting over (`connectLoop`).
+ */
+const BRIEF_SESSION_MS = 5000;
+
 /** Permanent refusals: retrying cannot help until someone changes the config or the token. */
 const PERMANENT = new Set([grpc.status.UNAUTHENTICATED, grpc.status.INVALID_ARGUMENT, grpc.status.PERMISSION_DENIED]);
+
+/**
+ * Whether a stream's end refuses the agent for good. Before the first Welcome, any permanent
+ * code. After it, only a Hello refused as UNAUTHENTICATED (the stream never welcomed): the
+ * coordinator answers that for a token it does not know or an agent revoked, and a revoked name
+ * never comes back (server/transport/agent-routes.ts), so retrying would loop for good. What a
+ * coordinator answers while it restarts or its database is down (UNAVAILABLE, INTERNAL, a dropped
+ * connection) is retried; so is UNAUTHENTICATED ending a welcomed stream (the revocation itself,
+ * `agent … was revoked`): the next Hello says whether it holds. INVALID_ARGUMENT or
+ * PERMISSION_DENIED after a Welcome are retried too: the same Hello was welcomed before.
+ */
+function refusedForGood(r: { welcomed: boolean; error?: grpc.ServiceError }, started: boolean): boolean {
+  if (!r.error) return false;
+  if (!started) return PERMANENT.has(r.error.code);
+  return !r.welcomed && r.error.code === grpc.status.UNAUTHENTICATED;
+}
 
 export class Session<C extends StreamChannel = StreamChannel> {
   private readonly log: Logger;
@@ -111,7 +137,8 @@ export class Session<C extends StreamChannel = StreamChannel> {
   /**
    * Connects, and keeps connecting until `close()`: `ready` resolves at the first `Welcome`, or
    * rejects if the coordinator refuses the agent for good (bad token, bad Hello) before that;
-   * `loop` settles when the session ends.
+   * `loop` settles when the session ends: closed, or refused for good (`hooks.refused`), also
+   * after a Welcome (the agent revoked, its token unknown).
    */
   start(channels: C[], hello: HelloFields): { ready: Promise<void>; loop: Promise<void> } {
     this.channels = channels;
@@ -213,16 +240,27 @@ export class Session<C extends StreamChannel = StreamChannel> {
     while (!this.stopping) {
       const r = await this.session(hello, onWelcome);
       if (this.stopping) break;
-      if (r.error && PERMANENT.has(r.error.code) && !everConnected) {
-        await this.hooks.refused();
-        first.reject(new Error(`the coordinator refused this agent: ${details(r.error)}`));
+      if (refusedForGood(r, everConnected)) {
+        const error = new Error(`the coordinator refused this agent: ${details(r.error!)}`);
+        if (everConnected) this.log.error({ event: 'agent.refused', err: details(r.error!) }, 'the coordinator refused this agent for good: stopping');
+        await this.hooks.refused(error, everConnected);
+        if (!everConnected) first.reject(error);
         return;
       }
-      failures = r.welcomed ? 1 : failures + 1;
+      // A Welcome starts the backoff over, unless its stream ended in error within seconds: a
+      // coordinator whose database refuses writes welcomes, then ends the stream at the first
+      // report it cannot store, and starting over from `base` each time reconnected 3–4 times a
+      // second for as long as that lasted (a Hello and a resume each, against that database).
+      const brief = r.welcomed && r.error !== undefined && !this.goAway && monotonic() - (r.welcomedAt ?? 0) < BRIEF_SESSION_MS;
+      failures = r.welcomed && !brief ? 1 : failures + 1;
       // Another replica may be up: try the next address (a single one is simply retried).
       this.current = (this.current + 1) % this.channels.length;
+      // Once welcomed, never more than half the lease the coordinator gave: an agent comes back
+      // while the leases it holds still run, and within the grace the coordinator's reaper gives
+      // agents after a database outage (one lease) to deliver the results their outboxes hold.
+      const cap = everConnected ? Math.max(base, Math.min(max, this.ttlMs / 2)) : max;
       // Told to go (GoAway): the next address at once; the one after it with the usual backoff.
-      const delay = this.goAway ? 0 : Math.min(base * 2 ** (failures - 1), max) * (0.5 + Math.random() / 2);
+      const delay = this.goAway ? 0 : Math.min(base * 2 ** (failures - 1), cap) * (0.5 + Math.random() / 2);
       this.goAway = false;
       this.log.warn({ delayMs: Math.round(delay), err: r.error && details(r.error) }, 'disconnected from the coordinator; reconnecting');
       await new Promise<void>((res) => {
@@ -239,9 +277,10 @@ export class Session<C extends StreamChannel = StreamChannel> {
   }
 
   /** One stream, from Hello to its end. */
-  private session(hello: HelloFields, onWelcome: () => void): Promise<{ welcomed: boolean; error?: grpc.ServiceError }> {
+  private session(hello: HelloFields, onWelcome: () => void): Promise<{ welcomed: boolean; welcomedAt?: number; error?: grpc.ServiceError }> {
     return new Promise((resolve) => {
       let welcomed = false;
+      let welcomedAt: number | undefined;
       const call = this.channels[this.current]!.connect();
       this.call = call;
       call.write({ kind: { case: 'hello', value: { ...hello, resume: this.hooks.resume(), seq: this.nextSeq() } } });
@@ -250,6 +289,7 @@ export class Session<C extends StreamChannel = StreamChannel> {
           this.onMessage(m);
           if (m.kind.case === 'welcome') {
             welcomed = true;
+            welcomedAt ??= monotonic();
             onWelcome();
           }
         } catch (err) {
@@ -264,7 +304,8 @@ export class Session<C extends StreamChannel = StreamChannel> {
         clearInterval(this.heartbeatTimer);
         if (this.call === call) this.call = undefined;
         this.hooks.disconnected(error);
-        resolve(error ? { welcomed, error } : { welcomed });
+        const at = welcomedAt === undefined ? {} : { welcomedAt };
+        resolve(error ? { welcomed, ...at, error } : { welcomed, ...at });
       };
       call.on('error', (err: grpc.ServiceError) => done(err));
       call.on('end', () => done());

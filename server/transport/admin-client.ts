@@ -56,20 +56,64 @@ export interface ApiFailure {
 
 const NETWORK = /ECONNREFUSED|ENOTFOUND|EHOSTUNREACH|ENETUNREACH|ECONNRESET|EAI_AGAIN|socket hang up|fetch failed|Parse Error|HPE_|ETIMEDOUT/i;
 
+/**
+ * Node's codes (OpenSSL's verify results) for a certificate whose issuer is not trusted here: a
+ * private CA, a self-signed certificate. Trusting the CA (`NODE_EXTRA_CA_CERTS`) fixes them.
+ */
+const UNTRUSTED_CERT = new Set([
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'CERT_UNTRUSTED',
+]);
+/** The other certificate checks that fail a connection: dates, the host name, a revoked or unfit certificate. */
+const BAD_CERT = new Set([
+  'CERT_HAS_EXPIRED',
+  'CERT_NOT_YET_VALID',
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+  'HOSTNAME_MISMATCH',
+  'CERT_REVOKED',
+  'CERT_REJECTED',
+  'CERT_SIGNATURE_FAILURE',
+  'INVALID_CA',
+  'INVALID_PURPOSE',
+  'CERT_CHAIN_TOO_LONG',
+  'PATH_LENGTH_EXCEEDED',
+]);
+
 /** Explains an error thrown by a call to `target`. */
 export function explainFailure(err: unknown, target: ApiTarget): ApiFailure {
   const e = ConnectError.from(err);
   const cause = causeText(e.cause);
   const detail = cause && !e.rawMessage.includes(cause) && !cause.includes(e.rawMessage) ? `${e.rawMessage}: ${cause}` : e.rawMessage || cause;
+  // The connection's own failure, from the client's side (the coordinator never answered): the
+  // code on the causes, which nothing the server sends can carry.
+  const codes = causeCodes(e.cause);
+  if (codes.some((c) => UNTRUSTED_CERT.has(c))) {
+    return {
+      exitCode: EXIT.unreachable,
+      message: `cannot reach the coordinator at ${target.url}: ${detail} (its TLS certificate is not trusted here: if a private CA signed it, trust that CA with NODE_EXTRA_CA_CERTS=ca.pem)`,
+    };
+  }
+  if (codes.some((c) => BAD_CERT.has(c))) {
+    return { exitCode: EXIT.unreachable, message: `cannot reach the coordinator at ${target.url}: ${detail} (its TLS certificate is refused: check its dates, and that it names the host of --url)` };
+  }
+  const ssl = codes.includes('EPROTO') ? /SSL routines:[^:]*:([^:]+)/.exec(detail)?.[1] : undefined;
+  if (ssl) {
+    return { exitCode: EXIT.unreachable, message: `cannot reach the coordinator at ${target.url}: the TLS handshake failed (${ssl}) (an https:// --url to a listener without TLS? use http://)` };
+  }
   if (e.code === Code.Unauthenticated) {
     return { exitCode: EXIT.unauthorized, message: `the coordinator at ${target.url} refused the key: ${e.rawMessage} (pass --key, or set LEASEHOLD_KEY)` };
   }
   if (e.code === Code.PermissionDenied && /scope/.test(e.rawMessage)) {
     return { exitCode: EXIT.unauthorized, message: `${e.rawMessage} (operator commands need a key with the admin scope)` };
   }
-  if (e.code === Code.Unavailable || e.code === Code.DeadlineExceeded || (e.code === Code.Unknown || e.code === Code.Internal) && NETWORK.test(detail)) {
+  const network = codes.some((c) => NETWORK.test(c)) || ((e.code === Code.Unknown || e.code === Code.Internal) && NETWORK.test(detail));
+  if (e.code === Code.Unavailable || e.code === Code.DeadlineExceeded || network) {
     const hint = /Parse Error|HPE_|ECONNRESET|socket hang up/i.test(detail)
-      ? ' (is --url the HTTP listener, 127.0.0.1:8080 by default, rather than the gRPC one?)'
+      ? ' (is --url the HTTP listener, 127.0.0.1:8080 by default, rather than the gRPC one? with TLS on, https://)'
       : ' (is `leasehold serve` running there? pass --url, or set LEASEHOLD_URL)';
     return { exitCode: EXIT.unreachable, message: `cannot reach the coordinator at ${target.url}: ${detail || 'no answer'}${hint}` };
   }
@@ -78,6 +122,16 @@ export function explainFailure(err: unknown, target: ApiTarget): ApiFailure {
     return { exitCode: EXIT.failed, message: `the server at ${target.url} does not serve this call (${e.rawMessage}): is it a Leasehold coordinator of this version?` };
   }
   return { exitCode: EXIT.failed, message: e.rawMessage || String(err) };
+}
+
+/** The string `code`s (ECONNRESET, UNABLE_TO_VERIFY_LEAF_SIGNATURE…) along a chain of causes. */
+function causeCodes(cause: unknown): string[] {
+  const codes: string[] = [];
+  for (let c = cause, depth = 0; c && typeof c === 'object' && depth < 8; c = (c as { cause?: unknown }).cause, depth++) {
+    const code = (c as { code?: unknown }).code;
+    if (typeof code === 'string') codes.push(code);
+  }
+  return codes;
 }
 
 function causeText(cause: unknown): string {

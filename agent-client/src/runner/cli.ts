@@ -3,19 +3,31 @@
  * `--check` validates the configuration, reaches the coordinator, authenticates, prints what it
  * would serve and exits. Exit codes: 0 fine, 1 runtime failure, 2 bad configuration.
  */
+import { writeSync } from 'node:fs';
 import { mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
 import pino from 'pino';
-import { createAgent } from '../agent.js';
+import { createAgent, envLogLevel } from '../agent.js';
 import { LOCK_FILE } from '../outbox-lock.js';
 import { readOutbox } from '../outbox.js';
 import { ConfigError, loadConfig, type AgentConfig } from './config.js';
 import { killLeftover, type PidRecord } from './process-tree.js';
 import { killRunningCommands, runCommand } from './run-command.js';
 
-const log = pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? 'info', base: { pid: process.pid } });
+const log = pino({ level: logLevelOrExit(), base: { pid: process.pid } });
+
+/** `LEASEHOLD_LOG_LEVEL`'s level; a bad one is a bad setting: one line, exit code 2. */
+function logLevelOrExit(): string {
+  try {
+    return envLogLevel();
+  } catch (err) {
+    // Written at once: process.exit() does not wait for a pipe's pending write.
+    writeSync(2, `leasehold-agent: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
+}
 
 const program = new Command()
   .name('leasehold-agent')
@@ -59,6 +71,12 @@ async function serve(config: AgentConfig): Promise<void> {
   for (const [queue, cmd] of Object.entries(config.queues)) {
     agent.handle(queue, (job, ctx) => runCommand(cmd, job, ctx, { log, pidDir }));
   }
+  // Revoked (or its token unknown) while it ran: the agent has stopped for good, as it would have
+  // at start; retrying could never work, so the process ends saying why (exit code 1).
+  agent.on('refused', ({ error }) => {
+    writeSync(2, `leasehold-agent: ${error.message}: stopped (its token no longer works: make a new agent with \`leasehold agents add NAME\` and put its token in the configuration)\n`);
+    process.exit(1);
+  });
   try {
     await agent.start();
   } catch (err) {
@@ -83,8 +101,15 @@ async function check(config: AgentConfig): Promise<void> {
   const agent = agentFor(config, false, scratch);
   // A queue nobody enqueues to, so the check never takes real work.
   agent.handle('leasehold-check', () => ({}));
+  // Why the last try to connect failed (a refused port, a certificate not trusted), for the timeout.
+  let lastError: string | undefined;
+  agent.on('disconnected', ({ error }) => {
+    if (error) lastError = (error as { details?: string }).details || error.message;
+  });
   const started = agent.start();
-  const timeout = new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`cannot reach the coordinator at ${config.url} within 10 s`)), 10_000).unref());
+  const timeout = new Promise<never>((_, reject) =>
+    setTimeout(() => reject(new Error(`cannot reach the coordinator at ${config.url} within 10 s${lastError ? `: ${lastError}${tlsHint(lastError)}` : ''}`)), 10_000).unref(),
+  );
   try {
     await Promise.race([started, timeout]);
     out(`coordinator ok: ${config.url} accepted this agent's token`);
@@ -92,6 +117,12 @@ async function check(config: AgentConfig): Promise<void> {
     await agent.stop();
     await rm(scratch, { recursive: true, force: true });
   }
+}
+
+/** What to do about a certificate the agent does not trust (`tls.ca`, `NODE_EXTRA_CA_CERTS`), if the error is one. */
+function tlsHint(error: string): string {
+  if (!/unable to verify the first certificate|self[- ]signed certificate|unable to get (local )?issuer certificate/i.test(error)) return '';
+  return ' (the coordinator\'s TLS certificate is not trusted: set "tls": {"ca": "ca.pem"} to the CA that signed it, or NODE_EXTRA_CA_CERTS=ca.pem to trust it beside the public ones)';
 }
 
 /** On exit: kills the commands still running, and says so (synchronously: the process is ending). */
