@@ -90,7 +90,7 @@ describe('one namespace for agent ids and key names', () => {
       await inserted;
       const racing = create(second, t.pool);
       await waitFor(`the ${second} create to wait for the name's lock`, async () => {
-        const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`);
+        const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`);
         return rows[0].n > 0;
       }, 5000).finally(release);
       await holder;
