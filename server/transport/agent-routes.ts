@@ -104,6 +104,11 @@ async function* connect(
         log.warn({ agentId: session.agentId, err: err.message }, 'agent stream ended: protocol violation');
         session.out.fail(new ConnectError(err.message, Code.InvalidArgument));
       } else {
+        // A frame over the size limit is refused before it is read: the agent reconnects and,
+        // were it its outbox's resend, would send it again. Say which agent and how large.
+        if (err instanceof ConnectError && err.code === Code.ResourceExhausted) {
+          log.warn({ agentId: session.agentId, err: err.rawMessage }, 'agent stream ended: a message over the size limit');
+        }
         session.out.fail(err);
       }
     } finally {
