@@ -201,8 +201,16 @@ function toInput(m: AgentMessage): AgentInput {
       };
     case 'bye':
       return { type: 'bye', drain: k.value.drain };
-    default:
+    default: {
+      // A message kind added to the proto after this release arrives as an unknown field.
+      const unknown = m.$unknown?.map((f) => f.no) ?? [];
+      if (unknown.length > 0) {
+        throw new ProtocolError(
+          `AgentMessage of a kind this coordinator does not know (field ${unknown.join(', ')}): the agent is newer than this coordinator; update the coordinator, or run an agent of its release`,
+        );
+      }
       throw new ProtocolError('empty AgentMessage: set one of hello, credit, started, heartbeat, completed, failed, bye');
+    }
   }
 }
 
