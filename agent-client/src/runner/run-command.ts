@@ -8,7 +8,6 @@ import { execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:c
 import { rmSync } from 'node:fs';
 import { mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from 'pino';
 import { isUuid } from '../codec.js';
 import { JobError, type JobContext, type JobInfo } from '../context.js';
@@ -25,8 +24,10 @@ import {
   type PidRecord,
   type ProcessList,
 } from './process-tree.js';
+import { cleanText, TextTail } from './stderr-tail.js';
 
-const STDERR_TAIL = 4096;
+export { TextTail } from './stderr-tail.js';
+
 const PAYLOAD_ENV_MAX = 32 * 1024;
 /**
  * The longest stdout line read, in bytes: a longer one is dropped and counted, never held whole
@@ -35,6 +36,8 @@ const PAYLOAD_ENV_MAX = 32 * 1024;
  * there with its reason.
  */
 export const MAX_LINE_BYTES = 1024 * 1024;
+/** How much of a JSON line that does not parse its failure shows, in characters. */
+const LINE_START_SHOWN = 120;
 
 /**
  * stdout read as lines on its bytes: each line (up to `maxBytes`) is decoded whole, so a UTF-8
@@ -43,9 +46,10 @@ export const MAX_LINE_BYTES = 1024 * 1024;
  * `10%\r20%\r`), where Node's readline ends them, so the `\r` of a CRLF never counts toward the
  * cap. `lastJson` is the last line that parsed as JSON (an object or an array), trimmed as
  * `String.prototype.trim` does (whitespace and a UTF-8 byte order mark, which PowerShell may
- * write); `resultTooLong` the size of a line dropped after it that looks like JSON
- * (`looksLikeJson`, and ending with the matching `}` or `]`), which then stands where the
- * result would have been.
+ * write). A line after it that looks like JSON (`looksLikeJson`, and ending with the matching
+ * `}` or `]`) but is no result stands where the result would have been: `resultTooLong` the
+ * size of one dropped for its length, `badJson` the parse error and the start of one that does
+ * not parse (a Windows path with unescaped backslashes, say). At most one of the two is set.
  */
 export class OutputLines {
   private parts: Buffer[] = [];
@@ -61,6 +65,7 @@ export class OutputLines {
   discarded = 0;
   lastJson: unknown;
   resultTooLong: number | undefined;
+  badJson: { error: string; start: string } | undefined;
 
   constructor(private readonly maxBytes = MAX_LINE_BYTES) {}
 
@@ -127,7 +132,10 @@ export class OutputLines {
   private endLine(): void {
     if (this.over) {
       this.discarded++;
-      if (this.overClose && this.overLast === this.overClose) this.resultTooLong = this.over;
+      if (this.overClose && this.overLast === this.overClose) {
+        this.resultTooLong = this.over;
+        this.badJson = undefined;
+      }
       this.over = 0;
       return;
     }
@@ -136,11 +144,19 @@ export class OutputLines {
     this.size = 0;
     const first = line[textStart(line)];
     if (first !== 0x7b && first !== 0x5b) return; // only JSON lines can be the result
+    const text = line.toString('utf8').trim();
     try {
-      this.lastJson = JSON.parse(line.toString('utf8').trim());
+      this.lastJson = JSON.parse(text);
       this.resultTooLong = undefined;
-    } catch {
-      // not JSON
+      this.badJson = undefined;
+    } catch (err) {
+      // A log line that starts with a bracket is no JSON; one that looks like JSON to its end is
+      // a result gone wrong.
+      const open = looksLikeJson(line);
+      if (!open || lastNonSpace(line) !== (open === '{' ? 0x7d : 0x5d)) return;
+      const start = cleanText(text.slice(0, LINE_START_SHOWN));
+      this.badJson = { error: cleanText((err as Error).message.slice(0, 200)), start: text.length > LINE_START_SHOWN ? `${start}…` : start };
+      this.resultTooLong = undefined;
     }
   }
 }
@@ -173,37 +189,6 @@ function textStart(b: Buffer): number {
 function lastNonSpace(b: Buffer): number | undefined {
   for (let i = b.length - 1; i >= 0; i--) if (!isSpace(b[i]!)) return b[i];
   return undefined;
-}
-
-/** The last `max` characters of a byte stream decoded as UTF-8, a character split between reads kept whole. */
-export class TextTail {
-  private readonly decoder = new StringDecoder('utf8');
-  private tail = '';
-
-  constructor(private readonly max = STDERR_TAIL) {}
-
-  write(chunk: Buffer): void {
-    this.keep(this.decoder.write(chunk));
-  }
-
-  end(): void {
-    this.keep(this.decoder.end());
-  }
-
-  get text(): string {
-    return this.tail;
-  }
-
-  private keep(s: string): void {
-    if (!s) return;
-    let t = this.tail + s;
-    if (t.length > this.max) {
-      t = t.slice(-this.max);
-      const c = t.charCodeAt(0);
-      if (c >= 0xdc00 && c <= 0xdfff) t = t.slice(1); // half of a pair cut off
-    }
-    this.tail = t;
-  }
 }
 
 const STOP_SIGNALS: ReadonlySet<string> = new Set(['SIGTERM', 'SIGINT', 'SIGKILL', 'SIGHUP', 'SIGQUIT']);
@@ -447,7 +432,12 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   try {
     await mkdir(opts.pidDir, { recursive: true });
     record = await describeProcess(child.pid!, { file, shell: cmd.shell }, process.platform, { spawnedAt });
-    await writeFile(pidFile, JSON.stringify(record));
+    // A write that fails (a full disk) may leave the file created and empty: it goes, as a
+    // written one goes when the command ends.
+    await writeFile(pidFile, JSON.stringify(record)).catch(async (err: unknown) => {
+      await rm(pidFile, { force: true }).catch(() => undefined);
+      throw err;
+    });
     pidWritten = true;
   } catch (err) {
     // The command runs and is watched all the same; only a crash of this agent would leave it
@@ -481,15 +471,23 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   opts.log.info({ jobId: job.id, attemptId: ctx.attempt.id, code, signal, stopped, ...discarded }, 'command ended');
   if (stdout.discarded) opts.log.warn({ jobId: job.id, attemptId: ctx.attempt.id, lines: stdout.discarded, maxBytes: MAX_LINE_BYTES }, 'dropped stdout lines longer than the limit');
 
+  // The end of stderr goes into the report once (in the message where the message names no
+  // other cause), bounded so that the report stays within the coordinator's limits.
   const tail = stderr.text.trim();
-  if (stopped) throw new JobError(`${stopped}${tail ? `; stderr: ${tail}` : ''}`, { retryable: true, details: { stopped, stderr: tail } });
+  if (stopped) throw new JobError(`${stopped}${tail ? `; stderr: ${tail}` : ''}`, { retryable: true, details: { stopped } });
   if (code === 0) {
-    // The last JSON line was too long to read: an earlier one is not the result, and another
-    // attempt would print the same.
+    // The last JSON line was too long to read, or does not parse: an earlier one is not the
+    // result, and another attempt would print the same.
     if (stdout.resultTooLong !== undefined) {
       throw new JobError(`result too long: the last JSON line on stdout has ${stdout.resultTooLong} bytes, over the limit of ${MAX_LINE_BYTES} (a result is at most 256 KiB)`, {
         retryable: false,
         details: { exitCode: code, resultBytes: stdout.resultTooLong, stderr: tail },
+      });
+    }
+    if (stdout.badJson) {
+      throw new JobError(`the last JSON line on stdout is not valid JSON: ${stdout.badJson.error} (the line starts: ${stdout.badJson.start})`, {
+        retryable: false,
+        details: { exitCode: code, stderr: tail },
       });
     }
     const lastJson = stdout.lastJson;
@@ -501,6 +499,6 @@ export async function runCommand(cmd: CommandConfig, job: JobInfo, ctx: JobConte
   const how = code === null ? `signal ${signal}` : code >>> 0 === STATUS_CONTROL_C_EXIT ? `code ${code >>> 0} (0xC000013A, Ctrl+C)` : `code ${code}`;
   throw new JobError(`exited with ${how}${outside ? ' (stopped from outside: retried)' : ''}${tail ? `: ${tail}` : ''}`, {
     retryable,
-    details: { exitCode: code, signal, stderr: tail, ...(outside ? { stoppedFromOutside: true } : {}) },
+    details: { exitCode: code, signal, ...(outside ? { stoppedFromOutside: true } : {}) },
   });
 }
