@@ -1,13 +1,15 @@
 /**
  * Times and durations at their limits, and the coordinator's clock against PostgreSQL's:
- * - the purger reckons the cutoff of the days it drops by PostgreSQL's clock (a coordinator whose
- *   clock is ahead dropped days of history still retained, freeing their idempotency keys);
+ * - the purger reckons the cutoff of the days it drops by the earlier of PostgreSQL's clock and the
+ *   coordinator's (whichever was ahead dropped days of history still retained, freeing their
+ *   idempotency keys);
  * - a job's runAt is refused outside 0001-01-01 to 9999-12-31 (stored, it broke every answer that
  *   carried the job) and is written to PostgreSQL in UTC whatever the process's time zone;
  * - a runAt naming a date or time that does not exist is refused, not rolled over to another day;
  * - TTLs above what claims and starts take, and durations no timer can wait, stop the start;
  * - an enqueue wakes the dispatchers when its job is due by PostgreSQL's clock, not the process's.
  */
+import { Writable } from 'node:stream';
 import { create, toBinary } from '@bufbuild/protobuf';
 import { timestampFromDate } from '@bufbuild/protobuf/wkt';
 import { ConnectError } from '@connectrpc/connect';
@@ -17,6 +19,7 @@ import { EnqueueJobRequestSchema } from '../gen/leasehold/v1/job_service_pb.js';
 import { ConfigError, loadConfig, MAX_SCHEDULE_INTERVAL_MS } from '../server/config.js';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { Purger } from '../server/core/purger.js';
+import { daysEnsure } from '../server/store/days.js';
 import { MAX_TIMER_MS } from '../server/domain/validation.js';
 import { attemptComplete, jobEnqueue, keyCreate } from '../server/store/index.js';
 import { readEnqueueRequest } from '../server/transport/enqueue-request.js';
@@ -46,7 +49,7 @@ async function withClockSkew<T>(skewMs: number, fn: () => Promise<T>): Promise<T
 
 const jobsIn = async (queue: string) => (await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM jobs WHERE queue = $1`, [queue])).rows[0]!.n;
 
-describe('the purger reckons its cutoff by PostgreSQL’s clock', () => {
+describe('the purger reckons its cutoff by the earlier of PostgreSQL’s clock and its own', () => {
   it('a coordinator whose clock is 3 days ahead keeps a job that finished just now, with a retention of 2 days', async () => {
     const j = await makeJob(t.pool, { status: 'running', queue: 'purge-skew' });
     const done = await attemptComplete(t.pool, { jobId: j.id, attemptId: j.currentAttemptId!, agentId: j.agentId!, result: { ok: 1 } });
@@ -60,6 +63,34 @@ describe('the purger reckons its cutoff by PostgreSQL’s clock', () => {
     expect(await jobsIn('purge-skew')).toBe(2);
     // The key still holds its job: a retry of the same enqueue is a duplicate, not a second run.
     expect((await jobEnqueue(t.pool, { queue: 'purge-skew', payload: {}, idempotencyKey: 'skew-key' })).outcome).toBe('duplicate');
+  });
+
+  it('a database whose clock is 3 days ahead of the coordinator\'s drops nothing early either, and the gap is logged', async () => {
+    // A job that finished three days ago by PostgreSQL's clock, which is yesterday by a coordinator
+    // whose clock is three days behind it (as after PostgreSQL's clock was stepped forward).
+    const j = await makeJob(t.pool, { status: 'running', queue: 'purge-db-ahead' });
+    expect((await attemptComplete(t.pool, { jobId: j.id, attemptId: j.currentAttemptId!, agentId: j.agentId!, result: {} })).outcome).toBe('ok');
+    const dbNow = (await t.pool.query<{ now: Date }>('SELECT now()')).rows[0]!.now;
+    const threeDaysAgo = new Date(dbNow.getTime() - 3 * DAY).toISOString().slice(0, 10);
+    await daysEnsure(t.pool, [threeDaysAgo]);
+    await t.pool.query(`UPDATE jobs SET done_day = done_day - 3, finished_at = finished_at - interval '3 days' WHERE id = $1`, [j.id]);
+    await t.pool.query(`UPDATE attempts SET ended_at = ended_at - interval '3 days' WHERE job_id = $1`, [j.id]);
+
+    const lines: Array<Record<string, unknown>> = [];
+    const sink = new Writable({
+      write(chunk: Buffer, _enc, done) {
+        lines.push(JSON.parse(chunk.toString()) as Record<string, unknown>);
+        done();
+      },
+    });
+    const purger = new Purger(t.pool, pino({ level: 'warn' }, sink), { retentionMs: 2 * DAY });
+    const run = await withClockSkew(-3 * DAY, () => purger.runOnce());
+    expect(run.days).not.toContain(threeDaysAgo);
+    expect(await jobsIn('purge-db-ahead')).toBe(1);
+    expect(lines.find((l) => String(l.msg).startsWith("PostgreSQL's clock and this coordinator's differ"))).toMatchObject({ level: 40 });
+    // With the clocks agreeing, the day is past the retention and goes.
+    expect((await purger.runOnce()).days).toContain(threeDaysAgo);
+    expect(await jobsIn('purge-db-ahead')).toBe(0);
   });
 
   it('an explicit `now` still pins the cutoff (the test override): 3 days on, today is dropped', async () => {

@@ -3,7 +3,8 @@
  * with everything that hangs off them, so the tables (and the scans of operators' counts) stay
  * bounded. Each run first makes the partitions of today and the next days that ending jobs move
  * to, and drops the partitions of the days that ended before the cutoff (the retention before
- * PostgreSQL's `now()`, the clock every finish time is written by), whole (`daysDrop`: a
+ * the earlier of PostgreSQL's `now()`, the clock every finish time is written by, and this
+ * process's: a clock stepped forward on either side drops nothing early), whole (`daysDrop`: a
  * job is so kept for the retention rounded up to the end of its UTC day), then sweeps those days'
  * rows in the other tables at `sweepShare` of its time, a stop cutting the sweep short for the
  * next run to finish. Then it deletes the
@@ -129,7 +130,8 @@ export class Purger extends EventEmitter<PurgerEvents> {
 
   /**
    * Purges everything past the retention now (in batches) and returns the counts; joins a run in
-   * progress. The retention is reckoned back from PostgreSQL's `now()`, or from `now` (tests).
+   * progress. The retention is reckoned back from the earlier of PostgreSQL's `now()` and this
+   * process's clock, or from `now` (tests).
    */
   runOnce(now?: Date): Promise<PurgerRun> {
     return this.schedule.runOnce(() => this.drain(now));
@@ -137,12 +139,16 @@ export class Purger extends EventEmitter<PurgerEvents> {
 
   private async drain(now: Date | undefined): Promise<PurgerRun> {
     const run: PurgerRun = { purged: 0, days: [], cutoff: undefined, batches: 0, goneMs: 0, swept: 0, unswept: false };
+    // The retention is reckoned back from the earlier of PostgreSQL's clock (the one every finish
+    // time is written by) and this process's: either may have been stepped forward (a host's RTC
+    // or NTP gone wrong, a failover to a server with a bad clock), and what is dropped is gone for
+    // good, idempotency keys with it.
+    now ??= await this.earlierClock();
     if (this.db instanceof pg.Pool) {
       await daysEnsure(this.db);
-      // The cutoff by PostgreSQL's clock, as the row purge's below: this process's may be ahead.
       const dropped = await daysDrop(this.db, {
         olderThanMs: this.config.retentionMs,
-        ...(now ? { now } : {}),
+        now,
         share: this.config.sweepShare,
         signal: this.stopping.signal,
         hold: this.sweepHold,
@@ -155,7 +161,7 @@ export class Purger extends EventEmitter<PurgerEvents> {
       if (dropped.days.length) this.log.info({ days: dropped.days, jobs: dropped.jobs, kept: dropped.kept, goneMs: Math.round(dropped.goneMs) }, 'days of finished jobs dropped');
       if (dropped.swept) this.log.info({ jobs: dropped.swept, unswept: dropped.unswept, vacuumMs: Math.round(dropped.vacuumMs) }, 'rows of dropped days swept');
     }
-    const o = await purgeInBatches(this.db, { olderThanMs: this.config.retentionMs, liveOnly: this.db instanceof pg.Pool, ...(now ? { now } : {}) }, this.config.batchSize);
+    const o = await purgeInBatches(this.db, { olderThanMs: this.config.retentionMs, liveOnly: this.db instanceof pg.Pool, now }, this.config.batchSize);
     if (o.outcome !== 'ok') throw new Error(`jobPurge: ${JSON.stringify(o)}`);
     run.batches = o.value.batches;
     run.purged += o.value.purged;
@@ -164,7 +170,25 @@ export class Purger extends EventEmitter<PurgerEvents> {
     this.emit('purger:run', run);
     return run;
   }
+
+  /** The earlier of PostgreSQL's `now()` and this process's clock; a gap over 5 minutes is logged. */
+  private async earlierClock(): Promise<Date> {
+    const { rows } = await this.db.query<{ now: Date }>('SELECT now() AS now');
+    const db = rows[0]!.now;
+    const mine = new Date();
+    const skewMs = db.getTime() - mine.getTime();
+    if (Math.abs(skewMs) > CLOCK_SKEW_WARN_MS) {
+      this.log.warn(
+        { databaseClock: db.toISOString(), coordinatorClock: mine.toISOString(), skewMs },
+        "PostgreSQL's clock and this coordinator's differ by more than 5 minutes: the purger reckons the retention from the earlier of the two; set both right (NTP)",
+      );
+    }
+    return skewMs > 0 ? mine : db;
+  }
 }
+
+/** A gap between PostgreSQL's clock and the coordinator's worth a warning at every purger run. */
+const CLOCK_SKEW_WARN_MS = 5 * 60_000;
 
 /**
  * Purges the finished jobs `p` selects, `batchSize` a statement, until a batch comes back short;

@@ -62,20 +62,25 @@ async function dayPartitions(c: pg.PoolClient | pg.Client): Promise<Array<{ tabl
 }
 
 /**
- * Makes the partitions of today and the next `DAYS_AHEAD` days (UTC, PostgreSQL's clock), or of
- * `days` (`YYYY-MM-DD`: seed-history's past days), that do not exist yet; returns the days it made. Coordinators call it at start and on the purger's
+ * Makes the partitions of today and the next `DAYS_AHEAD` days (UTC, PostgreSQL's clock, or `at`:
+ * tests), or of `days` (`YYYY-MM-DD`: seed-history's past days), that do not exist yet; returns
+ * the days it made. Coordinators call it at start and on the purger's
  * schedule; a completion that finds no partition for its day calls it and tries once more.
  */
-export async function daysEnsure(db: pg.Pool | pg.PoolClient, days?: string[]): Promise<string[]> {
+export async function daysEnsure(db: pg.Pool | pg.PoolClient, days?: string[], at?: Date): Promise<string[]> {
   const c = 'release' in db ? db : await db.connect();
   try {
+    // Dates plus integers, written out as timestamps without a zone: a series of timestamps with
+    // one, or a date given to to_char (which takes it as local midnight), goes through the
+    // session's time zone and skips a day where local midnight does not exist (daylight saving
+    // beginning at midnight in America/Sao_Paulo; Samoa's 2011-12-30).
     const wanted =
       days ??
       (
         await c.query<{ day: string }>(
-          `SELECT to_char(d, 'YYYY-MM-DD') AS day
-           FROM generate_series((now() AT TIME ZONE 'UTC')::date, (now() AT TIME ZONE 'UTC')::date + $1::int, interval '1 day') d`,
-          [DAYS_AHEAD],
+          `SELECT to_char(((coalesce($2::timestamptz, now()) AT TIME ZONE 'UTC')::date + i)::timestamp, 'YYYY-MM-DD') AS day
+           FROM generate_series(0, $1::int) i`,
+          [DAYS_AHEAD, at ?? null],
         )
       ).rows.map((r) => r.day);
     for (const d of wanted) if (!/^\d{4}-\d{2}-\d{2}$/.test(d)) throw new Error(`daysEnsure: not a day: ${d}`);
@@ -212,7 +217,7 @@ export async function daysDrop(pool: pg.Pool, p: DaysDropOptions): Promise<DaysD
     try {
       const cutoffDay = (
         await c.query<{ d: string }>(
-          `SELECT to_char(((coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8 / 1000.0)) AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD') AS d`,
+          `SELECT to_char(((coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8 / 1000.0)) AT TIME ZONE 'UTC')::timestamp, 'YYYY-MM-DD') AS d`,
           [p.now ?? null, p.olderThanMs],
         )
       ).rows[0]!.d;

@@ -69,7 +69,9 @@ export type EnqueueJobRequest = Message<"leasehold.v1.EnqueueJobRequest"> & {
   executionTimeout?: Duration | undefined;
 
   /**
-   * Makes enqueue idempotent: one job per key, ever (at most 255 characters). Empty: no key.
+   * Makes enqueue idempotent: one job per key for as long as that job is kept (until the purger
+   * deletes it after LEASEHOLD_RETENTION, or PurgeJobs does; then the key is free again). At most
+   * 255 characters. Empty: no key.
    *
    * @generated from field: string idempotency_key = 7;
    */
