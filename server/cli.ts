@@ -77,6 +77,18 @@ withDbFlags(
       log.info({ why }, 'the process that started this one is gone');
       onSignal('SIGTERM');
     });
+    // The database was migrated past what this release can run beside (coordinator.ts said why,
+    // at error level, and is stopping): exit code 2, as a refusal at start, so systemd's
+    // Restart=on-failure tries again and is refused until the replica is upgraded.
+    void coordinator.halted.then(() => {
+      if (signals++) return;
+      firstAt = performance.now();
+      process.exitCode = 2;
+      coordinator.stop().then(resolve, (err: unknown) => {
+        log.error({ err }, 'clean stop failed');
+        resolve();
+      });
+    });
   });
   log.info('stopped');
 });

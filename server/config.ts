@@ -93,7 +93,8 @@ export interface Config {
   trustProxy: boolean;
   /**
    * Start on a database migrated by a newer release (`LEASEHOLD_ALLOW_NEWER_SCHEMA=1`), as a
-   * deliberate rollback; without it such a start (and `leasehold migrate`) is refused.
+   * deliberate rollback; without it such a start (and `leasehold migrate`) is refused. Never
+   * past a schema level above this release's (store/schema-compat.ts): that is always refused.
    */
   allowNewerSchema: boolean;
 }

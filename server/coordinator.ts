@@ -2,7 +2,11 @@
  * The coordinator process: opens the database (embedded or `DATABASE_URL`), applies migrations,
  * stores the bootstrap admin key, starts the maintenance services (reaper, webhook deliverer,
  * purger, vacuumer, session registry), the agent hub and dispatcher, the credential cache, the metrics,
- * and the gRPC and HTTP listeners; stops them in the reverse order.
+ * and the gRPC and HTTP listeners; stops them in the reverse order. While it runs, the schema
+ * watch looks at the database's `min_reader` (store/schema-compat.ts): when a newer release has
+ * migrated it past what this release can run beside, the coordinator says so, answers
+ * NOT_SERVING (`/healthz` 503, gRPC health), stops taking and handing out work, and stops as on
+ * SIGTERM (agents get GoAway); `halted` tells the process (cli.ts exits with code 2).
  */
 import { isLoopback, type Config } from './config.js';
 import { Activity } from './core/activity.js';
@@ -14,11 +18,22 @@ import { Purger } from './core/purger.js';
 import { Vacuumer } from './core/vacuumer.js';
 import { QueueWaker } from './core/queue-waker.js';
 import { Reaper } from './core/reaper.js';
+import { SchemaWatch } from './core/schema-watch.js';
 import { SessionRegistry } from './core/session-registry.js';
 import { WebhookDeliverer } from './core/webhook-deliverer.js';
 import { RESCUE_REASONS } from './domain/statuses.js';
 import type { Logger } from './log.js';
-import { keyBootstrap, Listener, migrateDatabase, openDatabase, signingSecretGet, type Database } from './store/index.js';
+import {
+  compatInfo,
+  keyBootstrap,
+  Listener,
+  migrateDatabase,
+  migrationsFolder,
+  openDatabase,
+  schemaTooNewMessage,
+  signingSecretGet,
+  type Database,
+} from './store/index.js';
 import { credentialOwner, principalOwner, type Principal } from './transport/auth.js';
 import { listenHttp, type HttpServer } from './transport/http.js';
 import { createMetrics, type Metrics } from './transport/metrics.js';
@@ -43,22 +58,43 @@ export interface Coordinator {
   activity: Activity;
   /** API keys and agent tokens verified recently, served while the listener hears revocations. */
   credentials: CredentialCache<Principal>;
+  /** Looks at the database's `min_reader` while the coordinator runs. */
+  schema: SchemaWatch;
   metrics: Metrics;
   grpc: GrpcServer;
   http: HttpServer;
+  /**
+   * Resolves when the coordinator stops by itself, with why: the database was migrated past what
+   * this release can run beside. By then it answers NOT_SERVING and its `stop()` has begun
+   * (await it); the process should end with exit code 2. Never rejects; pending while it runs.
+   */
+  halted: Promise<Error>;
   /** Stops the listener, services, pool and embedded database, in that order. Safe to call twice. */
   stop(): Promise<void>;
 }
 
+/** What a coordinator is started with besides its configuration. */
+export interface StartOptions {
+  /** The migrations this release ships (default `migrationsFolder`): its reader level is their number. Tests give a newer release's. */
+  migrationsFolder?: string;
+  /** Time between the schema watch's looks besides notifications (default 30 s). */
+  schemaCheckIntervalMs?: number;
+}
+
 /** Starts a coordinator with `config`; throws (after cleaning up) if any part fails to start. */
-export async function startCoordinator(config: Config, log: Logger): Promise<Coordinator> {
+export async function startCoordinator(config: Config, log: Logger, opts: StartOptions = {}): Promise<Coordinator> {
+  const { readerLevel } = compatInfo(opts.migrationsFolder ?? migrationsFolder);
   const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log });
   const cleanups: Array<() => Promise<void>> = [() => db.close()];
   const cleanup = async () => {
     for (const c of cleanups.reverse()) await c().catch((err: unknown) => log.warn({ err }, 'stop step failed'));
   };
   try {
-    const applied = await migrateDatabase(db.pool, { log: log.child({ component: 'migrate' }), allowNewerSchema: config.allowNewerSchema });
+    const applied = await migrateDatabase(db.pool, {
+      log: log.child({ component: 'migrate' }),
+      allowNewerSchema: config.allowNewerSchema,
+      migrationsFolder: opts.migrationsFolder,
+    });
     log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');
     if (config.adminKey) {
       const b = await keyBootstrap(db.pool, { key: config.adminKey });
@@ -209,7 +245,36 @@ export async function startCoordinator(config: Config, log: Logger): Promise<Coo
     cleanups.push(() => http.close());
 
     let stopping: Promise<void> | undefined;
-    return { db, reaper, hub, dispatcher, waker, deliverer, purger, vacuumer, counts, registry, activity, credentials, metrics, grpc, http, stop: () => (stopping ??= cleanup()) };
+    const stop = () => (stopping ??= cleanup());
+
+    // Watched from here, once everything it stops exists; its first look is now, which covers a
+    // migration made since migrateDatabase looked.
+    const schema = new SchemaWatch(db.pool, log.child({ component: 'schema' }), { readerLevel, intervalMs: opts.schemaCheckIntervalMs });
+    cleanups.push(() => schema.stop());
+    let halt: (err: Error) => void = () => undefined;
+    const halted = new Promise<Error>((resolve) => (halt = resolve));
+    schema.on('schema:incompatible', (r) => {
+      if (stopping) return;
+      const err = new Error(schemaTooNewMessage(r.minReader ?? 0, r.readerLevel));
+      err.name = 'NewerSchemaError';
+      log.error({ readerLevel: r.readerLevel, minReader: r.minReader }, `${err.message}: stopping`);
+      // Unhealthy at once (the proxy's next /healthz, gRPC health watchers); no job claimed or
+      // handed out, nothing reaped, purged or delivered by this release from here on; then the
+      // stop that SIGTERM makes (GoAway to agents, requests in flight answered).
+      http.health.shutdown();
+      grpc.health.shutdown();
+      const work = [dispatcher.stop(), reaper.stop(), deliverer.stop(), counts.stop(), purger?.stop(), vacuumer?.stop(), schema.stop()];
+      void Promise.allSettled(work).then(() => {
+        void stop();
+        halt(err);
+      });
+    });
+    listener.on('schema', () => schema.look('notified'));
+    listener.on('connected', () => schema.look('listener connected'));
+    schema.start();
+    schema.look('started');
+
+    return { db, reaper, hub, dispatcher, waker, deliverer, purger, vacuumer, counts, registry, activity, credentials, schema, metrics, grpc, http, halted, stop };
   } catch (err) {
     await cleanup();
     throw err;

@@ -8,6 +8,10 @@
  *
  * A database migrated by a newer release (a migration dated after the last this release knows)
  * is refused with `NewerSchemaError`, unless `allowNewerSchema` says the rollback is deliberate.
+ * A database whose `schema_compat.min_reader` is above this release's reader level (a newer
+ * release applied a migration that breaks this one: schema-compat.ts) is refused whatever
+ * `allowNewerSchema` says. After applying migrations, `min_reader` is raised to what they need,
+ * which stops the older coordinators still running (NOTIFY `leasehold_schema`).
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -19,6 +23,7 @@ import type pg from 'pg';
 import type { Logger } from '../log.js';
 import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
 import { daysEnsure } from './days.js';
+import { compatInfo, schemaCompatGet, schemaCompatRaise, schemaTooNewMessage, type CompatInfo } from './schema-compat.js';
 
 /** The folder drizzle-kit writes to (`server/store/migrations`). */
 export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
@@ -34,14 +39,20 @@ export interface MigrateOptions {
    * Run against a database migrated by a newer release (`LEASEHOLD_ALLOW_NEWER_SCHEMA=1`): a
    * deliberate rollback. No migration is applied (none is newer than the database's); a warning
    * is logged and the rest (the indexes built online, the fill-ins, the day partitions) runs as
-   * ever.
+   * ever. It does not let this release run on a database whose `min_reader` is above its reader
+   * level (a newer migration that breaks it): that is refused whatever this says.
    */
   allowNewerSchema?: boolean;
   /** How often a wait for the migration lock is logged (default 10 s). */
   waitLogEveryMs?: number;
+  /** The migrations to apply, with their journal and marks (default `migrationsFolder`; tests give a newer release's). */
+  migrationsFolder?: string;
 }
 
-/** The database holds migrations this release does not know: a newer release migrated it. */
+/**
+ * The database holds migrations this release does not know (a newer release migrated it), or
+ * needs a reader of a higher level than this release (schema-compat.ts).
+ */
 export class NewerSchemaError extends Error {
   override readonly name = 'NewerSchemaError';
 }
@@ -55,6 +66,8 @@ const TRY_MAX_MS = 1_000;
  * `NewerSchemaError` when the database is ahead of this release (see `allowNewerSchema`).
  */
 export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}): Promise<number> {
+  const folder = opts.migrationsFolder ?? migrationsFolder;
+  const compat = compatInfo(folder);
   const client = await pool.connect();
   let locked = false;
   let broken: Error | undefined;
@@ -71,9 +84,20 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
       ) === 0
         ? 0
         : Number((await client.query('SELECT count(*) AS n FROM drizzle.__drizzle_migrations')).rows[0].n);
-    await newerSchemaCheck(client, opts);
+    await readerLevelCheck(client, compat);
+    await newerSchemaCheck(client, folder, opts);
     const before = await count();
-    await migrate(drizzle(client), { migrationsFolder });
+    await migrate(drizzle(client), { migrationsFolder: folder });
+    // (The table exists once 0021 has run: always, but for a test's journal cut before it.)
+    if (await compatKept(client)) {
+      const raised = await schemaCompatRaise(client, compat.minReader);
+      if (raised !== undefined) opts.log?.info({ minReader: raised }, 'schema level raised: coordinators of a lower reader level stop');
+      const minReader = raised ?? (await schemaCompatGet(client));
+      opts.log?.info(
+        { readerLevel: compat.readerLevel, minReader },
+        `schema level: this release reads up to ${compat.readerLevel}, the database needs ${minReader} or more`,
+      );
+    }
     await buildOnline(client);
     await fillInOnline(client);
     // The partitions of today and the next days, for the successes to move to (days.ts).
@@ -132,9 +156,25 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions): P
   }
 }
 
-/** The last migration of this release's journal (`meta/_journal.json`). */
-function migrationLast(): { tag: string; when: number } {
-  const file = path.join(migrationsFolder, 'meta/_journal.json');
+/**
+ * Refuses a database that needs a reader of a higher level than this release (its
+ * `schema_compat.min_reader`: a newer release applied a migration this one cannot run beside).
+ * No setting overrides it. A database without the table (new, or from before 0021) passes.
+ */
+async function readerLevelCheck(client: pg.PoolClient, compat: CompatInfo): Promise<void> {
+  if (!(await compatKept(client))) return;
+  const minReader = await schemaCompatGet(client);
+  if (minReader !== undefined && minReader > compat.readerLevel) throw new NewerSchemaError(schemaTooNewMessage(minReader, compat.readerLevel));
+}
+
+async function compatKept(client: pg.PoolClient): Promise<boolean> {
+  const kept = await client.query<{ yes: boolean }>(`SELECT to_regclass('schema_compat') IS NOT NULL AS yes`);
+  return kept.rows[0]?.yes === true;
+}
+
+/** The last migration of a journal (`meta/_journal.json`). */
+function migrationLast(folder: string): { tag: string; when: number } {
+  const file = path.join(folder, 'meta/_journal.json');
   const last = (JSON.parse(readFileSync(file, 'utf8')) as { entries: Array<{ tag: string; when: number }> }).entries.at(-1);
   if (!last) throw new Error(`no migration in ${file}`);
   return last;
@@ -146,8 +186,8 @@ function migrationLast(): { tag: string; when: number } {
  * `created_at`) and hashes the file's text, which a release may reword (0012 and 0014 were, once
  * applied), so a hash unknown here is no sign of a newer release; a later date is one.
  */
-async function newerSchemaCheck(client: pg.PoolClient, opts: MigrateOptions): Promise<void> {
-  const known = migrationLast();
+async function newerSchemaCheck(client: pg.PoolClient, folder: string, opts: MigrateOptions): Promise<void> {
+  const known = migrationLast(folder);
   const kept = await client.query<{ yes: boolean }>(`SELECT to_regclass('drizzle.__drizzle_migrations') IS NOT NULL AS yes`);
   if (!kept.rows[0]?.yes) return; // a new database
   const { rows } = await client.query<{ n: string; newest: string; hash: string }>(

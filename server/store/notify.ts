@@ -4,7 +4,8 @@
  * `jobsNotify`, or by the enqueue statement itself for other callers); `leasehold_control` carries
  * JSON commands for whichever coordinator holds an agent's stream (a cancel, a drain, the end of
  * a revoked agent's streams) and, for every coordinator, the credentials to forget (sent by the
- * revoking statement itself, so no revocation commits without it).
+ * revoking statement itself, so no revocation commits without it); `leasehold_schema` carries the
+ * database's new `min_reader` when a migration raised it (schema-compat.ts).
  */
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
@@ -13,6 +14,8 @@ import { run, statement, type Queryable } from './sql.js';
 
 export const JOBS_CHANNEL = 'leasehold_jobs';
 export const CONTROL_CHANNEL = 'leasehold_control';
+/** The database's `min_reader` was raised (schema-compat.ts): payload, the new value. */
+export const SCHEMA_CHANNEL = 'leasehold_schema';
 
 /** A command for the coordinator that holds an agent's stream. */
 export type ControlMessage =
@@ -65,6 +68,8 @@ export interface ListenerEvents {
   /** A queue got due jobs. */
   jobs: [queue: string];
   control: [ControlMessage];
+  /** A migration raised the database's `min_reader` to this (NaN when the payload is not a number). */
+  schema: [minReader: number];
   /** (Re)connected: notifications may have been missed meanwhile, so look again. */
   connected: [];
   /** The connection failed or ended: nothing is heard until the next `connected`. */
@@ -72,7 +77,7 @@ export interface ListenerEvents {
 }
 
 /**
- * A dedicated connection that LISTENs on both channels and reconnects (with backoff) when it
+ * A dedicated connection that LISTENs on the three channels and reconnects (with backoff) when it
  * drops. `connected` fires after each (re)connection, `disconnected` when it is noticed that the
  * connection is gone.
  */
@@ -127,7 +132,7 @@ export class Listener extends EventEmitter<ListenerEvents> {
     client.on('end', () => this.reconnectSoon(client));
     try {
       await client.connect();
-      await client.query(`LISTEN ${JOBS_CHANNEL}; LISTEN ${CONTROL_CHANNEL}`);
+      await client.query(`LISTEN ${JOBS_CHANNEL}; LISTEN ${CONTROL_CHANNEL}; LISTEN ${SCHEMA_CHANNEL}`);
     } catch (err) {
       // Connected but not listening (a standby during a failover refuses LISTEN): closed, not
       // left open for every retry.
@@ -185,6 +190,7 @@ export class Listener extends EventEmitter<ListenerEvents> {
 
   private onNotification(n: pg.Notification) {
     if (n.channel === JOBS_CHANNEL && n.payload) this.emit('jobs', n.payload);
+    if (n.channel === SCHEMA_CHANNEL) this.emit('schema', Number(n.payload));
     if (n.channel === CONTROL_CHANNEL && n.payload) {
       try {
         this.emit('control', JSON.parse(n.payload) as ControlMessage);

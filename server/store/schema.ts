@@ -577,6 +577,24 @@ export const agentSessions = pgTable(
   ],
 );
 
+/**
+ * The schema's compatibility with releases that read it: one row, `min_reader`, the lowest reader
+ * level a release must have to run on this database. A release's reader level is the number of
+ * migrations it ships; a migration marked "breaks" in `migrations/compat.json` (or not marked at
+ * all) raises it to its own number plus one. `migrateDatabase` raises it (never lowers it) after
+ * applying migrations and sends NOTIFY `leasehold_schema`; every coordinator reads it at start and
+ * while it runs (server/core/schema-watch.ts) and stops when it is above its own level.
+ */
+export const schemaCompat = pgTable(
+  'schema_compat',
+  {
+    /** Always true: the key that keeps the table to one row. */
+    one: boolean('one').primaryKey().default(true),
+    minReader: integer('min_reader').notNull(),
+  },
+  (t) => [check('schema_compat_one_row', sql`${t.one}`)],
+);
+
 export type JobRow = typeof jobs.$inferSelect;
 export type AttemptRow = typeof attempts.$inferSelect;
 export type JobEventRow = typeof jobEvents.$inferSelect;
