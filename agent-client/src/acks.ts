@@ -1,8 +1,12 @@
 /**
  * What the agent does with the coordinator's acks of its reports: forgets the outbox entry (ok,
- * duplicate), sets it aside as superseded (stale, or refused otherwise), or, for a result the
- * coordinator refused as invalid, reports a final failure in its place. Nothing set aside is sent
- * again. An ack for an attempt given back (`Reporter.release`) only ends that.
+ * duplicate), sets it aside as superseded (stale, or refused otherwise), or, for a report the
+ * coordinator refused as invalid, reports one it can store in its place: a final failure for a
+ * result (too large, not JSON it takes), a shortened copy for a failure (too large, a NUL
+ * character), with the same `retryable`. Set aside, a failure would be lost, and the coordinator's
+ * next renewal of its attempt would have it given back as a retryable one (`Reporter.release`): a
+ * failure for good would become reruns. Nothing set aside is sent again. An ack for an attempt
+ * given back only ends that.
  */
 import type { Logger } from 'pino';
 import { monotonic } from './clock.js';
@@ -10,7 +14,7 @@ import type { AgentEmitter } from './events.js';
 import type { ServerMessage_Ack_Item } from './gen/leasehold/v1/agent_service_pb.js';
 import { Outcome } from './gen/leasehold/v1/job_pb.js';
 import type { Outbox, OutboxEntry } from './outbox.js';
-import type { Reporter } from './reporter.js';
+import { shortenedFailure, type Reporter } from './reporter.js';
 
 export interface AcksOptions {
   log: Logger;
@@ -63,6 +67,15 @@ export class Acks {
             await outbox.put(failed);
             log.error({ attemptId: id, message: item.message }, 'result refused by the coordinator; reporting a failure instead');
             this.o.reporter.report(failed);
+            return;
+          }
+          const short = e?.kind === 'failed' ? shortenedFailure(e) : undefined;
+          if (short) {
+            // The failure itself was refused (too large, a NUL character): a shortened copy, the
+            // same retryable, so that a final failure stays final.
+            await outbox.put(short);
+            log.error({ attemptId: id, message: item.message, retryable: short.retryable ?? true }, 'failure report refused by the coordinator; reporting it shortened instead');
+            this.o.reporter.report(short);
             return;
           }
           const aside = await outbox.supersede(id, outcome);

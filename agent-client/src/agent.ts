@@ -20,7 +20,7 @@ import { monotonic } from './clock.js';
 import type { AgentEmitter, AgentEvents as PartEvents } from './events.js';
 import { RevokeReason, type ServerMessage } from './gen/leasehold/v1/agent_service_pb.js';
 import type { ClaimedJob } from './gen/leasehold/v1/job_pb.js';
-import { Outbox } from './outbox.js';
+import { Outbox, reserveBytesFor, type OutboxOptions } from './outbox.js';
 import { Reporter } from './reporter.js';
 import { Session } from './session.js';
 import { installSignals } from './signals.js';
@@ -36,6 +36,15 @@ export interface AgentEvents extends PartEvents {
    * the coordinator answered. (Refused at the first start, `start()` rejects instead.)
    */
   refused: [{ error: Error }];
+  /**
+   * Another process took this agent's outbox lock over (someone deleted `outbox.lock` and started
+   * a second agent on the same `outboxDir`, or a lock not touched for a minute was taken as
+   * stale): two processes writing one outbox would overwrite each other's reports. The agent has
+   * stopped, as for `refused` (handlers aborted, nothing more written to the outbox, whose lock
+   * it leaves to the other process); `error` says what the lock file holds now. A program should
+   * exit with an error: starting again fails while the other process holds the lock.
+   */
+  outboxLockLost: [{ error: Error }];
 }
 
 export interface AgentOptions {
@@ -74,6 +83,12 @@ export interface AgentOptions {
   handleSignals?: boolean;
   /** Reconnect backoff: base and cap; default 250 ms and 30 s. */
   reconnect?: { baseMs?: number; maxMs?: number };
+  /**
+   * The outbox's tuning, for tests and unusual disks: `reserveBytes` (default
+   * `reserveBytesFor(slots)`: 1 MiB + 260 KiB a slot), `checkMs` (how often the lock and the
+   * directory are checked; 10 s), `retryMs`, `compactBytes` (see `OutboxOptions`).
+   */
+  outboxOptions?: OutboxOptions;
 }
 
 export class Agent extends EventEmitter<AgentEvents> {
@@ -86,7 +101,10 @@ export class Agent extends EventEmitter<AgentEvents> {
   private readonly acks: Acks;
   private stopping = false;
   private draining = false;
-  /** The coordinator refused this agent for good: it stopped itself, nobody called `stop()`. */
+  /**
+   * The coordinator refused this agent for good, or another process took its outbox over: it
+   * stopped itself, nobody called `stop()`.
+   */
   private refusal: Error | undefined;
   private loop: Promise<void> | undefined;
   private opened: Promise<void> | undefined;
@@ -96,7 +114,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     super();
     this.log = options.log ?? pino({ level: envLogLevel(), base: { pid: process.pid } });
     const log = this.log;
-    this.outbox = new Outbox(options.outboxDir, log);
+    this.outbox = new Outbox(options.outboxDir, log, { reserveBytes: reserveBytesFor(options.slots ?? 1), ...options.outboxOptions });
     this.session = new Session({
       log,
       reconnect: options.reconnect,
@@ -137,6 +155,17 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.acks = new Acks({ log, events, outbox: this.outbox, reporter: this.reporter });
     // After the reporter's own watch: it stops taking work before anyone hears of it.
     this.outbox.watch((failure) => (failure ? this.emit('outboxFailing', { error: failure }) : this.emit('outboxRecovered', {})));
+    this.outbox.onLockLost((error) => void this.lockLost(error));
+  }
+
+  /** Another process took the outbox over (the outbox logged it): stop for good, as when refused. */
+  private async lockLost(error: Error): Promise<void> {
+    if (this.stopping) return; // stopping anyway; the outbox writes nothing more
+    this.refusal = error;
+    this.shutdown();
+    await this.assignments.settled(1000);
+    await this.outbox.close().catch((err: unknown) => this.log.warn({ err }, 'closing the outbox failed'));
+    this.emit('outboxLockLost', { error });
   }
 
   /** Registers the handler of a queue; its return value is the job's result (a JSON object). */
@@ -165,6 +194,7 @@ export class Agent extends EventEmitter<AgentEvents> {
    */
   async start(): Promise<void> {
     if (this.loop) throw new Error('agent already started');
+    if (this.refusal) throw this.refusal;
     const queues = this.options.queues ?? [...this.handlers.keys()];
     if (!queues.length) throw new Error('no queues: call agent.handle(queue, fn) or pass queues');
     await this.open();
@@ -180,7 +210,10 @@ export class Agent extends EventEmitter<AgentEvents> {
       slots: this.options.slots ?? 1,
     });
     this.loop = loop;
-    return ready;
+    // Stopped by itself before the first Welcome (its outbox taken over): say why.
+    return ready.catch((err: unknown) => {
+      throw this.refusal ?? err;
+    });
   }
 
   /**
@@ -220,7 +253,7 @@ export class Agent extends EventEmitter<AgentEvents> {
     this.session.close();
   }
 
-  /** `stop()` or `drain()` was called (a signal's drain included); not when the agent stopped itself, refused for good. */
+  /** `stop()` or `drain()` was called (a signal's drain included); not when the agent stopped itself (refused for good, its outbox taken over). */
   get isStopping(): boolean {
     return (this.stopping || this.draining) && !this.refusal;
   }

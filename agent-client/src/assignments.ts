@@ -11,7 +11,9 @@
  * - A `Renewed` for an attempt it does not run (given up before its start was confirmed) is
  *   returned to the caller, which gives it back (`Reporter.release`).
  * - A handler's return value or throw becomes an outbox entry, written before the attempt is let
- *   go, so that a reconnect resumes it or a renewal finds its report.
+ *   go, so that a reconnect resumes it or a renewal finds its report. A result of more than
+ *   `RESULT_MAX_BYTES` of JSON (the coordinator's limit) fails the attempt for good instead,
+ *   naming its size and the limit, as the coordinator's refusal would: it is never written or sent.
  */
 import { fromJson, type JsonObject, type JsonValue } from '@bufbuild/protobuf';
 import { ValueSchema } from '@bufbuild/protobuf/wkt';
@@ -22,7 +24,7 @@ import { createContext, JobError, type JobContext, type JobInfo } from './contex
 import type { AgentEmitter } from './events.js';
 import type { ClaimedJob } from './gen/leasehold/v1/job_pb.js';
 import type { OutboxEntry } from './outbox.js';
-import type { Reporter } from './reporter.js';
+import { RESULT_MAX_BYTES, resultTooLargeMessage, type Reporter } from './reporter.js';
 import type { HeartbeatProgress, Session } from './session.js';
 
 export type Handler = (job: JobInfo, ctx: JobContext) => unknown;
@@ -244,8 +246,12 @@ export class Assignments {
     const base = { attemptId: r.attemptId, jobId: r.job.id, queue: r.job.queue, attemptNo: r.job.attemptNo, writtenAt: '' };
     try {
       if (!handler) throw new JobError(`this agent has no handler for queue ${r.job.queue}`, { retryable: false });
-      const result = await handler(r.job, ctx);
-      entry = { ...base, kind: 'completed', result: asResult(result) };
+      const { result, bytes } = asResult(await handler(r.job, ctx));
+      if (bytes > RESULT_MAX_BYTES) {
+        this.o.log.error({ event: 'result.too_large', jobId: r.job.id, attemptId: r.attemptId, resultBytes: bytes, limitBytes: RESULT_MAX_BYTES }, 'the handler returned a result too large for the coordinator: the attempt fails for good');
+        throw new JobError(resultTooLargeMessage(bytes), { retryable: false, details: { resultBytes: bytes, limitBytes: RESULT_MAX_BYTES } });
+      }
+      entry = { ...base, kind: 'completed', result };
     } catch (err) {
       const e = err as Error;
       const retryable = err instanceof JobError ? err.retryable : true;
@@ -307,12 +313,17 @@ export class Assignments {
   }
 }
 
-/** A handler's return value as a job result: objects as they are, anything else under `value`. */
-function asResult(v: unknown): NonNullable<OutboxEntry['result']> {
-  if (v === undefined || v === null) return {};
-  const json = JSON.parse(JSON.stringify(v)) as unknown;
-  if (json && typeof json === 'object' && !Array.isArray(json)) return json as NonNullable<OutboxEntry['result']>;
-  return { value: json as never };
+/**
+ * A handler's return value as a job result: objects as they are, anything else under `value`;
+ * with its size in bytes of JSON, as the coordinator measures it.
+ */
+function asResult(v: unknown): { result: NonNullable<OutboxEntry['result']>; bytes: number } {
+  if (v === undefined || v === null) return { result: {}, bytes: 2 };
+  const text = JSON.stringify(v);
+  const json = JSON.parse(text) as unknown;
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (json && typeof json === 'object' && !Array.isArray(json)) return { result: json as NonNullable<OutboxEntry['result']>, bytes };
+  return { result: { value: json as never }, bytes: bytes + '{"value":}'.length };
 }
 
 const toValueMsg = (v: unknown) => fromJson(ValueSchema, (v === undefined ? null : JSON.parse(JSON.stringify(v))) as JsonValue);

@@ -374,3 +374,23 @@ export function encodeAgentMessage(m: AgentMessageInit): Buffer {
   }
   return Buffer.from(toBinary(AgentMessageSchema, create(AgentMessageSchema, m)));
 }
+
+/** A report as `reportSize` measures it (an outbox entry). */
+interface ReportShape {
+  attemptId: string;
+  kind: 'completed' | 'failed';
+  result?: object;
+  error?: { message: string; details?: object };
+}
+
+/**
+ * Bytes a report takes in a `Completed` or `Failed` message, its field's tag and length
+ * included: what it adds to the message, as `toBinary` writes it (at most a few bytes more for
+ * a failure, whose `retryable` is counted whether it is set or not).
+ */
+export function reportSize(e: ReportShape): number {
+  const id = e.attemptId ? lenField(Buffer.byteLength(e.attemptId)) : 0;
+  if (e.kind === 'completed') return lenField(id + (e.result ? lenField(structSize(e.result as JsonObject)) : 0));
+  const err = e.error ? lenField(lenField(Buffer.byteLength(e.error.message)) + (e.error.details ? lenField(structSize(e.error.details as JsonObject)) : 0)) : 0;
+  return lenField(id + err + 2);
+}

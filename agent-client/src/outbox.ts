@@ -44,12 +44,27 @@
  * 7. From the first failed write until a write works again, the outbox is failing (`failure`,
  *    `watch`): it retries every `retryMs` (default `RETRY_MS`) on its own, as well as at every
  *    put, by starting that new segment. The agent takes no new work meanwhile (reporter.ts).
+ * 8. A full disk: the directory keeps a reserve file (`outbox.reserve`, `reserveBytes`, made at
+ *    open), so that a report still lands when the disk fills up: a write that fails with ENOSPC is
+ *    cut back, the reserve deleted and the write tried once more. The outbox is failing from then
+ *    on (no new work), and writes are said to work again only once the reserve is made again:
+ *    a write that frees space (a new segment, which drops what was acknowledged) proves nothing
+ *    on a full disk. So a job that ran keeps its result, and the agent pauses, rather than
+ *    running jobs whose results it then loses.
+ * 9. Every `checkMs` (the lock's touch interval) the outbox reads its lock back and looks at its
+ *    files. Another process's lock in the file: two agents write this directory, and the outbox
+ *    stops writing at once, rejecting puts, and tells `onLockLost` (the agent stops). Its
+ *    directory, lock or segment deleted (on Linux the open segment still takes writes, which
+ *    then vanish at the next crash): it makes the directory again, takes its lock again and
+ *    writes the pending reports to a new segment, logging an error. A write that fails with
+ *    ENOENT looks again at once.
  *
  * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
  * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
  * NTFS's metadata journal). The pre-log format (`<attemptId>.json` per entry) is imported at
  * open, durably, then removed. One process per directory: `outbox-lock.ts`.
  */
+import { randomBytes } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
 import fs, { type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
@@ -72,7 +87,7 @@ import {
   type OutboxEntry,
   type SupersededEntry,
 } from './outbox-log.js';
-import { lockOutbox, type OutboxLock } from './outbox-lock.js';
+import { lockOutbox, TOUCH_MS, type OutboxLock } from './outbox-lock.js';
 import { monotonic } from './clock.js';
 
 export { readOutbox, type OutboxEntry, type SupersededEntry } from './outbox-log.js';
@@ -87,6 +102,15 @@ const DSYNC: number = process.platform === 'win32' ? 0 : (fsConstants.O_DSYNC ??
 export const ACK_LINGER_MS = 50;
 /** How often a failing outbox tries again to write (a new segment with the pending reports). */
 export const RETRY_MS = 2000;
+/** The reserve file kept in the directory, deleted to make room for a report when the disk is full. */
+export const RESERVE_FILE = 'outbox.reserve';
+/**
+ * The reserve an agent keeps: room for a full-size report (256 KiB of result, plus its record) of
+ * every slot, and 1 MiB for the rest (a new segment, acknowledgements). 1.25 MiB for one slot.
+ */
+export function reserveBytesFor(slots: number): number {
+  return 1024 * 1024 + Math.max(1, slots) * 260 * 1024;
+}
 
 export interface OutboxOptions {
   /**
@@ -96,6 +120,10 @@ export interface OutboxOptions {
   compactBytes?: number;
   /** While writes fail, how often to try again without waiting for a put; default `RETRY_MS`. */
   retryMs?: number;
+  /** Size of the reserve file (header, point 8); default `reserveBytesFor(1)`. 0: none. */
+  reserveBytes?: number;
+  /** How often the lock and the files are checked, and the lock touched (point 9); default 10 s. */
+  checkMs?: number;
 }
 
 /** Counters, for tests and benchmarks. */
@@ -118,6 +146,9 @@ interface Waiter {
 /** Told when writes start failing (the error) and when they work again (`undefined`). */
 export type OutboxWatcher = (failure: Error | undefined) => void;
 
+/** What `open()` was doing, for its error (`openError`). */
+type OpenStep = 'creating the directory' | 'taking the lock' | 'reading the log' | 'writing a new segment' | 'making the reserve file';
+
 export class Outbox {
   readonly stats: OutboxStats = { writes: 0, fsyncs: 0, compactions: 0 };
   private readonly live = new Map<string, OutboxEntry>();
@@ -126,6 +157,8 @@ export class Outbox {
   private liveBytes = 0;
   private readonly compactBytes: number;
   private readonly retryMs: number;
+  private readonly reserveBytes: number;
+  private readonly checkMs: number;
   private state: 'new' | 'opening' | 'open' | 'closing' | 'closed' = 'new';
   private lock: OutboxLock | undefined;
   private fh: FileHandle | undefined;
@@ -136,10 +169,25 @@ export class Outbox {
   private size = 0;
   /** Written since the last fdatasync. */
   private dirty = false;
-  /** Set by a failed write or fsync: the next flush starts a new segment first. */
+  /**
+   * Writes fail, or the disk is full (the reserve was used): the outbox is failing (watchers,
+   * no new work) until a new segment is written (if `mustRotate`) and the reserve made again.
+   */
   private failed: Error | undefined;
+  /** Set by a failed write or fsync: the next flush starts a new segment first. */
+  private mustRotate = false;
+  /** The reserve file was used (or never made): it is made again before writes are said to work. */
+  private reserveMissing = false;
   /** When `failed` was set (`monotonic()`). */
   private failedAt = 0;
+  /** Why the directory must be made again (it, the lock or the segment was deleted): done by the next flush. */
+  private relocate: string | undefined;
+  /** Another process took the lock over: nothing is written any more. */
+  private lost: Error | undefined;
+  private readonly lostListeners = new Set<(error: Error) => void>();
+  private checkTimer: NodeJS.Timeout | undefined;
+  private checking = false;
+  private openStep: OpenStep = 'creating the directory';
   private retryTimer: NodeJS.Timeout | undefined;
   private readonly watchers = new Set<OutboxWatcher>();
   /**
@@ -166,6 +214,8 @@ export class Outbox {
   ) {
     this.compactBytes = options.compactBytes ?? 4 * 1024 * 1024;
     this.retryMs = options.retryMs ?? RETRY_MS;
+    this.reserveBytes = options.reserveBytes ?? reserveBytesFor(1);
+    this.checkMs = options.checkMs ?? TOUCH_MS;
   }
 
   /**
@@ -173,7 +223,7 @@ export class Outbox {
    * likely to be rejected. `undefined` when writes work.
    */
   get failure(): Error | undefined {
-    return this.failed;
+    return this.lost ?? this.failed;
   }
 
   /**
@@ -186,6 +236,15 @@ export class Outbox {
   }
 
   /**
+   * Calls `listener` once if another process takes this directory's lock over while it is open
+   * (header, point 9): the outbox has stopped writing (puts are rejected), and the agent must stop.
+   */
+  onLockLost(listener: (error: Error) => void): () => void {
+    this.lostListeners.add(listener);
+    return () => this.lostListeners.delete(listener);
+  }
+
+  /**
    * Takes the directory's lock, creates it if needed, reads the log (cutting off a torn tail),
    * imports entries of the pre-log format, and returns the pending entries, oldest first.
    */
@@ -193,22 +252,57 @@ export class Outbox {
     if (this.state !== 'new') throw new Error('outbox already opened');
     this.state = 'opening';
     try {
+      this.openStep = 'creating the directory';
       await fs.mkdir(this.dir, { recursive: true });
+      this.openStep = 'taking the lock';
       this.lock = await lockOutbox(this.dir, this.log);
     } catch (err) {
       this.state = 'closed';
-      throw err;
+      throw this.openError(err);
     }
     try {
+      this.openStep = 'reading the log';
       await this.load();
       this.state = 'open';
     } catch (err) {
       await this.fh?.close().catch(() => undefined);
-      await this.lock.release();
+      await this.lock.release().catch(() => undefined);
       this.state = 'closed';
-      throw err;
+      throw this.openError(err);
     }
+    this.checkTimer = setInterval(() => void this.check(), this.checkMs);
+    this.checkTimer.unref();
+    // Without its reserve the outbox opens failing (no new work), not at all: the reports it
+    // holds from an earlier run must still be sent.
+    this.openStep = 'making the reserve file';
+    await this.makeReserve().catch((err: unknown) => {
+      this.reserveMissing = true;
+      this.fail(err as Error, 'outbox: cannot make its reserve file (the disk is full?): this agent takes no new work until it can (free some disk space); the reports it holds are sent', {
+        reserveBytes: this.reserveBytes,
+      });
+      this.scheduleRetry();
+    });
     return this.pending();
+  }
+
+  /**
+   * An error of the file system while opening, as one a user can act on: the directory, the step,
+   * a hint. The lock's refusal (another agent uses the directory) says so itself: as it is.
+   */
+  private openError(err: unknown): unknown {
+    const code = (err as NodeJS.ErrnoException | undefined)?.code;
+    if (!code) return err;
+    const hint =
+      code === 'ENOSPC' || code === 'EDQUOT'
+        ? 'the disk is full: free some space'
+        : code === 'EACCES' || code === 'EPERM'
+          ? "permissions: the agent's user must be able to create and write files there"
+          : code === 'EROFS'
+            ? 'the file system is read-only'
+            : (code === 'ENOTDIR' || code === 'EEXIST') && this.openStep === 'creating the directory'
+              ? 'a file is in the way: the outbox must be a directory'
+              : 'disk full? permissions?';
+    return new Error(`cannot open the outbox ${this.dir}: ${(err as Error).message}, while ${this.openStep} (${hint})`, { cause: err });
   }
 
   /** Entries not yet acknowledged, oldest first. */
@@ -225,6 +319,7 @@ export class Outbox {
    * same attempt is replaced). Only then may it be sent.
    */
   put(e: OutboxEntry): Promise<void> {
+    if (this.lost) return Promise.reject(this.lost);
     if (this.state !== 'open') return Promise.reject(new Error(`outbox ${this.dir} is not open`));
     if (!ATTEMPT_ID.test(e.attemptId)) return Promise.reject(new Error(`not an attempt id: ${e.attemptId}`));
     const line = encodeRecord({ t: 'put', e });
@@ -264,7 +359,7 @@ export class Outbox {
    */
   supersede(attemptId: string, reason?: string): Promise<boolean> {
     const e = this.live.get(attemptId);
-    if (this.state !== 'open' || !e) return Promise.resolve(false);
+    if (this.state !== 'open' || !e || this.lost) return Promise.resolve(false);
     this.dropLive(attemptId);
     const s: SupersededEntry = { ...e, supersededAt: new Date().toISOString(), ...(reason ? { reason } : {}) };
     return new Promise((resolve, reject) => this.enqueue(encodeRecord({ t: 'sup', id: attemptId }), { resolve: () => resolve(true), reject }, false, s));
@@ -279,6 +374,17 @@ export class Outbox {
     this.state = 'closing';
     clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
+    clearInterval(this.checkTimer);
+    this.checkTimer = undefined;
+    if (this.lost) {
+      // Another process writes here now: nothing more of ours, and its lock is not ours to delete.
+      await this.flushing;
+      await this.fh?.close().catch(() => undefined);
+      this.fh = undefined;
+      await this.lock?.release().catch(() => undefined);
+      this.state = 'closed';
+      return;
+    }
     this.takeAcks();
     // Failing: one more try, so that the next open finds a clean segment if the disk allows.
     if (this.failed) await this.drainQueue();
@@ -298,6 +404,7 @@ export class Outbox {
   // ─────────────────────────────── flushing ───────────────────────────────
 
   private enqueue(line: Buffer, w: Waiter, sync: boolean, sup?: SupersededEntry): void {
+    if (this.lost) return w.reject(this.lost);
     this.takeAcks(); // before this line: the log keeps the order of the calls
     this.qLines.push(line);
     this.qWaiters.push(w);
@@ -329,21 +436,25 @@ export class Outbox {
 
   /** Flushes what is queued; while failing, tries to recover even with nothing queued. */
   private drainQueue(): Promise<void> {
-    if (!this.flushing && (this.qLines.length || this.failed)) this.flushing = this.runFlushes();
+    if (this.lost) return this.flushing ?? Promise.resolve();
+    if (!this.flushing && (this.qLines.length || this.failed || this.relocate)) this.flushing = this.runFlushes();
     return this.flushing ?? Promise.resolve();
   }
 
   private async runFlushes(): Promise<void> {
     await null; // `flushing` is assigned before the finally below can clear it
     try {
-      if (this.failed && !this.qLines.length) await this.compactOrRecover();
-      while (this.qLines.length) {
-        if (this.failed || this.shouldCompact()) await this.compactOrRecover();
+      if (this.relocate) await this.remake();
+      if (this.failed && !this.qLines.length) await this.recover();
+      while (this.qLines.length && !this.lost) {
+        if (this.mustRotate) await this.recover();
+        else if (this.shouldCompact()) await this.compact();
         await this.flushOnce();
       }
+      if (this.lost) this.rejectQueued(this.lost);
     } finally {
       this.flushing = undefined;
-      if (this.failed) this.scheduleRetry();
+      if ((this.failed || this.relocate) && !this.lost) this.scheduleRetry();
     }
   }
 
@@ -357,22 +468,179 @@ export class Outbox {
     this.retryTimer.unref();
   }
 
-  private async compactOrRecover(): Promise<void> {
+  /** A new segment when the current one is mostly acknowledged; a failure leaves the current one in use. */
+  private async compact(): Promise<void> {
     try {
       await this.rotate();
     } catch (err) {
-      // Without `failed`, the current segment is still good: go on with it. With it, the episode
-      // was logged when it began; each try is not.
-      if (this.failed) this.log.debug({ err, dir: this.dir }, 'outbox: still cannot write (a new segment after a failed write)');
+      // The current segment is still good: go on with it. While failing (the disk is full), the
+      // episode was logged when it began.
+      if (this.failed) this.log.debug({ err, dir: this.dir }, 'outbox: compaction failed (the outbox is failing)');
       else this.log.error({ err, dir: this.dir }, 'outbox: compaction failed');
+    }
+  }
+
+  /**
+   * While failing: a new segment if a write failed (`mustRotate`), then the reserve made again
+   * (`reserveMissing`); once both are done, writes work again. A new segment written while the
+   * reserve cannot be made serves the puts (a report may still fit), but the outbox stays failing.
+   */
+  private async recover(): Promise<void> {
+    try {
+      if (this.mustRotate) {
+        await this.rotate();
+        this.mustRotate = false;
+      }
+      if (this.reserveMissing) await this.makeReserve();
+    } catch (err) {
+      if (this.failed) this.log.debug({ err, dir: this.dir }, 'outbox: still cannot write (a new segment, or the reserve)');
+      else this.fail(err as Error, 'outbox: cannot write a new segment: the pending reports are not durable; trying again until a write works');
       return;
     }
     if (!this.failed) return;
     this.failed = undefined;
     clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
-    this.log.info({ dir: this.dir, failedMs: Math.round(monotonic() - this.failedAt) }, 'outbox: writes work again (a new segment holds the pending reports)');
+    this.log.info({ dir: this.dir, failedMs: Math.round(monotonic() - this.failedAt) }, 'outbox: writes work again (a new segment holds the pending reports, and the reserve is made)');
     this.tell(undefined);
+  }
+
+  /** Writes start failing: logged once per episode (`msg`), watchers told. */
+  private fail(err: Error, msg: string, fields: Record<string, unknown> = {}): void {
+    if (this.failed) return;
+    this.failed = err;
+    this.failedAt = monotonic();
+    this.log.error({ err, dir: this.dir, retryMs: this.retryMs, ...fields }, msg);
+    this.tell(err);
+  }
+
+  /** The reserve file, made if it is not there at its size; a partial one is deleted (it would take the room reports need). */
+  private async makeReserve(): Promise<void> {
+    const file = path.join(this.dir, RESERVE_FILE);
+    if (this.reserveBytes <= 0) {
+      this.reserveMissing = false;
+      return;
+    }
+    const st = await fs.stat(file).catch(() => undefined);
+    if (st?.size !== this.reserveBytes) {
+      try {
+        const fh = await fs.open(file, 'w');
+        try {
+          // Random bytes: a compressing file system would store zeros in no space at all.
+          await writeAll(fh, randomBytes(this.reserveBytes), 0);
+        } finally {
+          await fh.close();
+        }
+      } catch (err) {
+        await fs.rm(file, { force: true }).catch(() => undefined);
+        throw err;
+      }
+    }
+    this.reserveMissing = false;
+  }
+
+  /** Deletes the reserve file to make room (header, point 8); false if there was none to delete. */
+  private async useReserve(): Promise<boolean> {
+    if (this.reserveMissing || this.reserveBytes <= 0) return false;
+    this.reserveMissing = true;
+    try {
+      await fs.rm(path.join(this.dir, RESERVE_FILE));
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  // ───────────────────────── the directory and the lock ─────────────────────────
+
+  /**
+   * Every `checkMs`: reads the lock back and looks for the directory, the lock and the segment
+   * (header, point 9); touches the lock when all is well.
+   */
+  private async check(): Promise<void> {
+    if (this.state !== 'open' || this.checking || this.lost) return;
+    this.checking = true;
+    try {
+      const lock = await this.lock!.check();
+      if (lock.state === 'taken') return this.loseLock(lock.holder);
+      let gone: string | undefined = lock.state === 'missing' ? 'its lock file (or the whole directory) was deleted' : undefined;
+      if (!gone && this.fh && !this.flushing) {
+        const st = await this.fh.stat().catch(() => undefined);
+        if (st && st.nlink === 0) gone = `its segment ${segmentName(this.segNo)} was deleted`;
+      }
+      if (gone) this.remakeSoon(gone);
+      else await this.lock!.touch();
+    } catch (err) {
+      this.log.warn({ err, dir: this.dir }, 'outbox: could not check its lock and files');
+    } finally {
+      this.checking = false;
+    }
+  }
+
+  /** The directory must be made again (by the next flush, now or after the running one). */
+  private remakeSoon(why: string): void {
+    this.relocate ??= why;
+    if (this.flushing) void this.flushing.then(() => this.drainQueue());
+    else void this.drainQueue();
+  }
+
+  /**
+   * The directory, its lock or its segment was deleted while open: makes the directory again,
+   * takes the lock again, and has the next step write the live set to a new segment.
+   */
+  private async remake(): Promise<void> {
+    const why = this.relocate!;
+    try {
+      await fs.mkdir(this.dir, { recursive: true });
+      if (!(await this.lock!.retake())) {
+        const holder = await fs.readFile(this.lock!.file, 'utf8').catch(() => '?');
+        return this.loseLock(holder.slice(0, 200));
+      }
+    } catch (err) {
+      this.fail(err as Error, 'outbox: its directory was deleted and cannot be made again: the pending reports are not durable; trying again', { why });
+      this.mustRotate = true;
+      return;
+    }
+    this.relocate = undefined;
+    this.mustRotate = true;
+    this.reserveMissing = true;
+    this.log.error(
+      { dir: this.dir, why, entries: this.live.size },
+      'outbox: deleted while the agent runs: made the directory and its lock again, and the pending reports are written again (delete an outbox only when its agent is stopped)',
+    );
+    await this.recover();
+  }
+
+  /** Another process holds the lock: stop writing at once, reject what waits, tell the agent. */
+  private loseLock(holder: string): void {
+    if (this.lost) return;
+    this.lost = new Error(
+      `outbox ${this.dir}: another process took its lock over (the lock file now says ${holder}): two agents must never share an outbox directory; this agent stops`,
+    );
+    clearInterval(this.checkTimer);
+    this.checkTimer = undefined;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    this.log.error({ dir: this.dir, holder }, 'outbox: another process took its lock over: two agents write this directory; this one stops writing it and stops (stop the other one, or give each its own outboxDir)');
+    this.takeAcks();
+    if (!this.flushing) this.rejectQueued(this.lost);
+    for (const l of this.lostListeners) {
+      try {
+        l(this.lost);
+      } catch (err) {
+        this.log.error({ err }, 'outbox: a lock listener threw');
+      }
+    }
+  }
+
+  private rejectQueued(err: Error): void {
+    const waiters = [...this.qWaiters, ...this.aWaiters];
+    this.qLines = [];
+    this.qWaiters = [];
+    this.qSup = [];
+    this.aLines = [];
+    this.aWaiters = [];
+    for (const w of waiters) w.reject(err);
   }
 
   private tell(failure: Error | undefined): void {
@@ -397,12 +665,10 @@ export class Outbox {
     this.qSup = [];
     const at = this.size;
     let wrote = false;
-    try {
-      if (this.failed) throw this.failed;
+    const puts = waiters.flatMap((w) => (w.put ? [w.put] : []));
+    const buf = lines.length === 1 ? lines[0]! : Buffer.concat(lines);
+    const write = async () => {
       const fh = this.fh!;
-      // The operator's copy first: the `sup` record must never be on disk without it.
-      if (sups.length) await this.appendSuperseded(sups);
-      const buf = lines.length === 1 ? lines[0]! : Buffer.concat(lines);
       this.dirty = true;
       wrote = true;
       await writeAll(fh, buf, at);
@@ -412,23 +678,43 @@ export class Outbox {
         this.stats.fsyncs++;
         this.dirty = false;
       } else if (sync) await this.sync(fh);
+    };
+    try {
+      if (this.mustRotate) throw this.failed ?? new Error('outbox: a new segment could not be written');
+      // The operator's copy first: the `sup` record must never be on disk without it.
+      if (sups.length) await this.appendSuperseded(sups);
+      await write();
     } catch (e) {
-      const err = e as Error;
-      const first = !this.failed;
-      this.failed ??= err;
-      const puts = waiters.flatMap((w) => (w.put ? [w.put] : []));
+      let err = e as Error;
       // Before anyone hears of the rejection (header, point 6).
-      if (wrote) await this.cutBack(at, puts);
+      let cut = wrote ? await this.cutBack(at, puts) : true;
+      // A full disk: the reserve makes room for this write, once (header, point 8).
+      if (wrote && cut && isNoSpace(err) && (await this.useReserve())) {
+        try {
+          await write();
+          this.fail(err, 'outbox: the disk is full: the reports were written in the room of the reserve file; this agent takes no new work until the reserve can be made again (free some disk space)', {
+            reserveBytes: this.reserveBytes,
+            reports: puts.length,
+          });
+          for (const w of waiters) w.resolve();
+          return;
+        } catch (again) {
+          err = again as Error;
+          cut = await this.cutBack(at, puts);
+        }
+      }
+      const first = !this.failed;
+      this.mustRotate = true;
       if (first) {
-        this.failedAt = monotonic();
-        this.log.error(
-          { err, dir: this.dir, records: lines.length, reports: puts.length, retryMs: this.retryMs },
-          'outbox write failed (disk full? I/O error?): the reports in it are not durable (their puts are rejected); trying again until a write works',
-        );
-        this.tell(err);
+        this.fail(err, 'outbox write failed (disk full? I/O error?): the reports in it are not durable (their puts are rejected); trying again until a write works', {
+          records: lines.length,
+          reports: puts.length,
+        });
       } else if (puts.length) {
         this.log.debug({ dir: this.dir, reports: puts.length }, 'outbox: still failing; reports rejected');
       }
+      // A deleted directory: look at once rather than at the next check.
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.relocate ??= 'a write found its directory gone';
       // Still live: they are resent at the next start and set aside again.
       for (const s of sups) {
         const e = stripSuperseded(s);
@@ -445,13 +731,14 @@ export class Outbox {
    * it comes back at the next open. If that fails too, the puts of that write are voided in the
    * next segment (header, point 6).
    */
-  private async cutBack(at: number, puts: string[]): Promise<void> {
+  private async cutBack(at: number, puts: string[]): Promise<boolean> {
     try {
       await this.fh!.truncate(at);
       await this.fh!.datasync();
       this.stats.fsyncs++;
       this.size = at;
       this.dirty = false;
+      return true;
     } catch (err) {
       for (const id of puts) this.voided.add(id);
       if (puts.length) {
@@ -460,6 +747,7 @@ export class Outbox {
           'outbox: could not cut off a failed write; if the agent restarts before a write works again, these reports may be sent anyway (accepted if their attempt is still current, else refused by the coordinator and set aside)',
         );
       }
+      return false;
     }
   }
 
@@ -576,12 +864,14 @@ export class Outbox {
         await this.sync(this.fh);
       }
       this.size = tail.validEnd;
+      this.openStep = 'writing a new segment';
       if (this.shouldCompact()) await this.rotate();
     } else {
       // No log yet, several segments (a compaction was cut short), or an import: one new
       // segment with the live set, synced, before the old files go.
       this.segNo = segs.at(-1) ?? 0;
       this.older = segs;
+      this.openStep = 'writing a new segment';
       await this.rotate();
       for (const file of legacy) await fs.rm(file, { force: true });
       if (legacy.length) {
@@ -644,6 +934,12 @@ export class Outbox {
       await dh.close();
     }
   }
+}
+
+/** A write refused for want of space (a quota counts too). */
+function isNoSpace(err: Error): boolean {
+  const code = (err as NodeJS.ErrnoException).code;
+  return code === 'ENOSPC' || code === 'EDQUOT';
 }
 
 function stripSuperseded(s: SupersededEntry): OutboxEntry {

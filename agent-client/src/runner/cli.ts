@@ -77,6 +77,12 @@ async function serve(config: AgentConfig): Promise<void> {
     writeSync(2, `leasehold-agent: ${error.message}: stopped (its token no longer works: make a new agent with \`leasehold agents add NAME\` and put its token in the configuration)\n`);
     process.exit(1);
   });
+  // Another process took this outbox over (a second agent started on the same directory after
+  // its lock was deleted): the agent stopped writing and stopped; the process ends saying so.
+  agent.on('outboxLockLost', ({ error }) => {
+    writeSync(2, `leasehold-agent: ${error.message}: stopped (another process writes this outbox now: run one agent per outbox directory)\n`);
+    process.exit(1);
+  });
   try {
     await agent.start();
   } catch (err) {
