@@ -29,6 +29,11 @@ const readme = readFileSync(path.join(root, 'agent-client/README.md'), 'utf8');
 const rootPkg = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> };
 const t = useTestDb();
 const lh = useCoordinator(t, { LEASEHOLD_ADMIN_KEY: 'dev-admin-key' });
+const agentPkg = JSON.parse(readFileSync(path.join(root, 'agent-client/package.json'), 'utf8')) as { version: string };
+/** What the agent says it is (Hello.agent_version, its `connected` line): the package's version, read by the built code. */
+const AGENT_VERSION = `leasehold-agent-client/${agentPkg.version} (node ${process.version}; ${process.platform})`;
+/** The agent's first `connected` log line in `out`. */
+const connectedLine = (out: string) => JSON.parse(out.split('\n').find((l) => l.includes('"event":"connected"')) ?? '{}') as Record<string, unknown>;
 
 /** Every package directory name under node_modules, scoped ones as `@scope/name`, nested included. */
 function installedPackages(dir: string, found = new Set<string>()): Set<string> {
@@ -141,6 +146,7 @@ describe('@leasehold/agent-client installed from its tarball', () => {
     child.stderr.on('data', (d) => (out += d));
     try {
       await waitFor('connected', () => out.includes('"event":"connected"'), 20_000);
+      expect(connectedLine(out).agentVersion).toBe(AGENT_VERSION);
       const enqueueLine = readme.split('\n').find((l) => l.startsWith('npx buf curl'))!;
       const { stdout } = await run('bash', ['-c', enqueueLine.replaceAll('127.0.0.1:50051', `127.0.0.1:${lh.port}`)], {
         cwd: root,
@@ -212,5 +218,7 @@ describe('the single-file agent (npm run build:agent)', () => {
       child.kill('SIGKILL');
     }
     expect(out).not.toMatch(/Cannot find (module|package)/);
+    // The package's version is written into the file (there is no package.json beside it).
+    expect(connectedLine(out).agentVersion).toBe(AGENT_VERSION);
   });
 });

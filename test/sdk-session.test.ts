@@ -13,6 +13,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { grpc } from '../agent-client/src/channel.js';
 import type { AgentMessageInit } from '../agent-client/src/codec.js';
 import { ServerMessageSchema, type ServerMessage } from '../agent-client/src/gen/leasehold/v1/agent_service_pb.js';
+import { AGENT_VERSION } from '../agent-client/src/lane.js';
 import { Session, type AgentStream, type SessionHooks, type StreamChannel } from '../agent-client/src/session.js';
 
 class FakeStream extends EventEmitter implements AgentStream {
@@ -106,7 +107,7 @@ describe('session', () => {
     const ch = new FakeChannel();
     const { ready } = s.start([ch], hello);
     const stream = ch.last;
-    expect(stream.written[0]).toEqual({ kind: { case: 'hello', value: { ...hello, resume: ['r1'], seq: 1n } } });
+    expect(stream.written[0]).toEqual({ kind: { case: 'hello', value: { ...hello, agentVersion: AGENT_VERSION, resume: ['r1'], seq: 1n } } });
     expect(s.connected).toBe(false);
     expect(s.send({ kind: { case: 'credit', value: { n: 1 } } }), 'nothing goes out before Welcome').toBe(false);
 

@@ -28,6 +28,17 @@ import { AgentService } from './gen/leasehold/v1/agent_service_pb.js';
 import { grpcFrame } from './wire.js';
 import type { AgentStream } from './session.js';
 import type { TlsFiles } from './channel.js';
+import agentPackage from '../package.json' with { type: 'json' };
+
+/**
+ * What this agent is, for people: the package and its version, Node's version and the OS, e.g.
+ * `leasehold-agent-client/0.1.0 (node v20.11.1; win32)`. Sent in every Hello (`agent_version`,
+ * which the coordinator logs) and as the `user-agent` of every call. The version is
+ * agent-client/package.json's, imported as JSON: Node reads the file beside src/ (tsx) and
+ * dist/ (the installed package), and esbuild writes its contents into the single file
+ * (agent-client/bundle.mjs), which has no package.json beside it.
+ */
+export const AGENT_VERSION = `leasehold-agent-client/${agentPackage.version} (node ${process.version}; ${process.platform})`;
 
 /** The agent stream's method, named from the generated service. */
 export const AGENT_CONNECT_PATH = `/${AgentService.typeName}/${AgentService.method.connect.name}`;
@@ -47,7 +58,7 @@ const headersOf = (path: string): http2.OutgoingHttpHeaders => ({
   [http2.constants.HTTP2_HEADER_PATH]: path,
   'content-type': 'application/grpc+proto',
   te: 'trailers',
-  'user-agent': 'leasehold-agent-client',
+  'user-agent': AGENT_VERSION,
 });
 const STREAM_HEADERS = headersOf(AGENT_CONNECT_PATH);
 

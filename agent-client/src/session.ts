@@ -1,11 +1,11 @@
 /**
  * The connection: one stream to the coordinator at a time, kept open across failures.
  *
- * - Opens each stream with `Hello` (queues, labels, slots, and the attempts still running
- *   locally to resume), reconnecting with exponential backoff and jitter after any failure, to
- *   the next address of the list.
- * - Takes the lease TTL and heartbeat interval from `Welcome`, and sends `Heartbeat` every
- *   `heartbeat_interval` while connected.
+ * - Opens each stream with `Hello` (queues, labels, slots, the attempts still running locally
+ *   to resume, and this agent's version), reconnecting with exponential backoff and jitter after
+ *   any failure, to the next address of the list.
+ * - Takes the lease TTL and heartbeat interval from `Welcome`, logs the coordinator's version it
+ *   gives (the `connected` line), and sends `Heartbeat` every `heartbeat_interval` while connected.
  * - Numbers each Hello, Started and Heartbeat (`seq`) and notes when it was sent, so that a lease
  *   a `Renewed` grants counts from when the message it answers was sent (`renewalDeadline`).
  * - Moves to the next address at once on `GoAway`, or when the coordinator falls silent while
@@ -18,6 +18,7 @@ import type { Logger } from 'pino';
 import { grpc } from './channel.js';
 import { monotonic } from './clock.js';
 import type { AgentMessageInit } from './codec.js';
+import { AGENT_VERSION } from './lane.js';
 import type {
   AgentMessage_Heartbeat_ProgressSchema,
   ServerMessage,
@@ -77,6 +78,9 @@ export interface SessionOptions {
   reconnect?: { baseMs?: number; maxMs?: number };
   hooks: SessionHooks;
 }
+
+/** The `connected` line's `coordinatorVersion` for a coordinator older than `Welcome.coordinator_version`. */
+const NOT_SENT = 'not sent (a coordinator from before versions were sent)';
 
 /** Below this, a silence is a busy machine's noise (GC, a slow query), not a gone coordinator. */
 const SILENCE_FLOOR_MS = 2000;
@@ -283,7 +287,7 @@ export class Session<C extends StreamChannel = StreamChannel> {
       let welcomedAt: number | undefined;
       const call = this.channels[this.current]!.connect();
       this.call = call;
-      call.write({ kind: { case: 'hello', value: { ...hello, resume: this.hooks.resume(), seq: this.nextSeq() } } });
+      call.write({ kind: { case: 'hello', value: { ...hello, agentVersion: AGENT_VERSION, resume: this.hooks.resume(), seq: this.nextSeq() } } });
       call.on('data', (m: ServerMessage) => {
         try {
           this.onMessage(m);
@@ -320,7 +324,18 @@ export class Session<C extends StreamChannel = StreamChannel> {
         this.ttlMs = k.value.leaseTtl ? durationMs(k.value.leaseTtl) : this.ttlMs;
         this.intervalMs = k.value.heartbeatInterval ? durationMs(k.value.heartbeatInterval) : this.intervalMs;
         this.isConnected = true;
-        this.log.info({ event: 'connected', sessionId: k.value.sessionId, leaseTtlMs: this.ttlMs, heartbeatMs: this.intervalMs }, 'connected to the coordinator');
+        this.log.info(
+          {
+            event: 'connected',
+            sessionId: k.value.sessionId,
+            // For people (which releases talk, after a failover too): never branched on.
+            agentVersion: AGENT_VERSION,
+            coordinatorVersion: k.value.coordinatorVersion || NOT_SENT,
+            leaseTtlMs: this.ttlMs,
+            heartbeatMs: this.intervalMs,
+          },
+          'connected to the coordinator',
+        );
         this.heartbeatTimer = setInterval(() => this.heartbeat(), this.intervalMs);
         this.heartbeat();
         this.hooks.welcomed(k.value);

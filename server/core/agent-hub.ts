@@ -83,6 +83,20 @@ const helloSchema = z.object({
   resume: z.array(schemas.id).max(limits.heartbeatBatch),
 });
 
+/** Longest `Hello.agent_version` kept for the logs; the rest is cut. */
+const AGENT_VERSION_MAX = 200;
+
+/**
+ * `Hello.agent_version` as the logs show it: free-form text from the agent, never refused for
+ * its content (a version is no reason to turn work away), but cut to `AGENT_VERSION_MAX` with
+ * control characters replaced. Empty: said so, for an agent from before the field.
+ */
+function agentVersion(v: string | undefined): string {
+  if (!v) return 'not sent (an agent from before versions were sent)';
+  const clean = v.replace(/[\u0000-\u001f\u007f]/g, '?');
+  return clean.length > AGENT_VERSION_MAX ? `${clean.slice(0, AGENT_VERSION_MAX)}…` : clean;
+}
+
 /** The sessions of this coordinator and the rules of their streams. */
 export class AgentHub extends EventEmitter<HubEvents> {
   readonly sessions = new Set<Session>();
@@ -174,6 +188,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     if (auth.outcome !== 'ok') return auth as Failure;
     const agentId = auth.value.agentId;
     const session = new Session(agentId, [...new Set(h.queues)], h.labels, h.slots, () => this.watch.stalled());
+    session.agentVersion = agentVersion(h.agentVersion);
     session.send({
       type: 'welcome',
       sessionId: session.id,
@@ -196,7 +211,7 @@ export class AgentHub extends EventEmitter<HubEvents> {
     session.heartbeatPending = session.held.size > 0;
     session.seq = h.seq;
     this.sessions.add(session);
-    this.log.info({ agentId, sessionId: session.id, queues: session.queues, slots: h.slots }, 'agent connected');
+    this.log.info({ agentId, sessionId: session.id, agentVersion: session.agentVersion, queues: session.queues, slots: h.slots }, 'agent connected');
     this.emit('session:open', session);
     if (this.stopping) {
       // Its Hello was being answered while this coordinator began to stop (stop() has told the

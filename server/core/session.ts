@@ -19,6 +19,11 @@ export interface Hello {
   resume: string[];
   /** The agent's number for this message (0: none); see `Session.seq`. */
   seq: bigint;
+  /**
+   * What the agent says it is (`Hello.agent_version`), for people: logged, never branched on.
+   * Empty or absent: an agent from before the field.
+   */
+  agentVersion?: string;
 }
 
 /** What an agent sends after `Hello`. */
@@ -114,6 +119,8 @@ export class Session {
   seq = 0n;
   readonly progress = new Map<string, unknown>();
   readonly connectedAt = new Date();
+  /** What the agent said it is in its Hello, for log lines (`AgentHub.open`); '' until then. */
+  agentVersion = '';
   /** The dispatcher's key for sessions that are claimed for together (same queues and labels). */
   groupKey: string | undefined;
 

@@ -21,6 +21,14 @@ import type { AgentStreamHandler } from './agent-lane.js';
 import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';
 import { fromValue } from './codec.js';
 import { toConnectError } from './outcome-wire.js';
+import serverPackage from '../../package.json' with { type: 'json' };
+
+/**
+ * What this coordinator is, for people, sent in every Welcome (`coordinator_version`) and logged
+ * by the agent: the release (package.json's version), Node's version and the OS, e.g.
+ * `leasehold/0.1.0 (node v20.11.1; linux)`.
+ */
+export const COORDINATOR_VERSION = `${serverPackage.name}/${serverPackage.version} (node ${process.version}; ${process.platform})`;
 
 export interface AgentRoutesDeps {
   hub: AgentHub;
@@ -78,6 +86,7 @@ async function* connect(
     slots: h.slots,
     resume: h.resume,
     seq: h.seq,
+    agentVersion: h.agentVersion,
   });
   if (opened.outcome !== 'ok') {
     if (opened.outcome === 'not_found' || opened.outcome === 'forbidden') {
@@ -101,7 +110,7 @@ async function* connect(
       session.out.close();
     } catch (err) {
       if (err instanceof ProtocolError) {
-        log.warn({ agentId: session.agentId, err: err.message }, 'agent stream ended: protocol violation');
+        log.warn({ agentId: session.agentId, agentVersion: session.agentVersion, err: err.message }, 'agent stream ended: protocol violation');
         session.out.fail(new ConnectError(err.message, Code.InvalidArgument));
       } else {
         // A frame over the size limit is refused before it is read: the agent reconnects and,
@@ -225,6 +234,7 @@ function toServerMessage(o: AgentOutput): ServerMessage {
             leaseTtl: durationFromMs(o.leaseTtlMs),
             heartbeatInterval: durationFromMs(o.heartbeatIntervalMs),
             creditWithReports: true,
+            coordinatorVersion: COORDINATOR_VERSION,
           },
         },
       });
