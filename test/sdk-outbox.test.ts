@@ -233,7 +233,7 @@ describe('Outbox', () => {
 
     const o = await openOutbox(dir);
     expect(ids(o.pending())).toEqual(ids([a!, b!]));
-    expect((await readdir(dir)).sort()).toEqual([`${bad}.corrupt`, 'outbox.lock', 'outbox.reserve', segmentName(1), 'superseded.jsonl'].sort());
+    expect((await readdir(dir)).sort()).toEqual([`${bad}.corrupt`, 'outbox.format', 'outbox.lock', 'outbox.reserve', segmentName(1), 'superseded.jsonl'].sort());
     await o.remove(a!.attemptId);
     await closed(o);
     const view = await readOutbox(dir);

@@ -7,6 +7,12 @@
  * next renewal of its attempt would have it given back as a retryable one (`Reporter.release`): a
  * failure for good would become reruns. Nothing set aside is sent again. An ack for an attempt
  * given back only ends that.
+ *
+ * Only refusals this SDK knows to be final set a report aside (`FINAL_REFUSALS`). An outcome it
+ * does not know (a number a later coordinator added, a "try again later", say; or `UNSPECIFIED`,
+ * which no coordinator sends) keeps the report in the outbox: it is sent again at the next
+ * session (`Reporter.resend`), and the outcome is logged once per value. Setting it aside would
+ * lose a report the coordinator may have meant to take later.
  */
 import type { Logger } from 'pino';
 import { monotonic } from './clock.js';
@@ -23,8 +29,16 @@ export interface AcksOptions {
   reporter: Pick<Reporter, 'report' | 'ackRelease'>;
 }
 
+/**
+ * The refusals after which sending a report again can never be accepted (job.proto's `Outcome`):
+ * set aside. `INVALID` is first replaced by a report the coordinator can store, where there is one.
+ */
+export const FINAL_REFUSALS: ReadonlySet<Outcome> = new Set([Outcome.STALE, Outcome.CONFLICT, Outcome.NOT_FOUND, Outcome.FORBIDDEN, Outcome.INVALID]);
+
 export class Acks {
   private waiters: Array<() => void> = [];
+  /** Outcomes this SDK does not know, already logged (once per value). */
+  private readonly unknownOutcomes = new Set<number>();
 
   constructor(private readonly o: AcksOptions) {}
 
@@ -83,6 +97,10 @@ export class Acks {
           break;
         }
         default: {
+          if (!FINAL_REFUSALS.has(item.outcome)) {
+            this.keepUnknown(item, id);
+            break;
+          }
           const aside = await outbox.supersede(id, outcome);
           log.error({ attemptId: id, outcome, message: item.message }, `report refused; ${keptAside(aside)}`);
         }
@@ -94,6 +112,23 @@ export class Acks {
     const w = this.waiters;
     this.waiters = [];
     for (const f of w) f();
+  }
+
+  /**
+   * An outcome this SDK does not know: the report stays in the outbox and is sent again at the
+   * next session. Logged at warn once per outcome value, at debug after that.
+   */
+  private keepUnknown(item: ServerMessage_Ack_Item, id: string): void {
+    const fields = { attemptId: id, outcome: item.outcome, message: item.message };
+    if (this.unknownOutcomes.has(item.outcome)) {
+      this.o.log.debug(fields, 'report answered with an outcome this agent does not know; kept, sent again at the next session');
+      return;
+    }
+    this.unknownOutcomes.add(item.outcome);
+    this.o.log.warn(
+      fields,
+      `report answered with outcome ${item.outcome}, which this agent does not know (the coordinator is newer?): the report is kept and sent again at the next session, not set aside (logged once for this outcome)`,
+    );
   }
 
   /** Waits until the outbox is empty (every report acknowledged) or `ms` passes. */

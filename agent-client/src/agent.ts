@@ -109,6 +109,8 @@ export class Agent extends EventEmitter<AgentEvents> {
   private loop: Promise<void> | undefined;
   private opened: Promise<void> | undefined;
   private removeSignals: (() => void) | undefined;
+  /** Server message kinds this agent does not know, already logged on this stream (`onMessage`). */
+  private readonly unknownKinds = new Set<string>();
 
   constructor(readonly options: AgentOptions) {
     super();
@@ -131,7 +133,10 @@ export class Agent extends EventEmitter<AgentEvents> {
           this.emit('connected', { sessionId: w.sessionId });
         },
         message: (m) => this.onMessage(m),
-        disconnected: (error) => this.emit('disconnected', error ? { error } : {}),
+        disconnected: (error) => {
+          this.unknownKinds.clear();
+          this.emit('disconnected', error ? { error } : {});
+        },
         refused: async (error, started) => {
           this.refusal = error;
           this.shutdown();
@@ -297,7 +302,26 @@ export class Agent extends EventEmitter<AgentEvents> {
         this.log.info('the coordinator asked this agent to drain');
         void this.drain();
         return;
+      default:
+        this.unknownKind(m);
     }
+  }
+
+  /**
+   * A message of a kind this SDK does not know (a newer coordinator's; protobuf keeps its field in
+   * `$unknown`): ignored, as it always was, but said once per kind per stream, at warn.
+   */
+  private unknownKind(m: ServerMessage): void {
+    const fields = [...new Set((m.$unknown ?? []).map((f) => f.no))];
+    const kind = fields.length ? `field ${fields.join('+')}` : 'empty';
+    if (this.unknownKinds.has(kind)) return;
+    this.unknownKinds.add(kind);
+    this.log.warn(
+      { event: 'message.unknown', kind, fields },
+      fields.length
+        ? `ignored a message from the coordinator of a kind this agent does not know (field ${fields.join(', ')} of ServerMessage: the coordinator is newer?); logged once per kind per connection`
+        : 'ignored an empty message from the coordinator (no kind set); logged once per connection',
+    );
   }
 
   /**

@@ -19,6 +19,19 @@
  * `{"t":"ack","id":…}` (acknowledged: forget it), `{"t":"sup","id":…}` (superseded: the entry
  * was copied to `superseded.jsonl` first). Reading applies the segments in number order and
  * the records in file order; the last record of an attempt decides.
+ *
+ * Versions. `outbox.format` (`{"format":2,"minReader":2}`) says which format the directory holds:
+ * 1 was one `<attemptId>.json` file per entry (before the log, 2026-11-30), imported at open; 2 is
+ * this log. A log without the file (written before it existed) is format 2. An SDK opens a
+ * directory only if `minReader` (default: `format`) is at most the format it knows
+ * (`OUTBOX_FORMAT`), and refuses it otherwise (`checkFormat`): a newer agent must flush it first.
+ * A later format that older readers can still use (a new record type they may skip) keeps
+ * `minReader` at 2. A line whose checksum holds but whose record this SDK does not know (a type
+ * `t`, or a `kind` of entry, of a later SDK) is no damage: it is never cut off, and is skipped
+ * (`UnknownRecord`), except that a `put` of an unknown kind still replaces the earlier entry of its
+ * attempt (this SDK cannot send what the attempt's report now is). While a segment holds one,
+ * this SDK deletes no segment and does not compact (outbox.ts): the newer agent finds its records
+ * as it wrote them, with those around them.
  */
 import fs from 'node:fs/promises';
 import path from 'node:path';
@@ -49,6 +62,24 @@ export interface SupersededEntry extends OutboxEntry {
 }
 
 export type LogRecord = { t: 'put'; e: OutboxEntry } | { t: 'ack'; id: string } | { t: 'sup'; id: string };
+
+/**
+ * A line whose checksum holds but whose record this SDK does not know (a later SDK's): `type`
+ * names it (`t`, and the `kind` of an entry); `replaces`: the attempt of a `put`, whose earlier
+ * entry it replaces.
+ */
+export interface UnknownRecord {
+  unknown: string;
+  replaces?: string;
+}
+
+/** What a segment's line holds: a record, or one this SDK does not know. */
+export type ScannedRecord = LogRecord | UnknownRecord;
+
+/** The outbox format this SDK writes and reads (1, the pre-log files, it imports). */
+export const OUTBOX_FORMAT = 2;
+/** The file naming the format of an outbox directory. */
+export const FORMAT_FILE = 'outbox.format';
 
 export const ATTEMPT_ID = /^[0-9a-f-]{36}$/;
 /** Segment names: `outbox-` and at least six digits (more once past 999999), valid on Windows. */
@@ -93,8 +124,11 @@ export function encodeRecord(r: LogRecord): Buffer {
   return line;
 }
 
-/** The record in `line` (without its newline), or undefined if it is not a whole, valid one. */
-export function decodeRecord(line: Buffer): LogRecord | undefined {
+/**
+ * The record in `line` (without its newline), or undefined if it is not a whole line whose
+ * checksum holds (damage). A checksummed line this SDK does not understand is an `UnknownRecord`.
+ */
+export function decodeRecord(line: Buffer): ScannedRecord | undefined {
   if (line.length < 12 || line[8] !== 0x20) return undefined;
   const sp = line.indexOf(0x20, 9);
   if (sp < 0 || sp > 20) return undefined;
@@ -107,9 +141,21 @@ export function decodeRecord(line: Buffer): LogRecord | undefined {
   try {
     r = JSON.parse(json.toString('utf8'));
   } catch {
-    return undefined;
+    // The checksum holds: written so on purpose, by something newer.
+    return { unknown: 'not JSON' };
   }
-  return isRecord(r) ? r : undefined;
+  return isRecord(r) ? r : unknownRecord(r);
+}
+
+/** What a checksummed record this SDK does not know is, in words, and the attempt a `put` of it replaces. */
+function unknownRecord(r: unknown): UnknownRecord {
+  if (!r || typeof r !== 'object' || Array.isArray(r)) return { unknown: `not a record (${JSON.stringify(r)?.slice(0, 40)})` };
+  const x = r as { t?: unknown; e?: { attemptId?: unknown; kind?: unknown } };
+  const t = typeof x.t === 'string' ? x.t.slice(0, 40) : JSON.stringify(x.t ?? null).slice(0, 40);
+  if (x.t !== 'put') return { unknown: `t=${t}` };
+  const kind = x.e && typeof x.e === 'object' ? JSON.stringify(x.e.kind ?? null).slice(0, 40) : 'none';
+  const id = x.e && typeof x.e === 'object' ? x.e.attemptId : undefined;
+  return typeof id === 'string' && ATTEMPT_ID.test(id) ? { unknown: `t=put kind=${kind}`, replaces: id } : { unknown: `t=put kind=${kind}` };
 }
 
 function isRecord(r: unknown): r is LogRecord {
@@ -128,18 +174,22 @@ export function isEntry(e: unknown): e is OutboxEntry {
 
 /** What one segment holds. */
 export interface SegmentScan {
-  records: LogRecord[];
-  /** Bytes up to the end of the last valid record: what follows is a torn tail. */
+  /** In file order, those this SDK does not know included (`UnknownRecord`). */
+  records: ScannedRecord[];
+  /** Bytes up to the end of the last line whose checksum holds: what follows is a torn tail. */
   validEnd: number;
   size: number;
   /** Invalid lines followed by valid records (skipped). */
   corrupt: number;
+  /** How many records of each type this SDK does not know (kept, skipped). */
+  unknown: Map<string, number>;
 }
 
 /** Splits a segment into records; never throws on content, only on I/O. */
 export async function scanSegment(file: string): Promise<SegmentScan> {
   const buf = await fs.readFile(file);
-  const records: LogRecord[] = [];
+  const records: ScannedRecord[] = [];
+  const unknown = new Map<string, number>();
   let validEnd = 0;
   let invalidSinceValid = 0;
   let corrupt = 0;
@@ -150,6 +200,7 @@ export async function scanSegment(file: string): Promise<SegmentScan> {
     const r = nl < 0 ? undefined : decodeRecord(buf.subarray(start, end));
     if (r) {
       records.push(r);
+      if ('unknown' in r) unknown.set(r.unknown, (unknown.get(r.unknown) ?? 0) + 1);
       corrupt += invalidSinceValid;
       invalidSinceValid = 0;
       validEnd = end + 1;
@@ -158,14 +209,90 @@ export async function scanSegment(file: string): Promise<SegmentScan> {
     }
     start = end + 1;
   }
-  return { records, validEnd, size: buf.length, corrupt };
+  return { records, validEnd, size: buf.length, corrupt, unknown };
 }
 
-/** Applies records in order: the last one of each attempt decides. */
-export function applyRecords(live: Map<string, OutboxEntry>, records: LogRecord[]): void {
+/**
+ * Applies records in order: the last one of each attempt decides. One this SDK does not know is
+ * skipped, but a `put` of it still replaces its attempt's entry (this SDK holds none for it then).
+ */
+export function applyRecords(live: Map<string, OutboxEntry>, records: ScannedRecord[]): void {
   for (const r of records) {
-    if (r.t === 'put') live.set(r.e.attemptId, r.e);
+    if ('unknown' in r) {
+      if (r.replaces) live.delete(r.replaces);
+    } else if (r.t === 'put') live.set(r.e.attemptId, r.e);
     else live.delete(r.id);
+  }
+}
+
+/** What `outbox.format` says, or undefined where there is none (or an empty one, torn by a crash). */
+export interface OutboxFormat {
+  format: number;
+  /** The oldest format a reader may know and still open the directory; default `format`. */
+  minReader?: number;
+}
+
+/** Reads `outbox.format`; throws on one that does not say a format (its error names the file). */
+export async function readFormat(dir: string): Promise<OutboxFormat | undefined> {
+  const file = path.join(dir, FORMAT_FILE);
+  let text: string;
+  try {
+    text = await fs.readFile(file, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  if (!text.trim()) return undefined;
+  let f: { format?: unknown; minReader?: unknown } | undefined;
+  try {
+    f = JSON.parse(text) as typeof f;
+  } catch {
+    f = undefined;
+  }
+  const ok = (n: unknown): n is number => typeof n === 'number' && Number.isInteger(n) && n > 0;
+  if (!f || typeof f !== 'object' || !ok(f.format) || (f.minReader !== undefined && !ok(f.minReader))) {
+    throw new Error(
+      `outbox ${dir}: ${FORMAT_FILE} does not say which format the directory holds (${JSON.stringify(text.slice(0, 80))}): written by a newer agent, or damaged; this agent knows formats 1 and ${OUTBOX_FORMAT}. Start the agent that wrote it to flush it, or move the directory away`,
+    );
+  }
+  return { format: f.format, ...(f.minReader === undefined ? {} : { minReader: f.minReader }) };
+}
+
+/**
+ * The directory's format, if this SDK can read it (none, or one whose `minReader` it knows);
+ * otherwise an error naming the directory and both formats, saying what to do. Never writes.
+ */
+export async function checkFormat(dir: string): Promise<OutboxFormat | undefined> {
+  const f = await readFormat(dir);
+  if (f && (f.minReader ?? f.format) > OUTBOX_FORMAT) {
+    throw new Error(
+      `outbox ${dir} was written by a newer agent: it holds outbox format ${f.format} (${FORMAT_FILE}), this agent knows formats up to ${OUTBOX_FORMAT}; it is not opened, so that the reports in it are neither lost nor sent twice. Start the newer agent to flush it (until its \`leasehold-agent --check\` no longer says the outbox holds reports), or move the directory away (a newer agent given it later still sends its reports)`,
+    );
+  }
+  return f;
+}
+
+/**
+ * Writes `outbox.format` saying this SDK's format, durably (a temporary file synced, renamed, the
+ * directory synced): before anything else is written to a new directory.
+ */
+export async function writeFormat(dir: string): Promise<void> {
+  const file = path.join(dir, FORMAT_FILE);
+  const tmp = `${file}.tmp`;
+  const fh = await fs.open(tmp, 'w');
+  try {
+    await fh.writeFile(`${JSON.stringify({ format: OUTBOX_FORMAT, minReader: OUTBOX_FORMAT })}\n`);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await fs.rename(tmp, file);
+  if (process.platform === 'win32') return; // directories cannot be synced there
+  const dh = await fs.open(dir, 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
   }
 }
 
@@ -204,7 +331,8 @@ export async function readSupersededFile(dir: string): Promise<SupersededEntry[]
 /**
  * What an outbox directory holds, read without changing anything and without its lock (it may
  * be in use; a record being written at that moment is not counted). For tools and tests: which
- * reports are still waiting, which were set aside. Reads the pre-log format as well.
+ * reports are still waiting, which were set aside. Reads the pre-log format as well; throws, as
+ * `open()` does, on a directory a newer agent wrote in a format this SDK cannot read.
  */
 export async function readOutbox(dir: string): Promise<{ pending: OutboxEntry[]; superseded: SupersededEntry[] }> {
   for (let tries = 0; ; tries++) {
@@ -225,6 +353,7 @@ async function readOnce(dir: string): Promise<{ pending: OutboxEntry[]; supersed
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { pending: [], superseded: [] };
     throw err;
   }
+  await checkFormat(dir);
   const live = new Map<string, OutboxEntry>();
   for (const n of segmentNumbers(names)) applyRecords(live, (await scanSegment(path.join(dir, segmentName(n)))).records);
   const superseded = await readSupersededFile(dir);

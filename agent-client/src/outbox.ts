@@ -59,6 +59,16 @@
  *    writes the pending reports to a new segment, logging an error. A write that fails with
  *    ENOENT looks again at once.
  *
+ * 10. Versions (outbox-log.ts): `open()` reads `outbox.format` under the lock, refuses a directory a
+ *    newer agent wrote in a format this SDK cannot read (the error names both formats and what to
+ *    do), and writes the file, durably, before anything else when it is missing (a new directory,
+ *    or one of a log-era SDK from before the file). A record of a newer agent that this SDK does
+ *    not know is never cut off nor rewritten: while a segment holds one, this SDK deletes no
+ *    segment and does not compact (a record's meaning may depend on records around it, in that
+ *    segment and the others: only the agent that knows it may drop any of them). It appends to the
+ *    last segment, and starts a new one only when a write failed; the newer agent, started again,
+ *    compacts.
+ *
  * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
  * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
  * NTFS's metadata journal). The pre-log format (`<attemptId>.json` per entry) is imported at
@@ -72,11 +82,13 @@ import type { Logger } from 'pino';
 import {
   applyRecords,
   ATTEMPT_ID,
+  checkFormat,
   encodeRecord,
   isEntry,
   LEGACY_ENTRY,
   LEGACY_SUPERSEDED,
   LEGACY_TMP,
+  OUTBOX_FORMAT,
   readJsonFile,
   readSupersededFile,
   scanSegment,
@@ -84,6 +96,7 @@ import {
   segmentNumbers,
   sortEntries,
   SUPERSEDED_FILE,
+  writeFormat,
   type OutboxEntry,
   type SupersededEntry,
 } from './outbox-log.js';
@@ -147,7 +160,7 @@ interface Waiter {
 export type OutboxWatcher = (failure: Error | undefined) => void;
 
 /** What `open()` was doing, for its error (`openError`). */
-type OpenStep = 'creating the directory' | 'taking the lock' | 'reading the log' | 'writing a new segment' | 'making the reserve file';
+type OpenStep = 'creating the directory' | 'taking the lock' | 'checking its format' | 'reading the log' | 'writing a new segment' | 'making the reserve file';
 
 export class Outbox {
   readonly stats: OutboxStats = { writes: 0, fsyncs: 0, compactions: 0 };
@@ -165,6 +178,11 @@ export class Outbox {
   /** Number of the segment written to; older ones still on disk. */
   private segNo = 0;
   private older: number[] = [];
+  /**
+   * A segment holds records this SDK does not know (header, point 10): no segment is deleted, nor
+   * the log compacted, while it is open.
+   */
+  private foreign = false;
   /** Bytes of the current segment (the next write goes there). */
   private size = 0;
   /** Written since the last fdatasync. */
@@ -261,6 +279,8 @@ export class Outbox {
       throw this.openError(err);
     }
     try {
+      this.openStep = 'checking its format';
+      await this.format();
       this.openStep = 'reading the log';
       await this.load();
       this.state = 'open';
@@ -596,6 +616,8 @@ export class Outbox {
         const holder = await fs.readFile(this.lock!.file, 'utf8').catch(() => '?');
         return this.loseLock(holder.slice(0, 200));
       }
+      // Before the new segment (header, point 10).
+      await this.format();
     } catch (err) {
       this.fail(err as Error, 'outbox: its directory was deleted and cannot be made again: the pending reports are not durable; trying again', { why });
       this.mustRotate = true;
@@ -758,7 +780,7 @@ export class Outbox {
   }
 
   private shouldCompact(): boolean {
-    return this.size >= this.compactBytes && this.liveBytes * 4 <= this.size;
+    return !this.foreign && this.size >= this.compactBytes && this.liveBytes * 4 <= this.size;
   }
 
   /**
@@ -797,7 +819,7 @@ export class Outbox {
     // Windows: close before deleting. A failed close or delete leaves an old segment that the
     // next open reads and consolidates; it is not an error for the new one.
     await old?.close().catch((err: unknown) => this.log.warn({ err }, 'outbox: closing the old segment failed'));
-    for (const n of older) {
+    for (const n of this.foreign ? [] : older) {
       await fs.rm(path.join(this.dir, segmentName(n)), { force: true }).then(
         () => (this.older = this.older.filter((x) => x !== n)),
         (err: unknown) => this.log.warn({ err, segment: segmentName(n) }, 'outbox: could not delete an old segment'),
@@ -809,18 +831,44 @@ export class Outbox {
 
   // ─────────────────────────────── opening ───────────────────────────────
 
+  /**
+   * Refuses a directory in a format this SDK cannot read; writes `outbox.format` where there is
+   * none (or an older one), durably, before anything else is written (header, point 10).
+   */
+  private async format(): Promise<void> {
+    const f = await checkFormat(this.dir);
+    if (!f || f.format < OUTBOX_FORMAT) await writeFormat(this.dir);
+    else if (f.format > OUTBOX_FORMAT) {
+      this.log.warn({ dir: this.dir, format: f.format, minReader: f.minReader, known: OUTBOX_FORMAT }, 'outbox: written by a newer agent in a format this one can still read: opened');
+    }
+  }
+
   private async load(): Promise<void> {
     const names = await fs.readdir(this.dir);
     const segs = segmentNumbers(names);
     const live = new Map<string, OutboxEntry>();
+    const unknown = new Map<string, { records: number; segments: string[] }>();
     let tail = { validEnd: 0, size: 0 };
     for (const n of segs) {
       const file = path.join(this.dir, segmentName(n));
       const s = await scanSegment(file);
       if (s.corrupt) this.log.error({ file, lines: s.corrupt }, 'outbox: corrupt records in the middle of a segment skipped (a damaged line holds one record, two if the damage joined it with the next); the records after them are kept');
       if (s.validEnd < s.size) this.log.warn({ file, bytes: s.size - s.validEnd }, 'outbox: a write torn by a crash at the end of a segment is ignored');
+      if (s.unknown.size) this.foreign = true;
+      for (const [type, count] of s.unknown) {
+        const u = unknown.get(type) ?? { records: 0, segments: [] };
+        u.records += count;
+        u.segments.push(segmentName(n));
+        unknown.set(type, u);
+      }
       applyRecords(live, s.records);
       tail = s;
+    }
+    for (const [type, u] of unknown) {
+      this.log.warn(
+        { dir: this.dir, type, ...u },
+        `outbox: records of a type this agent does not know (${type}), written by a newer agent: skipped, and kept for it: this agent does not compact the outbox (it grows until the newer agent runs on it again); a report among them is not sent by this agent, and its job may run again`,
+      );
     }
 
     // The pre-log format: import pending entries and set-aside ones, delete the files after.
@@ -856,8 +904,11 @@ export class Outbox {
       if (fresh.length) await this.appendSuperseded(fresh);
     }
 
-    if (segs.length === 1 && !legacy.length) {
-      this.segNo = segs[0]!;
+    if (segs.length && (segs.length === 1 || this.foreign) && !legacy.length) {
+      // One segment, or several holding records of a newer agent (never consolidated then,
+      // header, point 10): the last one is appended to.
+      this.older = segs.slice(0, -1);
+      this.segNo = segs.at(-1)!;
       this.fh = await fs.open(path.join(this.dir, segmentName(this.segNo)), fsConstants.O_RDWR | DSYNC);
       if (tail.validEnd < tail.size) {
         await this.fh.truncate(tail.validEnd);
