@@ -259,15 +259,14 @@ export async function startCoordinator(config: Config, log: Logger, opts: StartO
       err.name = 'NewerSchemaError';
       log.error({ readerLevel: r.readerLevel, minReader: r.minReader }, `${err.message}: stopping`);
       // Unhealthy at once (the proxy's next /healthz, gRPC health watchers); no job claimed or
-      // handed out, nothing reaped, purged or delivered by this release from here on; then the
-      // stop that SIGTERM makes (GoAway to agents, requests in flight answered).
+      // handed out, nothing reaped, purged or delivered by this release from here on; and at once
+      // the stop that SIGTERM makes (GoAway to agents, requests in flight answered), which waits
+      // for those services' runs in progress (a VACUUM, a recount) only after the listeners.
       http.health.shutdown();
       grpc.health.shutdown();
-      const work = [dispatcher.stop(), reaper.stop(), deliverer.stop(), counts.stop(), purger?.stop(), vacuumer?.stop(), schema.stop()];
-      void Promise.allSettled(work).then(() => {
-        void stop();
-        halt(err);
-      });
+      for (const s of [dispatcher, reaper, deliverer, counts, purger, vacuumer, schema]) void s?.stop().catch(() => undefined);
+      void stop();
+      halt(err);
     });
     listener.on('schema', () => schema.look('notified'));
     listener.on('connected', () => schema.look('listener connected'));

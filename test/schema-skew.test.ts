@@ -14,9 +14,11 @@ import pino from 'pino';
 import { afterAll, afterEach, expect, it } from 'vitest';
 import { createAgent } from '@leasehold/agent-client';
 import { loadConfig } from '../server/config.js';
+import { SchemaWatch } from '../server/core/schema-watch.js';
 import { startCoordinator } from '../server/coordinator.js';
-import { agentCreate, jobEnqueue } from '../server/store/index.js';
+import { agentCreate, jobEnqueue, type Queryable } from '../server/store/index.js';
 import { migrateDatabase, migrationsFolder } from '../server/store/migrate.js';
+import { SCHEMA_CHANNEL } from '../server/store/notify.js';
 import { compatInfo } from '../server/store/schema-compat.js';
 import { ADMIN_KEY, waitFor } from './helpers/coordinator.js';
 import { newerRelease, ownDatabase, type OwnDatabase } from './helpers/newer-release.js';
@@ -203,3 +205,49 @@ it('`leasehold serve` exits with code 2 when a newer release migrates its databa
   expect(firstDown).toBeGreaterThan(0);
   expect(answers.slice(firstDown).filter((a) => a === 200)).toEqual([]);
 }, 60_000);
+
+it('tells its agents to go at once, even while a maintenance run in progress holds the rest of its stop', async () => {
+  const db = await ownDatabase();
+  cleanups.push(() => db.drop());
+  const old = await coordinator(db, await freePort());
+  await old.c.schema.runOnce();
+  // A recount (or a VACUUM) that takes its time to end.
+  let release = () => undefined as void;
+  const held = new Promise<void>((r) => (release = r));
+  const countsStop = old.c.counts.stop.bind(old.c.counts);
+  old.c.counts.stop = () => held.then(countsStop);
+  cleanups.push(async () => release());
+
+  const made = await agentCreate(db.pool, { agentId: 'skew-held' });
+  if (made.outcome !== 'ok') throw new Error(JSON.stringify(made));
+  const outboxDir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-skew-'));
+  cleanups.push(() => rm(outboxDir, { recursive: true, force: true }));
+  const agent = createAgent({ url: `http://127.0.0.1:${old.c.grpc.address.port}`, token: made.value.token, queues: ['skew-held'], outboxDir, handleSignals: false, log: pino({ level: 'silent' }) });
+  cleanups.push(() => agent.stop());
+  const told = new Promise<number | undefined>((resolve) => agent.once('disconnected', (d) => resolve((d.error as { code?: number } | undefined)?.code)));
+  await agent.start();
+
+  await db.pool.query(`UPDATE schema_compat SET min_reader = $1; NOTIFY ${SCHEMA_CHANNEL}`.replace('$1', String(LEVEL + 1)));
+  await within(old.c.halted, 3_000, 'the coordinator did not stop by itself');
+  expect(await within(told, 3_000, 'the agent was not told to go while the recount held the stop')).toBe(14);
+  release();
+  await within(old.c.stop(), 10_000, 'the stop did not end');
+}, 60_000);
+
+it('a look asked for while one is running (a NOTIFY after its read) is followed by another', async () => {
+  class Held extends SchemaWatch {
+    readonly reads: Array<(v: number) => void> = [];
+    protected override read(): Promise<number | undefined> {
+      return new Promise((r) => this.reads.push(r));
+    }
+  }
+  const w = new Held({} as Queryable, pino({ level: 'silent' }), { readerLevel: 5 });
+  const incompatible = new Promise((r) => w.once('schema:incompatible', r));
+  w.look('started');
+  w.look('notified');
+  expect(w.reads).toHaveLength(1);
+  w.reads[0]!(5); // read before the change the NOTIFY announces
+  await waitFor('a second look', () => w.reads.length === 2, 2_000);
+  w.reads[1]!(6);
+  expect(await incompatible).toMatchObject({ readerLevel: 5, minReader: 6, compatible: false });
+});

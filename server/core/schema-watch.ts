@@ -48,6 +48,8 @@ export class SchemaWatch extends EventEmitter<SchemaWatchEvents> {
   readonly config: z.output<typeof configSchema>;
   private readonly schedule: Schedule<SchemaWatchRun>;
   private told = false;
+  /** Looks begun so far: whether `look` started one or joined one in progress. */
+  private looks = 0;
 
   constructor(
     private readonly db: Queryable,
@@ -74,13 +76,30 @@ export class SchemaWatch extends EventEmitter<SchemaWatchEvents> {
     return this.schedule.runOnce();
   }
 
-  /** Looks now, for a notification or a reconnection: a failure is logged, not thrown. */
+  /**
+   * Looks now, for a notification or a reconnection: a failure is logged, not thrown. A look
+   * already running may have read the level before the change it is asked for: then one more
+   * look follows it.
+   */
   look(why: string): void {
-    this.runOnce().catch((err: unknown) => this.log.warn({ err, why }, 'schema level look failed; looking again later'));
+    const before = this.looks;
+    const looking = this.runOnce();
+    const joined = this.looks === before;
+    const failed = (err: unknown) => this.log.warn({ err, why }, 'schema level look failed; looking again later');
+    looking.then(
+      () => (joined ? this.runOnce().catch(failed) : undefined),
+      (err: unknown) => (joined ? this.runOnce().catch(failed) : failed(err)),
+    );
+  }
+
+  /** The database's `min_reader` (undefined: no row). */
+  protected read(): Promise<number | undefined> {
+    return schemaCompatGet(this.db);
   }
 
   private async work(): Promise<SchemaWatchRun> {
-    const minReader = await schemaCompatGet(this.db);
+    this.looks++;
+    const minReader = await this.read();
     const { readerLevel } = this.config;
     const run: SchemaWatchRun = { readerLevel, minReader, compatible: minReader === undefined || minReader <= readerLevel };
     this.emit('schema:run', run);
