@@ -12,8 +12,8 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
-import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, open, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { existsSync, watch } from 'node:fs';
+import { mkdir, mkdtemp, open, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -21,10 +21,11 @@ import pino, { type Logger } from 'pino';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { createAgent, Outbox, readOutbox, type Agent, type OutboxEntry } from '@leasehold/agent-client';
 import { segmentName } from '../agent-client/src/outbox-log.js';
-import { RESERVE_FILE } from '../agent-client/src/outbox.js';
+import { RESERVE_FILE, reserveBytesFor } from '../agent-client/src/outbox.js';
 import { jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
 import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { makeJob } from './helpers/factories.js';
 import { outboxKeeper } from './helpers/outbox.js';
 import { root } from './helpers/serve.js';
 
@@ -133,6 +134,125 @@ describe('a full disk', () => {
       new RegExp(`^cannot open the outbox ${dir}: ENOSPC: no space left on device, write, while taking the lock \\(the disk is full: free some space\\)$`),
     );
     expect(existsSync(path.join(dir, 'outbox.lock'))).toBe(false);
+  });
+});
+
+describe('the reserve file', () => {
+  it('counts at most 32 slots (about 9.1 MiB)', () => {
+    const MiB = 1024 * 1024;
+    expect(reserveBytesFor(1)).toBe(MiB + 260 * 1024);
+    expect(reserveBytesFor(32)).toBe(MiB + 32 * 260 * 1024);
+    expect(reserveBytesFor(1000)).toBe(reserveBytesFor(32));
+    expect(reserveBytesFor(1000)).toBeLessThan(9.2 * MiB);
+  });
+
+  it('is written in chunks that differ (a deduplicating file system cannot store it once)', async () => {
+    const dir = path.join(await tmpDir(), 'outbox');
+    const bytes = 2.5 * 1024 * 1024;
+    await outboxes.open(dir, undefined, { reserveBytes: bytes });
+    const buf = await readFile(path.join(dir, RESERVE_FILE));
+    expect(buf.length).toBe(bytes);
+    const chunk = 1024 * 1024;
+    expect(buf.subarray(0, 4096).equals(buf.subarray(chunk, chunk + 4096))).toBe(false);
+    expect(buf.subarray(4, chunk).equals(buf.subarray(chunk + 4, 2 * chunk))).toBe(false);
+  });
+
+  it.for([
+    [100, 'fits, but not with its margin'],
+    [50, 'does not fit'],
+  ] as const)('is not tried while the disk has not room for it and a margin, never filling the disk to the last byte: 64 KiB in %s KiB free (%s)', async ([freeKiB], ctx) => {
+    const disk = await smallDisk();
+    if (typeof disk !== 'string') return ctx.skip(disk.skip);
+    const dir = path.join(disk, 'outbox');
+    await mkdir(dir);
+    const filler = await fill(disk);
+    await truncate(filler, (await stat(filler)).size - freeKiB * 1024);
+    const touched: string[] = [];
+    const watcher = watch(dir, (_event, name) => name === RESERVE_FILE && touched.push(name));
+    try {
+      const events: string[] = [];
+      const o = new Outbox(dir, pino({ level: 'silent' }), { reserveBytes: 64 * 1024, retryMs: 20 });
+      o.watch((failure) => events.push(failure ? 'failing' : 'recovered'));
+      await o.open();
+      try {
+        await sleep(300); // ~15 retries
+        expect(touched, 'the reserve file never created').toEqual([]);
+        expect((o.failure as NodeJS.ErrnoException | undefined)?.code).toBe('ENOSPC');
+        // Room again: made, and writes work.
+        await rm(filler);
+        await waitFor('writes work again', () => events.includes('recovered'), 5000);
+        expect((await stat(path.join(dir, RESERVE_FILE))).size).toBe(64 * 1024);
+      } finally {
+        await o.close();
+      }
+    } finally {
+      watcher.close();
+    }
+  });
+});
+
+describe('a full disk at open', () => {
+  it('an agent holding reports opens (the lock takes the room of the reserve file), sends them to the coordinator, and takes no new work', async (ctx) => {
+    const disk = await smallDisk();
+    if (typeof disk !== 'string') return ctx.skip(disk.skip);
+    const outboxDir = path.join(disk, 'outbox');
+    const queue = 'full-at-open';
+    const token = await lh.agent(queue);
+    const jobs = [await makeJob(t.pool, { status: 'running', agentId: queue, queue }), await makeJob(t.pool, { status: 'running', agentId: queue, queue })];
+    const reserveBytes = 64 * 1024;
+    // The last run: two results written, then the agent stopped before they were sent.
+    const last = new Outbox(outboxDir, pino({ level: 'silent' }), { reserveBytes });
+    await last.open();
+    for (const j of jobs) {
+      await last.put({ attemptId: j.currentAttemptId!, jobId: j.id, queue, attemptNo: 1, kind: 'completed', result: { held: j.id }, writtenAt: new Date().toISOString() });
+    }
+    await last.close();
+    expect((await stat(path.join(outboxDir, RESERVE_FILE))).size).toBe(reserveBytes);
+    await fill(disk);
+
+    const { log, lines } = captured();
+    const agent = createAgent({ url: lh.url, token, queues: [queue], outboxDir, handleSignals: false, log, outboxOptions: { reserveBytes, retryMs: 50 } });
+    agents.push(agent);
+    let ran = 0;
+    agent.handle(queue, () => ({ ran: ++ran }));
+    await agent.start();
+    const status = async (id: string) => (await t.pool.query('SELECT status::text, result FROM jobs WHERE id = $1', [id])).rows[0] as { status: string; result: unknown };
+    await waitFor('both held reports stored', async () => (await Promise.all(jobs.map((j) => status(j.id)))).every((r) => r.status === 'succeeded'), 10_000);
+    for (const j of jobs) expect(await status(j.id)).toEqual({ status: 'succeeded', result: { held: j.id } });
+    expect(existsSync(path.join(outboxDir, RESERVE_FILE))).toBe(false);
+    expect(lines.some((l) => l.level === 40 && /^outbox: the disk is full at open: deleted the reserve file/.test(l.msg) && l.step === 'taking the lock')).toBe(true);
+    // Failing (the reserve cannot be made): no new work (one assigned is declined, never started).
+    const o = await jobEnqueue(t.pool, { queue, payload: {} });
+    if (o.outcome !== 'ok') throw new Error(JSON.stringify(o));
+    await sleep(500);
+    expect(['queued', 'claimed']).toContain((await status(o.value.id)).status);
+    expect(ran).toBe(0);
+  });
+
+  it('a compaction at open that fails for want of space is not fatal: the outbox opens failing, with its reports', async (ctx) => {
+    const disk = await smallDisk();
+    if (typeof disk !== 'string') return ctx.skip(disk.skip);
+    const dir = path.join(disk, 'outbox');
+    const compactBytes = 32 * 1024;
+    const first = new Outbox(dir, pino({ level: 'silent' }), { reserveBytes: 0, compactBytes: 1024 * 1024 });
+    await first.open();
+    const keep = [entry({ result: { pad: 'k'.repeat(5000) } }), entry({ result: { pad: 'k'.repeat(5000) } })];
+    for (const e of keep) await first.put(e);
+    // Mostly acknowledged, over compactBytes: the next open compacts.
+    for (let i = 0; i < 8; i++) {
+      const e = entry({ result: { pad: 'x'.repeat(5000) } });
+      await first.put(e);
+      await first.remove(e.attemptId);
+    }
+    await first.close();
+    // One page left: room for the lock, not for a new segment of ~10 KB.
+    const filler = await fill(disk);
+    await truncate(filler, (await stat(filler)).size - 4096);
+    const { log, lines } = captured();
+    const o = await outboxes.open(dir, log, { reserveBytes: 0, compactBytes, retryMs: 60_000 });
+    expect(o.pending().map((e) => e.attemptId).sort()).toEqual(keep.map((e) => e.attemptId).sort());
+    expect((o.failure as NodeJS.ErrnoException | undefined)?.code).toBe('ENOSPC');
+    expect(lines.filter((l) => l.level >= 50).map((l) => l.msg)).toEqual([expect.stringMatching(/^outbox: compaction at open failed/)]);
   });
 });
 

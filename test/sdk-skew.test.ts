@@ -22,7 +22,7 @@ import { Acks } from '../agent-client/src/acks.js';
 import type { AgentEvents } from '../agent-client/src/events.js';
 import { ServerMessage_Ack_ItemSchema, ServerMessageSchema, type ServerMessage } from '../agent-client/src/gen/leasehold/v1/agent_service_pb.js';
 import { Outcome } from '../agent-client/src/gen/leasehold/v1/job_pb.js';
-import { crc32, encodeRecord, segmentName } from '../agent-client/src/outbox-log.js';
+import { crc32, encodeRecord, scanSegment, segmentName } from '../agent-client/src/outbox-log.js';
 
 /** Spelled out: the test must read the same without the fix. */
 const FORMAT_FILE = 'outbox.format';
@@ -137,21 +137,89 @@ describe('log records of a later SDK', () => {
       await o.remove(ID(n));
     }
     await o.put(completed(3));
-    expect(o.stats.compactions, 'no compaction: it would drop the records around them').toBe(0);
     await o.close();
-    // Both segments as written, this SDK's records appended to the last one.
+    // Both segments as written, nothing deleted; past compactBytes (1 here) this SDK starts new
+    // segments holding only what it writes (no copy of the live set): read in order, the records
+    // are exactly those of one segment appended to.
     expect(await fs.readFile(path.join(dir, segmentName(1)))).toEqual(seg1);
-    const after = await fs.readFile(path.join(dir, segmentName(2)));
-    expect(after.subarray(0, seg2.length)).toEqual(seg2);
-    expect((await fs.readdir(dir)).filter((n) => n.endsWith('.log'))).toEqual([segmentName(1), segmentName(2)]);
+    expect(await fs.readFile(path.join(dir, segmentName(2)))).toEqual(seg2);
+    const names = (await fs.readdir(dir)).filter((n) => n.endsWith('.log')).sort();
+    expect(names).toEqual(names.map((_, i) => segmentName(i + 1)));
+    const records = [];
+    for (const n of names.slice(2)) records.push(...(await scanSegment(path.join(dir, n))).records);
+    const written = [{ t: 'ack', id: ID(1) }, ...Array.from({ length: 10 }, (_, i) => [{ t: 'put', e: completed(10 + i) }, { t: 'ack', id: ID(10 + i) }]).flat(), { t: 'put', e: completed(3) }];
+    expect(records).toEqual(written);
     expect((await readOutbox(dir)).pending.map((e) => e.attemptId)).toEqual([ID(2), ID(3)]);
 
     // Opened again: the segments are not consolidated either.
+    const before = await Promise.all(names.map((n) => fs.readFile(path.join(dir, n))));
     const again = await openOutbox(dir);
     expect(again.pending().map((e) => e.attemptId)).toEqual([ID(2), ID(3)]);
     await again.close();
-    expect(await fs.readFile(path.join(dir, segmentName(1)))).toEqual(seg1);
-    expect(await fs.readFile(path.join(dir, segmentName(2)))).toEqual(after);
+    expect(await Promise.all(names.map((n) => fs.readFile(path.join(dir, n))))).toEqual(before);
+  });
+
+  it('while a record of a later SDK is there, starts a new segment (deleting nothing) each time the current one passes compactBytes: no file grows without bound', async () => {
+    const dir = await tmp();
+    const seg1 = Buffer.concat([encodeRecord({ t: 'put', e: completed(1) }), futureLine({ t: 'lease', id: ID(9), until: 1 })]);
+    await fs.writeFile(path.join(dir, segmentName(1)), seg1);
+    const lines: Line[] = [];
+    const compactBytes = 16 * 1024;
+    const o = await openOutbox(dir, lines, compactBytes);
+    expect(lines.find((l) => l.type === 't=lease')).toMatchObject({ msg: expect.stringContaining(`it grows, in new segments of about ${compactBytes} bytes, until a newer agent opens it`) });
+    // ~200 KB of reports, one in four kept.
+    const pad = 'p'.repeat(2000);
+    const kept: string[] = [ID(1)];
+    const acks: Promise<void>[] = [];
+    for (let n = 100; n < 200; n++) {
+      const e = { ...completed(n), result: { n, pad } };
+      await o.put(e);
+      if (n % 4) acks.push(o.remove(e.attemptId));
+      else kept.push(e.attemptId);
+    }
+    await Promise.all(acks);
+    await o.close();
+    const names = (await fs.readdir(dir)).filter((n) => n.endsWith('.log')).sort();
+    expect(names.length).toBeGreaterThanOrEqual(8);
+    expect(names).toEqual(names.map((_, i) => segmentName(i + 1)));
+    expect((await fs.readFile(path.join(dir, segmentName(1)))).subarray(0, seg1.length)).toEqual(seg1);
+    // A segment ends past compactBytes by at most one flush (one report and an ack here).
+    for (const n of names) expect((await fs.stat(path.join(dir, n))).size).toBeLessThan(compactBytes + 3000);
+    expect((await readOutbox(dir)).pending.map((e) => e.attemptId)).toEqual(kept);
+    expect(lines.filter((l) => Number(l.level) >= 50)).toEqual([]);
+
+    const again = await openOutbox(dir, [], compactBytes);
+    expect(again.pending().map((e) => e.attemptId)).toEqual(kept);
+    const more = completed(300);
+    await again.put(more);
+    await again.close();
+    expect((await readOutbox(dir)).pending.map((e) => e.attemptId)).toEqual([...kept, more.attemptId]);
+  });
+
+  it('compacts again once its directory, and the records of the later SDK with it, was deleted and made again', async () => {
+    const dir = await tmp();
+    await fs.writeFile(path.join(dir, segmentName(1)), Buffer.concat([encodeRecord({ t: 'put', e: completed(1) }), futureLine({ t: 'lease', id: ID(9), until: 1 })]));
+    const o = new Outbox(dir, pino({ level: 'silent' }), { reserveBytes: 0, compactBytes: 4096, checkMs: 50 });
+    await o.open();
+    opened.push(o);
+    await fs.rm(dir, { recursive: true, force: true });
+    const start = Date.now();
+    while (!(await readOutbox(dir)).pending.length) {
+      if (Date.now() - start > 5000) throw new Error('not made again');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const acks: Promise<void>[] = [];
+    for (let n = 100; n < 140; n++) {
+      await o.put({ ...completed(n), result: { pad: 'p'.repeat(500) } });
+      acks.push(o.remove(ID(n)));
+    }
+    await Promise.all(acks);
+    await o.put(completed(2));
+    // Mostly acknowledged and past compactBytes: compacted, the old segments deleted.
+    const logs = (await fs.readdir(dir)).filter((n) => n.endsWith('.log'));
+    expect(logs).toHaveLength(1);
+    expect((await fs.stat(path.join(dir, logs[0]!))).size).toBeLessThan(4096 + 1500);
+    expect((await readOutbox(dir)).pending.map((e) => e.attemptId)).toEqual([ID(1), ID(2)]);
   });
 
   it('does not cut off an unknown record at the end of the only segment as a torn tail', async () => {

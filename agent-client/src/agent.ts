@@ -85,7 +85,7 @@ export interface AgentOptions {
   reconnect?: { baseMs?: number; maxMs?: number };
   /**
    * The outbox's tuning, for tests and unusual disks: `reserveBytes` (default
-   * `reserveBytesFor(slots)`: 1 MiB + 260 KiB a slot), `checkMs` (how often the lock and the
+   * `reserveBytesFor(slots)`: 1 MiB + 260 KiB a slot, at most 32 slots counted), `checkMs` (how often the lock and the
    * directory are checked; 10 s), `retryMs`, `compactBytes` (see `OutboxOptions`).
    */
   outboxOptions?: OutboxOptions;

@@ -30,8 +30,8 @@
  * `t`, or a `kind` of entry, of a later SDK) is no damage: it is never cut off, and is skipped
  * (`UnknownRecord`), except that a `put` of an unknown kind still replaces the earlier entry of its
  * attempt (this SDK cannot send what the attempt's report now is). While a segment holds one,
- * this SDK deletes no segment and does not compact (outbox.ts): the newer agent finds its records
- * as it wrote them, with those around them.
+ * this SDK deletes no segment and does not compact (outbox.ts; past the compaction size it starts a
+ * new, empty segment): the newer agent finds its records as it wrote them, with those around them.
  */
 import fs from 'node:fs/promises';
 import path from 'node:path';

@@ -50,7 +50,11 @@
  *    on (no new work), and writes are said to work again only once the reserve is made again:
  *    a write that frees space (a new segment, which drops what was acknowledged) proves nothing
  *    on a full disk. So a job that ran keeps its result, and the agent pauses, rather than
- *    running jobs whose results it then loses.
+ *    running jobs whose results it then loses. A step of `open()` that writes (the lock, the format
+ *    file, a new segment) and fails for want of space deletes the reserve once and is tried
+ *    again: an agent restarted on a full disk still opens and sends the reports it holds. The
+ *    reserve is at most `reserveBytesFor(RESERVE_SLOTS_MAX)`, written in chunks, and only when
+ *    `statfs` shows room for it and `reserveMargin`: never by filling the disk.
  * 9. Every `checkMs` (the lock's touch interval) the outbox reads its lock back and looks at its
  *    files. Another process's lock in the file: two agents write this directory, and the outbox
  *    stops writing at once, rejecting puts, and tells `onLockLost` (the agent stops). Its
@@ -66,8 +70,11 @@
  *    not know is never cut off nor rewritten: while a segment holds one, this SDK deletes no
  *    segment and does not compact (a record's meaning may depend on records around it, in that
  *    segment and the others: only the agent that knows it may drop any of them). It appends to the
- *    last segment, and starts a new one only when a write failed; the newer agent, started again,
- *    compacts.
+ *    last segment; past `compactBytes` it starts a new, empty one (its records, read in segment
+ *    order, are then exactly those of one long segment), so that no file grows past what `open()`
+ *    can read (2 GiB); after a failed write, a new one with the live set. The newer agent, started
+ *    again, compacts. The directory made again (point 9), this holds only while a segment left
+ *    holds such a record.
  *
  * Windows: names use only letters, digits, `-` and `.`; a file is closed before it is deleted;
  * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
@@ -118,12 +125,31 @@ export const RETRY_MS = 2000;
 /** The reserve file kept in the directory, deleted to make room for a report when the disk is full. */
 export const RESERVE_FILE = 'outbox.reserve';
 /**
+ * The most slots a reserve counts (`reserveBytesFor`): 32, about 9.1 MiB. Room for 32 full-size
+ * reports (most are far smaller: thousands of them) is enough for the jobs that end as the disk
+ * fills; past it a report that does not fit is refused, and its job redone, never lost unsaid.
+ */
+export const RESERVE_SLOTS_MAX = 32;
+/**
  * The reserve an agent keeps: room for a full-size report (256 KiB of result, plus its record) of
- * every slot, and 1 MiB for the rest (a new segment, acknowledgements). 1.25 MiB for one slot.
+ * every slot, up to `RESERVE_SLOTS_MAX` slots, and 1 MiB for the rest (a new segment,
+ * acknowledgements). About 1.25 MiB for one slot, at most about 9.1 MiB.
  */
 export function reserveBytesFor(slots: number): number {
-  return 1024 * 1024 + Math.max(1, slots) * 260 * 1024;
+  return 1024 * 1024 + Math.min(Math.max(1, slots), RESERVE_SLOTS_MAX) * 260 * 1024;
 }
+/**
+ * The free space a reserve file of `bytes` must leave when it is made: 64 KiB and a quarter of
+ * it. Made only when the disk has room for both (`statfs`), so that making it never fills the
+ * disk (and every try while it is full would otherwise fill it to the last byte).
+ */
+export function reserveMargin(bytes: number): number {
+  return 64 * 1024 + Math.ceil(bytes / 4);
+}
+/** The reserve file is written in chunks of this size, from one buffer. */
+export const RESERVE_CHUNK = 1024 * 1024;
+/** Shared by the outboxes of the process: its content does not matter, only the blocks it takes. */
+let reserveChunk: Buffer | undefined;
 
 export interface OutboxOptions {
   /**
@@ -273,14 +299,16 @@ export class Outbox {
       this.openStep = 'creating the directory';
       await fs.mkdir(this.dir, { recursive: true });
       this.openStep = 'taking the lock';
-      this.lock = await lockOutbox(this.dir, this.log);
+      // ENOSPC here means the name was free (a lock held by another agent is EEXIST): the
+      // reserve deleted is this directory's own, left by its last run.
+      this.lock = await this.withRoom(() => lockOutbox(this.dir, this.log));
     } catch (err) {
       this.state = 'closed';
       throw this.openError(err);
     }
     try {
       this.openStep = 'checking its format';
-      await this.format();
+      await this.withRoom(() => this.format());
       this.openStep = 'reading the log';
       await this.load();
       this.state = 'open';
@@ -300,8 +328,8 @@ export class Outbox {
       this.fail(err as Error, 'outbox: cannot make its reserve file (the disk is full?): this agent takes no new work until it can (free some disk space); the reports it holds are sent', {
         reserveBytes: this.reserveBytes,
       });
-      this.scheduleRetry();
     });
+    if (this.failed) this.scheduleRetry();
     return this.pending();
   }
 
@@ -491,7 +519,7 @@ export class Outbox {
   /** A new segment when the current one is mostly acknowledged; a failure leaves the current one in use. */
   private async compact(): Promise<void> {
     try {
-      await this.rotate();
+      await this.rotate(!this.foreign);
     } catch (err) {
       // The current segment is still good: go on with it. While failing (the disk is full), the
       // episode was logged when it began.
@@ -508,7 +536,7 @@ export class Outbox {
   private async recover(): Promise<void> {
     try {
       if (this.mustRotate) {
-        await this.rotate();
+        await this.rotate(true);
         this.mustRotate = false;
       }
       if (this.reserveMissing) await this.makeReserve();
@@ -543,11 +571,11 @@ export class Outbox {
     }
     const st = await fs.stat(file).catch(() => undefined);
     if (st?.size !== this.reserveBytes) {
+      await this.roomForReserve(st?.size ?? 0);
       try {
         const fh = await fs.open(file, 'w');
         try {
-          // Random bytes: a compressing file system would store zeros in no space at all.
-          await writeAll(fh, randomBytes(this.reserveBytes), 0);
+          await writeReserve(fh, this.reserveBytes);
         } finally {
           await fh.close();
         }
@@ -557,6 +585,25 @@ export class Outbox {
       }
     }
     this.reserveMissing = false;
+  }
+
+  /**
+   * Throws ENOSPC if the file system has not room for the reserve and its margin
+   * (`reserveMargin`); `existing`: the bytes of a reserve file of another size, freed as it is
+   * rewritten. Where free space cannot be read, the write is tried.
+   */
+  private async roomForReserve(existing: number): Promise<void> {
+    let free: number;
+    try {
+      const s = await fs.statfs(this.dir);
+      free = s.bavail * s.bsize + existing;
+    } catch {
+      return;
+    }
+    const need = this.reserveBytes + reserveMargin(this.reserveBytes);
+    if (free < need) {
+      throw Object.assign(new Error(`ENOSPC: not enough free space for the reserve file: ${free} bytes free, ${need} needed (the reserve and a margin)`), { code: 'ENOSPC' });
+    }
   }
 
   /** Deletes the reserve file to make room (header, point 8); false if there was none to delete. */
@@ -618,6 +665,9 @@ export class Outbox {
       }
       // Before the new segment (header, point 10).
       await this.format();
+      // A deleted directory took the newer agent's records with it; a deleted lock or segment
+      // may have left some: whether any segment on disk still holds one.
+      this.foreign = await this.holdsForeign();
     } catch (err) {
       this.fail(err as Error, 'outbox: its directory was deleted and cannot be made again: the pending reports are not durable; trying again', { why });
       this.mustRotate = true;
@@ -631,6 +681,15 @@ export class Outbox {
       'outbox: deleted while the agent runs: made the directory and its lock again, and the pending reports are written again (delete an outbox only when its agent is stopped)',
     );
     await this.recover();
+  }
+
+  /** Whether a segment in the directory holds a record this SDK does not know. */
+  private async holdsForeign(): Promise<boolean> {
+    for (const n of segmentNumbers(await fs.readdir(this.dir))) {
+      const s = await scanSegment(path.join(this.dir, segmentName(n))).catch(() => undefined);
+      if (s?.unknown.size) return true;
+    }
+    return false;
   }
 
   /** Another process holds the lock: stop writing at once, reject what waits, tell the agent. */
@@ -779,23 +838,33 @@ export class Outbox {
     this.dirty = false;
   }
 
+  /**
+   * The current segment is at least `compactBytes` and mostly acknowledged; or, while a segment
+   * holds records this SDK does not know, just at least `compactBytes`: a new segment is then
+   * started, deleting nothing (header, point 10), so that no file grows without bound.
+   */
   private shouldCompact(): boolean {
-    return !this.foreign && this.size >= this.compactBytes && this.liveBytes * 4 <= this.size;
+    return this.size >= this.compactBytes && (this.foreign || this.liveBytes * 4 <= this.size);
   }
 
   /**
    * Starts segment n+1 holding the live entries (and those whose `sup` record is still queued:
    * until it is written they must stay in the log), syncs it and the directory, then deletes
    * the older segments. A crash anywhere leaves a readable state (header, point 5).
+   *
+   * While a segment holds records this SDK does not know (`foreign`), no segment is deleted, and
+   * a compaction (`copyLive` false) starts an empty segment: the records, read in segment order,
+   * are then exactly what one long segment would hold, nothing repeated, nothing moved past a
+   * record of the newer agent. After a failed write (`copyLive`), the live set is written anew.
    */
-  private async rotate(): Promise<void> {
+  private async rotate(copyLive: boolean): Promise<void> {
     const next = this.segNo + 1;
     const file = path.join(this.dir, segmentName(next));
     const snapshot = [...this.live.values(), ...this.qSup.map(stripSuperseded)];
     const kept = new Set(snapshot.map((e) => e.attemptId));
     // Rejected puts that an older segment may still hold: void them after it (header, point 6).
     const voids = [...this.voided].filter((id) => !kept.has(id)).map((id) => encodeRecord({ t: 'ack', id }));
-    const buf = Buffer.concat([...snapshot.map((e) => encodeRecord({ t: 'put', e })), ...voids]);
+    const buf = Buffer.concat([...(copyLive ? snapshot.map((e) => encodeRecord({ t: 'put', e })) : []), ...voids]);
     const fh = await fs.open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | DSYNC);
     try {
       await writeAll(fh, buf, 0);
@@ -867,7 +936,7 @@ export class Outbox {
     for (const [type, u] of unknown) {
       this.log.warn(
         { dir: this.dir, type, ...u },
-        `outbox: records of a type this agent does not know (${type}), written by a newer agent: skipped, and kept for it: this agent does not compact the outbox (it grows until the newer agent runs on it again); a report among them is not sent by this agent, and its job may run again`,
+        `outbox: records of a type this agent does not know (${type}), written by a newer agent: skipped, and kept for it: this agent does not compact the outbox nor delete any of it (it grows, in new segments of about ${this.compactBytes} bytes, until a newer agent opens it); a report among them is not sent by this agent, and its job may run again`,
       );
     }
 
@@ -916,19 +985,40 @@ export class Outbox {
       }
       this.size = tail.validEnd;
       this.openStep = 'writing a new segment';
-      if (this.shouldCompact()) await this.rotate();
+      if (this.shouldCompact()) {
+        // Optional: the segment is good as it is. Failing (the reserve used, or an I/O error),
+        // the outbox opens failing: no new work, the reports it holds are sent (header, point 8).
+        await this.withRoom(() => this.rotate(!this.foreign)).catch((err: unknown) =>
+          this.fail(err as Error, 'outbox: compaction at open failed: the current segment is used; this agent takes no new work until writes work again (disk full? I/O error?); the reports it holds are sent'),
+        );
+      }
     } else {
       // No log yet, several segments (a compaction was cut short), or an import: one new
       // segment with the live set, synced, before the old files go.
       this.segNo = segs.at(-1) ?? 0;
       this.older = segs;
       this.openStep = 'writing a new segment';
-      await this.rotate();
+      await this.withRoom(() => this.rotate(true));
       for (const file of legacy) await fs.rm(file, { force: true });
       if (legacy.length) {
         await this.syncDir();
         this.log.info({ dir: this.dir, entries: legacy.length }, 'outbox: imported the files of the old format into the log');
       }
+    }
+  }
+
+  /**
+   * Runs a step of `open()` that writes; if it fails for want of space, deletes the reserve file
+   * (once per open: `useReserve`) and runs it again. Started on a full disk, the agent must still
+   * open and send the reports it holds; it then opens failing, as the reserve cannot be made.
+   */
+  private async withRoom<T>(step: () => Promise<T>): Promise<T> {
+    try {
+      return await step();
+    } catch (err) {
+      if (!isNoSpace(err as Error) || !(await this.useReserve())) throw err;
+      this.log.warn({ err, dir: this.dir, step: this.openStep, reserveBytes: this.reserveBytes }, 'outbox: the disk is full at open: deleted the reserve file to make room');
+      return await step();
     }
   }
 
@@ -996,6 +1086,21 @@ function isNoSpace(err: Error): boolean {
 function stripSuperseded(s: SupersededEntry): OutboxEntry {
   const { supersededAt: _at, reason: _why, ...e } = s;
   return e;
+}
+
+/**
+ * Writes `bytes` of the reserve in chunks of `RESERVE_CHUNK` from one buffer, made once per
+ * process. Random bytes: a compressing file system would store zeros in no space at all; each
+ * 4 KiB page of a chunk starts with the chunk's number, so that no two chunks are the same (a
+ * deduplicating one would store a repeated chunk once).
+ */
+async function writeReserve(fh: FileHandle, bytes: number): Promise<void> {
+  const chunk = (reserveChunk ??= randomBytes(RESERVE_CHUNK));
+  for (let off = 0, i = 0; off < bytes; off += RESERVE_CHUNK, i++) {
+    const n = Math.min(RESERVE_CHUNK, bytes - off);
+    for (let p = 0; p < n; p += 4096) chunk.writeUInt32LE(i, p);
+    await writeAll(fh, n === RESERVE_CHUNK ? chunk : chunk.subarray(0, n), off);
+  }
 }
 
 /** `write` may write less than asked; positions are explicit so a retry overwrites a torn end. */
