@@ -55,15 +55,20 @@ describe('an SDK agent revoked while connected', () => {
     });
     agents.push(agent);
     let running: AbortSignal | undefined;
+    let handlerRuns = () => undefined as void;
+    const handlerRan = new Promise<void>((r) => (handlerRuns = r));
     agent.handle('rev-q', (_job, ctx) => {
       running = ctx.signal;
+      handlerRuns();
       return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve({})));
     });
     const disconnects: Array<Error | undefined> = [];
     agent.on('disconnected', ({ error }) => disconnects.push(error));
     await agent.start();
     expect((await jobEnqueue(t.pool, { queue: 'rev-q', payload: {} })).outcome).toBe('ok');
-    await once(agent, 'assigned');
+    // Its handler running (an Assign's handler starts only once its start is confirmed: a
+    // revocation between the two left no handler to abort, and this test failed once so).
+    await handlerRan;
 
     const refused = once(agent, 'refused');
     await revoke('rev-sdk');
