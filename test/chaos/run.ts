@@ -36,6 +36,7 @@ import { startEmbedded, type EmbeddedDatabase } from '../../server/store/embedde
 import { agentCreate, migrateDatabase, signingSecretGet, subscriptionCreate } from '../../server/store/index.js';
 import { signDelivery, WEBHOOK_HEADERS } from '../../server/core/webhook-deliverer.js';
 import { agentBundle } from '../helpers/agent-process.js';
+import { freePort } from '../helpers/ports.js'; // below the ephemeral range: replicas and PostgreSQL restart on theirs
 import { checkInvariants } from '../helpers/invariants.js';
 import { startSink } from '../helpers/sink.js';
 import { startFaultProxy, type FaultProxy } from './fault-proxy.js';
@@ -101,17 +102,6 @@ function prng(seed: number) {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as net.AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
