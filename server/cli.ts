@@ -150,8 +150,8 @@ registerRemoteCommands(program);
 registerWebhookCommands(program);
 
 program.parseAsync().catch((err: unknown) => {
-  // A bad setting (DatabaseSettingError: DATABASE_URL's TLS settings, found on the first
-  // connection; NewerSchemaError: a database migrated by a newer release, at `serve` or `migrate`)
+  // A bad setting (DatabaseSettingError: DATABASE_URL's TLS settings, or a pooler that shares
+  // sessions, found on the first connection; NewerSchemaError: a database migrated by a newer release, at `serve` or `migrate`)
   // is one line and exit code 2; anything else is logged with its stack, exit code 1.
   const oneLine = ['ConfigError', 'DatabaseSettingError', 'NewerSchemaError'];
   if (oneLine.includes((err as Error).name)) {

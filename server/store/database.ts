@@ -5,6 +5,7 @@
 import pg from 'pg';
 import type { Logger } from '../log.js';
 import { startEmbedded, type EmbeddedDatabase } from './embedded.js';
+import { sessionProblem } from './session-check.js';
 
 export interface Database {
   pool: pg.Pool;
@@ -91,6 +92,16 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
     const why = setting ? `${setting} (${(err as Error).message})` : (err as Error).message;
     throw new (setting ? DatabaseSettingError : Error)(`cannot connect to PostgreSQL at ${redact(url)}: ${why}`, { cause: err });
   }
+  // A server given by URL may be a pooler that shares sessions between connections, which
+  // Leasehold cannot run on (session-check.ts); the embedded one is PostgreSQL itself.
+  const problem = embedded ? undefined : await sessionProblem(url, { connectTimeoutMs: CONNECT_TIMEOUT_MS }).catch(async (err: unknown) => {
+    await Promise.all([pool.end().catch(() => undefined), hot.end().catch(() => undefined)]);
+    throw new Error(`cannot connect to PostgreSQL at ${redact(url)}: ${(err as Error).message}`, { cause: err });
+  });
+  if (problem) {
+    await Promise.all([pool.end().catch(() => undefined), hot.end().catch(() => undefined)]);
+    throw new DatabaseSettingError(`cannot use PostgreSQL at ${redact(url)}: ${problem}`);
+  }
   log.info({ url: redact(url), embedded: Boolean(embedded) }, 'database connected');
   let closed: Promise<void> | undefined;
   return {
@@ -110,7 +121,8 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
 /**
  * A first connection refused because of what `DATABASE_URL` asks for: its TLS settings do not fit
  * the server (a CA that did not sign its certificate, a host name the certificate does not list,
- * no sslmode where the server requires TLS, an unreadable sslrootcert). Restarting will not help
+ * no sslmode where the server requires TLS, an unreadable sslrootcert), or it points at a pooler
+ * that shares server sessions between connections (session-check.ts). Restarting will not help
  * and changing the URL will (also when the provider changed its CA: the fix is a new
  * sslrootcert), so `leasehold serve` and `migrate` report it as they do a `ConfigError`: one line
  * naming the setting, exit code 2. Unreachable servers, refused passwords and everything else stay

@@ -50,7 +50,7 @@ export function missing(cmd: string): string | undefined {
 }
 
 /** Resolves once something accepts TCP connections on 127.0.0.1:`port`. */
-async function accepting(port: number): Promise<boolean> {
+export async function accepting(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const s = net.connect({ host: '127.0.0.1', port }, () => {
       s.destroy();
