@@ -72,6 +72,10 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
   let locked = false;
   let broken: Error | undefined;
   try {
+    // A statement_timeout set on the role or the database (a DBA's guard for applications) would
+    // cut a migration, or an index built online over a large history, at every start: the
+    // migrations run without one, and the connection gets the role's back before it is pooled.
+    await client.query('SET statement_timeout = 0');
     await migrationLockTake(client, opts);
     locked = true;
     const count = async () =>
@@ -112,6 +116,7 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
         broken ??= err;
       });
     }
+    if (!broken) await client.query('RESET statement_timeout').catch((err: Error) => (broken = err));
     // After a failure (or an unlock that failed: the session may still hold the lock), the
     // connection is closed rather than pooled.
     client.release(broken);

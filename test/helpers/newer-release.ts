@@ -23,10 +23,10 @@ export interface NewerRelease {
 }
 
 /**
- * This release's migrations and one more (`SELECT 1`), marked `mark` in compat.json (or not
+ * This release's migrations and one more (`sql`, default `SELECT 1`), marked `mark` in compat.json (or not
  * marked, which counts as breaks).
  */
-export async function newerRelease(mark?: 'add-only' | 'breaks'): Promise<NewerRelease> {
+export async function newerRelease(mark?: 'add-only' | 'breaks', sql = 'SELECT 1;\n'): Promise<NewerRelease> {
   const folder = await mkdtemp(path.join(os.tmpdir(), 'leasehold-newer-release-'));
   await cp(migrationsFolder, folder, { recursive: true });
   const journalFile = path.join(folder, 'meta/_journal.json');
@@ -36,7 +36,7 @@ export async function newerRelease(mark?: 'add-only' | 'breaks'): Promise<NewerR
   const tag = `${String(idx).padStart(4, '0')}_newer_release`;
   journal.entries.push({ idx, version: last.version, when: last.when + 86_400_000, tag, breakpoints: true });
   await writeFile(journalFile, JSON.stringify(journal, null, 2));
-  await writeFile(path.join(folder, `${tag}.sql`), 'SELECT 1;\n');
+  await writeFile(path.join(folder, `${tag}.sql`), sql);
   if (mark) {
     const compatFile = path.join(folder, 'compat.json');
     const compat = JSON.parse(await readFile(compatFile, 'utf8')) as { migrations: Record<string, unknown> };
