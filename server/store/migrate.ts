@@ -22,6 +22,7 @@ import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import type pg from 'pg';
 import type { Logger } from '../log.js';
 import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
+import { DatabaseSettingError } from './database.js';
 import { daysEnsure } from './days.js';
 import { compatInfo, schemaCompatGet, schemaCompatRaise, schemaTooNewMessage, type CompatInfo } from './schema-compat.js';
 
@@ -109,7 +110,7 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
     return (await count()) - before;
   } catch (err) {
     broken = err as Error;
-    throw err;
+    throw (await privilegeProblem(client, err as Error)) ?? err;
   } finally {
     if (locked) {
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch((err: Error) => {
@@ -121,6 +122,33 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
     // connection is closed rather than pooled.
     client.release(broken);
   }
+}
+
+/**
+ * A migration refused for want of a privilege (SQLSTATE 42501: a role that does not own the
+ * database, e.g. one given only table grants, or a new database on PostgreSQL 15+ where `public`
+ * is its owner's), as one line naming the role, the database and the fix, exit code 2: a restart
+ * cannot help. drizzle wraps the driver's error (`Failed query: …`, with the SQL and a stack).
+ */
+async function privilegeProblem(client: pg.PoolClient, err: Error): Promise<DatabaseSettingError | undefined> {
+  const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  const code = (err as { code?: string }).code ?? cause?.code;
+  if (code !== '42501') return undefined;
+  const who = await client
+    .query<{ role: string; db: string; fix: string }>(
+      `SELECT current_user AS role, current_database() AS db, format('ALTER DATABASE %I OWNER TO %I', current_database(), current_user) AS fix`,
+    )
+    .then((r) => r.rows[0])
+    .catch(() => undefined);
+  const reason = cause?.message ?? err.message;
+  const statement = /^Failed query: (.*?)\nparams:/s.exec(err.message)?.[1]?.split('\n')[0];
+  return new DatabaseSettingError(
+    `the migrations cannot run as role ${who ? `"${who.role}" on database "${who.db}"` : 'of DATABASE_URL'}: ${reason}` +
+      (statement ? ` (in ${statement.slice(0, 120)})` : '') +
+      `. The coordinator's role must own its database${who ? ` (${who.fix})` : ''} and the tables the migrations made in it ` +
+      `(after another role ran them: REASSIGN OWNED BY that_role TO ${who ? who.role : 'this_role'}), as an admin runs it (docs/deploy.md, "A managed PostgreSQL")`,
+    { cause: err },
+  );
 }
 
 /**
