@@ -218,6 +218,18 @@ describe('the HTTP gateway, without a key', () => {
     expect([ok.status, await ok.json()]).toEqual([200, { status: 'SERVING' }]);
   });
 
+  it('answers 505 to the calls that stream their answers, pointing at the gRPC listener (Health/Watch was served, and a body it could not frame was a 500)', async () => {
+    for (const [path, type, body] of [
+      ['/grpc.health.v1.Health/Watch', 'application/connect+json', Buffer.from([0, 0, 0, 0, 2, 0x7b, 0x7d])],
+      ['/grpc.health.v1.Health/Watch', 'application/json', Buffer.from('{}')],
+      ['/grpc.reflection.v1.ServerReflection/ServerReflectionInfo', 'application/connect+json', Buffer.from([0, 0, 0, 0, 2, 0x7b, 0x7d])],
+    ] as const) {
+      const res = await fetch(`${lh.httpUrl}${path}`, { method: 'POST', headers: { 'content-type': type }, body });
+      expect([path, type, res.status]).toEqual([path, type, 505]);
+      expect(await res.json()).toMatchObject({ code: 'unimplemented', message: `${path} streams its answers: call it on the gRPC listener (grpcurl, buf curl --protocol grpc)` });
+    }
+  });
+
   it('looks a key up once per call (the listener checks it before the body, the interceptor takes its answer)', async () => {
     const stats = () => ({ ...lh.c.credentials.stats });
     await fetch(`${lh.httpUrl}${LIST_JOBS}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` }, body: '{}' });
@@ -326,6 +338,41 @@ describe('the body deadline (300 ms here)', () => {
     // A connection that never sends its headers is closed too.
     const silent = raw(httpServer.address.port);
     expect(await within(silent.closed, 3000)).not.toBe('timeout');
+  });
+});
+
+describe('open streaming calls (reflection, Health/Watch): 2 a connection, 3 in all, 500 ms each here', () => {
+  const REFLECTION = '/grpc.reflection.v1.ServerReflection/ServerReflectionInfo';
+  const WATCH = '/grpc.health.v1.Health/Watch';
+  let grpcServer: GrpcServer;
+  beforeAll(async () => {
+    const log = pino({ level: 'silent' });
+    const deps = { db: t.pool, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000, openStreams: { perConnection: 2, max: 3, maxMs: 500 } };
+    grpcServer = await listenGrpc({ ...deps, hub: new AgentHub(t.pool, log, deps) }, '127.0.0.1:0');
+  });
+  afterAll(() => grpcServer?.close());
+
+  it('refuses one past either bound at once, ends each after its time, and counts none of the unary calls', async () => {
+    const url = `http://127.0.0.1:${grpcServer.address.port}`;
+    const [one, two] = [connect(url), connect(url)];
+    // Held as a client that meant to exhaust memory would hold them: open, never ended.
+    const held = [grpcCall(one, REFLECTION, {}, []), grpcCall(one, REFLECTION, {}, [])];
+    await new Promise((r) => setTimeout(r, 50));
+    expect(await within(grpcCall(one, REFLECTION, {}, []), 300)).toMatchObject({ status: '8', message: expect.stringMatching(/too many open reflection and health streams \(2 a connection, 3 in all\)/) });
+    held.push(grpcCall(two, WATCH, {}, [frameHead(0)], true));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(await within(grpcCall(two, REFLECTION, {}, []), 300)).toMatchObject({ status: '8' });
+    // Health/Check is unary: served while the bound is full.
+    expect(await grpcCall(two, HEALTH_CHECK, {}, [frameHead(0)], true)).toMatchObject({ status: '0' });
+    // Before, they stayed open for good (6,000 of them took the coordinator to 935 MB).
+    const ends = await within(Promise.all(held), 2000);
+    expect(ends).not.toBe('timeout');
+    for (const e of ends as GrpcEnd[]) {
+      expect(e.rstCode).toBe(http2.constants.NGHTTP2_CANCEL);
+      expect(e.ms).toBeGreaterThanOrEqual(400);
+    }
+    // Their places are free again.
+    expect(await within(grpcCall(one, REFLECTION, {}, []), 300)).toBe('timeout');
   });
 });
 

@@ -20,6 +20,7 @@ import type { Logger } from '../log.js';
 import type { AgentStreamHandler } from './agent-lane.js';
 import { ackMessage, assignMessage, renewedMessage } from './assign-codec.js';
 import { fromValue } from './codec.js';
+import { LogSummary } from '../lib/log-summary.js';
 import { toConnectError } from './outcome-wire.js';
 import serverPackage from '../../package.json' with { type: 'json' };
 
@@ -40,13 +41,32 @@ export interface AgentRoutesDeps {
 }
 
 /**
+ * The streams still waiting for their Hello, oldest first, each with the means to end it. Those
+ * streams carry no credential yet, so whoever can reach the listener can open them; when they
+ * are too many, the oldest is ended to make room (an agent sends its Hello with the stream's
+ * first bytes, so the oldest is the one least likely to be an agent). Refusing the newest
+ * instead let one client that kept 256 of them open shut every agent out: 0 of 59 tries of a
+ * real agent got in over 30 s (.scratch/review-security.md, 1).
+ */
+interface Waiting {
+  streams: Set<(err: ConnectError) => void>;
+  /** One line a minute for the streams ended so, and for the Hellos refused: anyone can cause them. */
+  ended: LogSummary;
+  refused: LogSummary;
+}
+
+/**
  * The agent stream's handler, for Connect's router (`routes`) and for the gRPC listener's own
  * lane (`handler`, agent-lane.ts): one count of the streams still waiting for their Hello.
  */
 export function agentStreams(deps: AgentRoutesDeps): { routes: (router: ConnectRouter) => void; handler: AgentStreamHandler } {
   // Streams that have not said Hello yet hold memory and a connection without any credential:
   // they are few and short-lived, or refused.
-  const waiting = { n: 0 };
+  const waiting: Waiting = {
+    streams: new Set(),
+    ended: new LogSummary(deps.log, 'warn', 'agent stream ended: too many streams waiting for their Hello, this one the longest'),
+    refused: new LogSummary(deps.log, 'warn', 'agent refused'),
+  };
   const handler: AgentStreamHandler = (requests, signal) => connect(deps, waiting, requests, signal);
   return {
     handler,
@@ -59,7 +79,7 @@ export function agentStreams(deps: AgentRoutesDeps): { routes: (router: ConnectR
 
 async function* connect(
   deps: AgentRoutesDeps,
-  waiting: { n: number },
+  waiting: Waiting,
   requests: AsyncIterable<AgentMessage>,
   signal: AbortSignal,
 ): AsyncGenerator<ServerMessage> {
@@ -90,7 +110,7 @@ async function* connect(
   });
   if (opened.outcome !== 'ok') {
     if (opened.outcome === 'not_found' || opened.outcome === 'forbidden') {
-      log.warn({ agentId: h.agentId, why: opened.message }, 'agent refused');
+      waiting.refused.note({ agentId: h.agentId, why: opened.message });
       throw new ConnectError(`Hello refused: ${opened.message}`, Code.Unauthenticated);
     }
     throw toConnectError(opened as Failure);
@@ -139,28 +159,30 @@ async function* connect(
 }
 
 /**
- * The stream's first message, within the Hello timeout; refused at once when too many streams
- * already wait for theirs.
+ * The stream's first message, within the Hello timeout; when too many streams already wait for
+ * theirs, the one that has waited longest is ended to make room (see `Waiting`).
  */
-async function firstMessage(deps: AgentRoutesDeps, waiting: { n: number }, it: AsyncIterator<AgentMessage>): Promise<IteratorResult<AgentMessage>> {
+async function firstMessage(deps: AgentRoutesDeps, waiting: Waiting, it: AsyncIterator<AgentMessage>): Promise<IteratorResult<AgentMessage>> {
   const max = deps.helloPendingMax ?? 256;
-  if (waiting.n >= max) {
-    deps.log.warn({ waiting: waiting.n }, 'agent stream refused: too many streams waiting for their Hello');
-    throw new ConnectError(`too many streams waiting to say Hello (${max}), retry later`, Code.ResourceExhausted);
-  }
   const ms = deps.helloTimeoutMs ?? 10_000;
-  waiting.n++;
   let timer: NodeJS.Timeout | undefined;
+  let end!: (err: ConnectError) => void;
+  const ended = new Promise<never>((_, reject) => {
+    end = reject;
+    timer = setTimeout(() => reject(new ConnectError(`no Hello within ${ms} ms of opening the stream`, Code.DeadlineExceeded)), ms);
+  });
+  while (waiting.streams.size >= max) {
+    const [oldest] = waiting.streams;
+    waiting.streams.delete(oldest!);
+    waiting.ended.note({ waiting: max });
+    oldest!(new ConnectError(`too many streams waiting to say Hello (${max}): this one, which waited longest, was ended`, Code.ResourceExhausted));
+  }
+  waiting.streams.add(end);
   try {
-    return await Promise.race([
-      it.next(),
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new ConnectError(`no Hello within ${ms} ms of opening the stream`, Code.DeadlineExceeded)), ms);
-      }),
-    ]);
+    return await Promise.race([it.next(), ended]);
   } finally {
     clearTimeout(timer);
-    waiting.n--;
+    waiting.streams.delete(end);
   }
 }
 

@@ -216,6 +216,13 @@ async function handle(
     });
   }
   const { handler, keyed } = route;
+  // Calls that stream their answers (reflection, Health/Watch, the agent stream) are the gRPC
+  // listener's, where they are bounded: Connect served Health/Watch here, open to anyone, and
+  // answered a body it could not frame with a 500 and an error logged with its stack.
+  if (handler.method.methodKind !== 'unary') {
+    readAway(req, res);
+    return sendJson(res, 505, { ...codeOfStatus(505), message: `${path} streams its answers: call it on the gRPC listener (grpcurl, buf curl --protocol grpc)`, status: 505 });
+  }
   // Other verbs are Connect's to answer (405), without a body: none is read.
   const post = req.method === 'POST';
   // The key before the body: a caller without one is answered from the headers alone.

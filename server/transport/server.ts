@@ -11,6 +11,7 @@ import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { CredentialCache } from '../core/credential-cache.js';
+import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
 import { adminRoutes } from './admin-routes.js';
@@ -69,7 +70,25 @@ export interface ServerDeps {
    * that send messages both ways (the agent stream, reflection) have no such deadline.
    */
   bodyTimeoutMs?: number | undefined;
+  /** The bounds of open streaming calls (reflection, Health/Watch); default `OPEN_STREAMS`. */
+  openStreams?: OpenStreamBounds | undefined;
 }
+
+/**
+ * Calls anyone may make without a key that stream their answers: reflection (grpcurl's `list`
+ * and `describe`, a few requests on one stream) and Health/Watch. Without bounds a client could
+ * hold thousands of them, about 130 KB of memory each, for as long as it liked: 6,000 streams on
+ * 24 connections took the coordinator from 151 to 935 MB, and opening them slowed n8n's enqueues
+ * to 3.8 s (.scratch/review-security.md, 2). Each is ended after `maxMs`; past `perConnection` on
+ * one connection or `max` in all a new one is refused with RESOURCE_EXHAUSTED. Agents, n8n and
+ * Health/Check (unary) are not counted.
+ */
+export interface OpenStreamBounds {
+  perConnection: number;
+  max: number;
+  maxMs: number;
+}
+export const OPEN_STREAMS: OpenStreamBounds = { perConnection: 8, max: 64, maxMs: 60_000 };
 
 export interface TlsFiles {
   certFile: string;
@@ -167,7 +186,12 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
         routes(deps, health, agents, { connect: false, grpcWeb: false, readMaxBytes: OPEN_READ_MAX_BYTES })(router);
         for (const h of router.handlers) {
           const kind = h.method.methodKind;
-          methods.set(h.requestPath, { input: h.method.input.typeName, keyed: needsKey(h.service.typeName), oneMessage: kind === 'unary' || kind === 'server_streaming' });
+          methods.set(h.requestPath, {
+            input: h.method.input.typeName,
+            keyed: needsKey(h.service.typeName),
+            oneMessage: kind === 'unary' || kind === 'server_streaming',
+            streaming: kind !== 'unary',
+          });
         }
       },
       contextValues: (req) => {
@@ -190,6 +214,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
       refuse(req, res, undefined, 'bad :authority', Code.InvalidArgument);
     }
   };
+  const openStreams = openStreamGate(deps.openStreams ?? OPEN_STREAMS, deps.log);
   // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through
   // it, a call that needs a key only once its key is known good: Connect reads the whole body
   // (up to READ_MAX_BYTES) before its interceptors run, so callers without a key could make the
@@ -199,7 +224,10 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     // Unknown paths and other verbs: Connect answers them without reading a body.
     if (!method || req.method !== 'POST') return serve(req, res);
     if (method.oneMessage) bodyDeadline(req, bodyTimeoutMs, deps.log);
-    if (!method.keyed) return serve(req, res);
+    if (!method.keyed) {
+      if (method.streaming && !openStreams(req, res, method.input)) return;
+      return serve(req, res);
+    }
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuse(req, res, method.input, MISSING_KEY);
     authenticate(deps.db, token, deps.credentials)
@@ -301,6 +329,40 @@ interface MethodInfo {
   keyed: boolean;
   /** The caller sends one message and ends (unary, server streaming): its body has a deadline. */
   oneMessage: boolean;
+  /** The server may answer with more than one message (server streaming, bidi). */
+  streaming: boolean;
+}
+
+/**
+ * Admits an open streaming call within `bounds` (see `OpenStreamBounds`) and ends it after
+ * `bounds.maxMs`; refuses it otherwise (false: answered already).
+ */
+function openStreamGate(bounds: OpenStreamBounds, log: Logger): (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse, input: string) => boolean {
+  let total = 0;
+  const perConnection = new WeakMap<object, number>();
+  const refused = new LogSummary(log, 'warn', 'reflection or health stream refused: too many open');
+  return (req, res, input) => {
+    const connection: object = req.httpVersionMajor === 2 ? req.stream.session! : req.socket;
+    const here = perConnection.get(connection) ?? 0;
+    if (here >= bounds.perConnection || total >= bounds.max) {
+      refused.note({ path: req.url, onConnection: here, total });
+      refuse(req, res, input, `too many open reflection and health streams (${bounds.perConnection} a connection, ${bounds.max} in all): end some, or ask Health/Check`, Code.ResourceExhausted);
+      return false;
+    }
+    total++;
+    perConnection.set(connection, here + 1);
+    const timer = setTimeout(() => {
+      if (ended(req)) return;
+      if (req.httpVersionMajor === 2) res.stream.close(http2.constants.NGHTTP2_CANCEL);
+      else res.destroy();
+    }, bounds.maxMs);
+    res.once('close', () => {
+      clearTimeout(timer);
+      total--;
+      perConnection.set(connection, (perConnection.get(connection) ?? 1) - 1);
+    });
+    return true;
+  };
 }
 
 /**
