@@ -4,11 +4,12 @@
  * when a group found empty is claimed for again, the enqueue hand-off's reserve and settle, and
  * a failed claim giving its slots back. test/dispatcher.test.ts covers it inside a coordinator.
  */
+import { Code, ConnectError } from '@connectrpc/connect';
 import pino from 'pino';
 import { afterEach, expect, it } from 'vitest';
 import { AgentHub, Session } from '../server/core/agent-hub.js';
 import { Dispatcher } from '../server/core/dispatcher.js';
-import { jobEnqueue, type Claimed } from '../server/store/index.js';
+import { jobClaim, jobEnqueue, jobRescueExpired, type Claimed } from '../server/store/index.js';
 import { interceptPool, sentTo } from './helpers/core.js';
 import { useTestDb } from './helpers/db.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -176,4 +177,55 @@ it('reserve takes a free slot of a session that serves the queue and has the lab
   await dispatcher.stop();
   expect(dispatcher.reserve('hand', { os: 'linux' })).toBeUndefined();
   expect(linux.available).toBe(1);
+});
+
+it('jobs claimed for a stream that ended while the claim ran go back at the reaper\'s next run, not at their claim deadline', async () => {
+  const s = new Session('disp-gone', ['gone'], {}, 2);
+  const { hub } = setup(s);
+  const [id] = await enqueue('gone', 1);
+  // The stream ends while the round's claim is in the database.
+  const db = interceptPool(t.pool, async (q, run) => {
+    if (q.name === 'jobClaim') s.closed = true;
+    return run();
+  });
+  const d = new Dispatcher(db, hub, log, { claimTtlMs: 30_000, pollMs: 3_600_000 });
+  dispatchers.push(d);
+  d.start();
+  await d.runOnce();
+  expect(s.held.size).toBe(0);
+  // Before, its claim deadline stayed 30 s ahead and the reaper found nothing for that long.
+  await expect.poll(async () => {
+    const r = await jobRescueExpired(t.pool, { limit: 10 });
+    return r.outcome === 'ok' ? r.value.map((x) => [x.jobId, x.reason, x.status]) : r;
+  }).toEqual([[id, 'claim_expired', 'queued']]);
+  await checkInvariants(t.pool);
+});
+
+it('a report the database could not store ends the stream after what was queued for it, with UNAVAILABLE', async () => {
+  const s = new Session('disp-report', ['report'], {}, 2);
+  const db = interceptPool(t.pool, async (q, run) => {
+    if (String(q.name).startsWith('attemptStart')) throw new Error('Connection terminated unexpectedly');
+    return run();
+  });
+  const hub = new AgentHub(db, log, { leaseTtlMs: 30_000, claimTtlMs: 30_000, heartbeatIntervalMs: 5_000 });
+  hub.sessions.add(s);
+  await enqueue('report', 2);
+  const claimed = await jobClaim(t.pool, { agentId: 'disp-report', queues: ['report'], limit: 2, claimTtlMs: 30_000 });
+  if (claimed.outcome !== 'ok') throw new Error(JSON.stringify(claimed));
+  hub.assign(s, [claimed.value[0]!]);
+  await hub.handle(s, { type: 'started', attemptIds: [claimed.value[0]!.attemptId], seq: 1n });
+  hub.assign(s, [claimed.value[1]!]);
+  // The second Assign was queued after the first report, before its failure came back: both go out.
+  const out: unknown[] = [];
+  const end = await (async () => {
+    try {
+      for await (const m of s.out) out.push(m);
+    } catch (err) {
+      return err;
+    }
+  })();
+  expect(out.filter((m) => (m as { type: string }).type === 'assign')).toHaveLength(2);
+  expect(end).toBeInstanceOf(ConnectError);
+  expect((end as ConnectError).code).toBe(Code.Unavailable);
+  expect((end as ConnectError).rawMessage).toMatch(/^the coordinator could not store a report \(.*Connection terminated unexpectedly\): reconnect and send it again$/);
 });

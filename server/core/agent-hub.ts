@@ -26,7 +26,7 @@
 import { EventEmitter } from 'node:events';
 import { Code, ConnectError } from '@connectrpc/connect';
 import type { Logger } from '../log.js';
-import { agentAuthenticate, attemptsMarkSuspect, attemptsResume, controlNotify, type Claimed, type Queryable } from '../store/index.js';
+import { agentAuthenticate, attemptsMarkSuspect, attemptsResume, claimsExpire, controlNotify, type Claimed, type Queryable } from '../store/index.js';
 import { AttemptReports } from './attempt-reports.js';
 import { ReportBatcher } from './batcher.js';
 import { LeaseTicker } from './lease-ticker.js';
@@ -298,6 +298,16 @@ export class AgentHub extends EventEmitter<HubEvents> {
    * dispatcher's rounds and enqueue hand-offs interleave.
    */
   assign(s: Session, jobs: Claimed[]): void {
+    if (s.closed) {
+      // The stream ended while these were claimed for it (a dispatcher round or an enqueue's
+      // hand-off in flight), so nobody will start them: their start deadline is moved to now and
+      // the reaper's next run puts them back, instead of after the claim TTL (30 s by default).
+      const attemptIds = jobs.map((c) => c.attemptId);
+      claimsExpire(this.db, { attemptIds }).catch((err: unknown) => {
+        this.log.warn({ err, agentId: s.agentId, attemptIds }, 'could not give back jobs claimed for a stream that ended: they go back at their claim deadline');
+      });
+      return;
+    }
     for (const c of jobs) s.held.set(c.attemptId, { jobId: c.job.id, status: 'claimed' });
     s.send({ type: 'assign', jobs });
   }
@@ -319,7 +329,12 @@ export class AgentHub extends EventEmitter<HubEvents> {
   private background(s: Session, work: Promise<void>): void {
     work.catch((err: unknown) => {
       this.log.warn({ err, agentId: s.agentId }, 'could not process an agent report: ending its stream (it will resend)');
-      s.out.fail(err);
+      // What is queued for the agent goes out first: Assigns above all, whose jobs are claimed for
+      // it and which it resumes on its next stream. Failing the stream at once dropped them, and
+      // their jobs waited out their claim deadline; and the agent read INTERNAL, a bug's code, for
+      // what is mostly a database that could not answer.
+      const why = err instanceof Error ? err.message.slice(0, 200) : String(err);
+      s.out.close(new ConnectError(`the coordinator could not store a report (${why}): reconnect and send it again`, Code.Unavailable));
     });
   }
 

@@ -252,3 +252,19 @@ export async function jobClaimSlots(db: Queryable, p: ClaimSlotsParams): Promise
   // In slot order, which is the claim's priority order.
   return ok(claimed.sort((a, b) => a.slot - b.slot));
 }
+
+// Claims made for a stream that ended before they could be sent (agent-hub.ts, `assign`): their
+// start deadline becomes now (and the lease, which a claim sets to it and the reaper reads), and
+// the reaper ends them as any claim not started in time
+// (claim_expired: back to the queue where they stood, not counted). Only while still claimed
+// with this attempt: a claim already ended or started is left alone.
+const claimsExpireSql = statement(
+  'claimsExpire',
+  `UPDATE jobs_live SET claim_deadline = least(claim_deadline, now()), lease_expires_at = least(lease_expires_at, now())
+   WHERE current_attempt_id = ANY ($1::uuid[]) AND status = 'claimed'`,
+);
+
+/** Moves the start deadline of these claims to now, for the reaper to take them back (see claimsExpireSql). */
+export async function claimsExpire(db: Queryable, p: { attemptIds: string[] }): Promise<void> {
+  await run(db, claimsExpireSql, [p.attemptIds]);
+}
