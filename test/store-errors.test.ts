@@ -8,7 +8,7 @@ import pino from 'pino';
 import { expect, it } from 'vitest';
 import { JobService } from '../gen/leasehold/v1/job_service_pb.js';
 import { StoreError } from '../server/store/sql.js';
-import { databaseUnavailable, storeErrors } from '../server/transport/store-errors.js';
+import { databaseUnavailable, storeErrors, unavailableMessage } from '../server/transport/store-errors.js';
 
 const pgError = (code: string, message = 'x') => Object.assign(new Error(message), { code });
 
@@ -42,4 +42,26 @@ it('answers UNAVAILABLE with retry-after, or INTERNAL, and logs each failure onc
     [40, 'call failed: the database is unavailable', 'leasehold.v1.JobService/EnqueueJob'],
     [50, 'call failed', 'leasehold.v1.JobService/EnqueueJob'],
   ]);
+});
+
+it('says when the database is out of connections, not down, and logs a run of unavailable calls as one line with a count', async () => {
+  expect(unavailableMessage(new StoreError('jobEnqueue failed', { cause: pgError('53300', 'sorry, too many clients already') }))).toBe(
+    'the coordinator has no free database connection (PostgreSQL max_connections reached): retry later',
+  );
+  expect(unavailableMessage(new StoreError('jobEnqueue failed', { cause: pgError('57P01') }))).toBe('the database is unavailable: retry later');
+  const lines: Array<Record<string, unknown>> = [];
+  const log = pino({ level: 'warn' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+  const interceptor = storeErrors(log);
+  const method = JobService.method.enqueueJob;
+  for (let i = 0; i < 100; i++) {
+    const e = await interceptor(async () => {
+      throw new StoreError('jobEnqueue failed', { cause: pgError('53300', 'sorry, too many clients already') });
+    })({ service: JobService, method } as never).then(
+      () => undefined,
+      (err: unknown) => err as ConnectError,
+    );
+    expect(e?.rawMessage).toBe('the coordinator has no free database connection (PostgreSQL max_connections reached): retry later');
+  }
+  // The first whole; the other 99 are counted into one line when its 10 s end (not waited for here).
+  expect(lines.map((l) => l.msg)).toEqual(['call failed: the database is unavailable']);
 });

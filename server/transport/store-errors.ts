@@ -7,6 +7,7 @@
  * nothing. Before, the gateway answered those with 500 and logged nothing at all.
  */
 import { Code, ConnectError, type Interceptor } from '@connectrpc/connect';
+import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 
 // SQLSTATE classes and codes of a database that cannot take the call now: connection exceptions
@@ -25,8 +26,25 @@ export function databaseUnavailable(err: unknown): boolean {
   return false;
 }
 
-/** The interceptor: thrown errors logged and, when the database is unavailable, answered UNAVAILABLE. */
+/**
+ * What a caller is told when the database cannot take its call. Out of connections (53300) the
+ * database is up and this coordinator's own pools, or other clients, hold every connection it
+ * allows: "the database is unavailable" sent operators looking for an outage that was not there.
+ */
+export function unavailableMessage(err: unknown): string {
+  for (let e = err as { code?: unknown; cause?: unknown } | undefined, n = 0; e && n < 5; e = e.cause as typeof e, n++) {
+    if (e.code === '53300') return 'the coordinator has no free database connection (PostgreSQL max_connections reached): retry later';
+  }
+  return 'the database is unavailable: retry later';
+}
+
+/**
+ * The interceptor: thrown errors logged and, when the database is unavailable, answered
+ * UNAVAILABLE. Those are logged as one line every 10 s with a count: during an outage every call
+ * fails so, and a line with its stack each made 5,915 lines (7.2 MB) in 20 s.
+ */
 export function storeErrors(log: Logger): Interceptor {
+  const down = new LogSummary(log, 'warn', 'call failed: the database is unavailable', 10_000);
   return (next) => async (req) => {
     try {
       return await next(req);
@@ -34,8 +52,8 @@ export function storeErrors(log: Logger): Interceptor {
       if (err instanceof ConnectError) throw err;
       const method = `${req.service.typeName}/${req.method.name}`;
       if (databaseUnavailable(err)) {
-        log.warn({ err, method }, 'call failed: the database is unavailable');
-        throw new ConnectError('the database is unavailable: retry later', Code.Unavailable, { 'retry-after': '1' }, undefined, err);
+        down.note({ err, method });
+        throw new ConnectError(unavailableMessage(err), Code.Unavailable, { 'retry-after': '1' }, undefined, err);
       }
       log.error({ err, method }, 'call failed');
       throw new ConnectError('internal error', Code.Internal, undefined, undefined, err);
