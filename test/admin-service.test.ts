@@ -168,6 +168,20 @@ describe('jobs', () => {
     for (const table of ['attempts', ...JOB_REFERENCES]) await t.pool.query(`DELETE FROM ${table} WHERE job_id IN (SELECT id FROM jobs WHERE queue = 'adm-purge')`);
     await t.pool.query(`DELETE FROM jobs WHERE queue = 'adm-purge'`);
   });
+
+  it('PurgeJobs refuses an older_than over 1000 years, naming the field and the maximum; takes the maximum', async () => {
+    // 3000 years: a cutoff PostgreSQL holds (about 1000 BC) but the answer's Timestamp cannot write
+    // (a 500). 10000 years: one before PostgreSQL's first day (a 500, "timestamp out of range").
+    for (const olderThan of ['94672800000s', '315576000000s', '31557600001s']) {
+      expect(await admin('PurgeJobs', { olderThan, dryRun: true }), olderThan).toMatchObject({
+        status: 400,
+        json: { code: 'invalid_argument', outcome: 'invalid', field: 'olderThanMs', message: 'olderThanMs must be at most 1000 years (31557600000s)' },
+      });
+    }
+    const most = await ok('PurgeJobs', { olderThan: '31557600000s', dryRun: true });
+    expect(most.dryRun).toBe(true);
+    expect(Math.abs(Date.parse(most.cutoff) - (Date.now() - 31_557_600_000_000))).toBeLessThan(60_000);
+  });
 });
 
 describe('agents and keys', () => {

@@ -168,6 +168,9 @@ describe('errors over HTTP', () => {
       [{ queue: 'q', payload: {}, priority: 'high' }, 'priority'],
       [{ queue: 'q', payload: {}, queue_name: 'typo' }, 'queue_name'],
       [{ queue: 'q', payload: {}, maxAttempts: 5000 }, 'maxAttempts'],
+      // jsonb refuses a NUL: it was a 500 (a StoreError with its stack in the log) once past the checks.
+      [{ queue: 'q', payload: {}, labels: { a: '\u0000' } }, 'labels.a'],
+      [{ queue: 'q', payload: {}, labels: { 'a\u0001': 'x' } }, 'labels.a\u0001'],
     ];
     for (const [body, field] of cases) {
       const a = await rpc(lh.httpUrl, `${JOBS}/EnqueueJob`, body, ADMIN_KEY);

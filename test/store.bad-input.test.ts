@@ -1,6 +1,7 @@
 /**
  * Bad input gets its named outcome and writes nothing: every table keeps its row count.
  */
+import { randomUUID } from 'node:crypto';
 import { beforeAll, describe, expect, it } from 'vitest';
 import {
   attemptComplete,
@@ -11,6 +12,7 @@ import {
   jobClaim,
   jobEnqueue,
   jobGet,
+  sessionRegister,
   stepRecord,
   stepReserve,
 } from '../server/store/index.js';
@@ -87,6 +89,11 @@ describe('enqueue', () => {
     ['an invalid run_at', { runAt: new Date('nope') }, 'runAt'],
     ['an idempotency key with a control character', { idempotencyKey: 'a\nb' }, 'idempotencyKey'],
     ['a zero execution timeout', { executionTimeoutMs: 0 }, 'executionTimeoutMs'],
+    // jsonb refuses a NUL: it was a StoreError (500) once past the checks.
+    ['a label value with a NUL', { labels: { a: '\u0000' } }, 'labels.a'],
+    ['a label value with a control character', { labels: { a: 'x\u007f' } }, 'labels.a'],
+    ['a label value with a lone surrogate', { labels: { a: '\ud800' } }, 'labels.a'],
+    ['a label name with a control character', { labels: { 'a\nb': 'x' } }, 'labels.a\nb'],
   ])('refuses %s', async (_, extra, field) => {
     await expectNothingWritten(() => jobEnqueue(t.pool, { queue: 'q', payload: {}, ...extra }), { outcome: 'invalid', field });
   });
@@ -149,13 +156,21 @@ describe('attempt calls', () => {
     });
   });
 
-  it('refuses bad claims: no queues, a zero or huge limit, a bad agent id', async () => {
+  it('refuses bad claims: no queues, a zero or huge limit, a bad agent id, a NUL in a label', async () => {
     const base = { agentId: 'a1', queues: ['q'], limit: 1, claimTtlMs: 1000 };
     await expectNothingWritten(() => jobClaim(t.pool, { ...base, queues: [] }), { outcome: 'invalid', field: 'queues' });
     await expectNothingWritten(() => jobClaim(t.pool, { ...base, limit: 0 }), { outcome: 'invalid', field: 'limit' });
     await expectNothingWritten(() => jobClaim(t.pool, { ...base, limit: 1e6 }), { outcome: 'invalid', field: 'limit' });
     await expectNothingWritten(() => jobClaim(t.pool, { ...base, agentId: ' ' }), { outcome: 'invalid', field: 'agentId' });
     await expectNothingWritten(() => jobClaim(t.pool, { ...base, claimTtlMs: 5 }), { outcome: 'invalid', field: 'claimTtlMs' });
+    await expectNothingWritten(() => jobClaim(t.pool, { ...base, labels: { a: '\u0000' } }), { outcome: 'invalid', field: 'labels.a' });
+  });
+
+  it("refuses an agent session whose labels hold a NUL or a control character (a Hello's labels)", async () => {
+    const s = { id: randomUUID(), agentId: 'a1', coordinatorId: randomUUID(), queues: ['q'], slots: 1, connectedAt: new Date() };
+    expect(await sessionRegister(t.pool, { ...s, labels: { a: '\u0000' } })).toMatchObject({ outcome: 'invalid', field: 'labels.a', message: 'label values must not contain control characters' });
+    expect(await sessionRegister(t.pool, { ...s, labels: { '\u0000': 'x' } })).toMatchObject({ outcome: 'invalid', field: 'labels.\u0000', message: 'label names must not contain control characters' });
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM agent_sessions WHERE id = $1', [s.id])).rows[0].n).toBe(0);
   });
 
   it('refuses a step name that is empty or too long, and an oversized step output', async () => {

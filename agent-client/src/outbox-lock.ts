@@ -142,7 +142,8 @@ async function take(dir: string, key: string, log: Logger): Promise<OutboxLock> 
  * file was created (a full disk) leaves no empty lock behind.
  */
 async function create(file: string, content: string): Promise<void> {
-  const fh = await fs.open(file, 'wx');
+  // Owner only, as every file of the outbox (outbox.ts says why).
+  const fh = await fs.open(file, 'wx', 0o600);
   try {
     await fh.writeFile(content);
   } catch (err) {

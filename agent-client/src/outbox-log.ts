@@ -279,7 +279,8 @@ export async function checkFormat(dir: string): Promise<OutboxFormat | undefined
 export async function writeFormat(dir: string): Promise<void> {
   const file = path.join(dir, FORMAT_FILE);
   const tmp = `${file}.tmp`;
-  const fh = await fs.open(tmp, 'w');
+  // Owner only, as every file of the outbox (outbox.ts says why).
+  const fh = await fs.open(tmp, 'w', 0o600);
   try {
     await fh.writeFile(`${JSON.stringify({ format: OUTBOX_FORMAT, minReader: OUTBOX_FORMAT })}\n`);
     await fh.sync();

@@ -80,6 +80,10 @@
  * directories cannot be fsynced there (skipped, as before: a new segment's name then rests on
  * NTFS's metadata journal). The pre-log format (`<attemptId>.json` per entry) is imported at
  * open, durably, then removed. One process per directory: `outbox-lock.ts`.
+ *
+ * Reports hold whatever handlers return, secrets often: the directory is made 0700 and every file
+ * in it 0600, and a directory found open to other users is tightened (logged). On Windows mode
+ * bits mean little: the directory's ACL decides there (docs/agent.md), and nothing is checked.
  */
 import { randomBytes } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
@@ -117,6 +121,9 @@ export { readOutbox, type OutboxEntry, type SupersededEntry } from './outbox-log
  * write returns once its data is durable, as a write followed by fdatasync would.
  */
 const DSYNC: number = process.platform === 'win32' ? 0 : (fsConstants.O_DSYNC ?? 0);
+/** Modes of the directory and of the files in it: this user's only (header). */
+const DIR_MODE = 0o700;
+const FILE_MODE = 0o600;
 
 /** How long an acknowledgement record waits for a flush to ride with before it is written alone. */
 export const ACK_LINGER_MS = 50;
@@ -297,7 +304,7 @@ export class Outbox {
     this.state = 'opening';
     try {
       this.openStep = 'creating the directory';
-      await fs.mkdir(this.dir, { recursive: true });
+      await this.makeDir();
       this.openStep = 'taking the lock';
       // ENOSPC here means the name was free (a lock held by another agent is EEXIST): the
       // reserve deleted is this directory's own, left by its last run.
@@ -573,7 +580,7 @@ export class Outbox {
     if (st?.size !== this.reserveBytes) {
       await this.roomForReserve(st?.size ?? 0);
       try {
-        const fh = await fs.open(file, 'w');
+        const fh = await fs.open(file, 'w', FILE_MODE);
         try {
           await writeReserve(fh, this.reserveBytes);
         } finally {
@@ -621,6 +628,25 @@ export class Outbox {
   // ───────────────────────── the directory and the lock ─────────────────────────
 
   /**
+   * Makes the directory 0700 (header). One that exists and that other users may enter is made
+   * 0700, with a warning; if that fails (another user owns it), a warning says so and the
+   * outbox opens all the same.
+   */
+  private async makeDir(): Promise<void> {
+    await fs.mkdir(this.dir, { recursive: true, mode: DIR_MODE });
+    if (process.platform === 'win32') return;
+    const mode = (await fs.stat(this.dir)).mode & 0o777;
+    if (!(mode & 0o077)) return;
+    const was = mode.toString(8).padStart(4, '0');
+    try {
+      await fs.chmod(this.dir, DIR_MODE);
+      this.log.warn({ dir: this.dir, mode: was }, 'outbox: its directory was open to other users: made it 0700 (the reports in it hold job results)');
+    } catch (err) {
+      this.log.warn({ err, dir: this.dir, mode: was }, 'outbox: its directory is open to other users, who may read the job results in it, and could not be made 0700: make it readable by the agent\'s user only');
+    }
+  }
+
+  /**
    * Every `checkMs`: reads the lock back and looks for the directory, the lock and the segment
    * (header, point 9); touches the lock when all is well.
    */
@@ -658,7 +684,7 @@ export class Outbox {
   private async remake(): Promise<void> {
     const why = this.relocate!;
     try {
-      await fs.mkdir(this.dir, { recursive: true });
+      await this.makeDir();
       if (!(await this.lock!.retake())) {
         const holder = await fs.readFile(this.lock!.file, 'utf8').catch(() => '?');
         return this.loseLock(holder.slice(0, 200));
@@ -865,7 +891,7 @@ export class Outbox {
     // Rejected puts that an older segment may still hold: void them after it (header, point 6).
     const voids = [...this.voided].filter((id) => !kept.has(id)).map((id) => encodeRecord({ t: 'ack', id }));
     const buf = Buffer.concat([...(copyLive ? snapshot.map((e) => encodeRecord({ t: 'put', e })) : []), ...voids]);
-    const fh = await fs.open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | DSYNC);
+    const fh = await fs.open(file, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | DSYNC, FILE_MODE);
     try {
       await writeAll(fh, buf, 0);
       if (!DSYNC) await fh.datasync();
@@ -906,8 +932,9 @@ export class Outbox {
    */
   private async format(): Promise<void> {
     const f = await checkFormat(this.dir);
-    if (!f || f.format < OUTBOX_FORMAT) await writeFormat(this.dir);
-    else if (f.format > OUTBOX_FORMAT) {
+    if (!f || f.format < OUTBOX_FORMAT) {
+      await writeFormat(this.dir);
+    } else if (f.format > OUTBOX_FORMAT) {
       this.log.warn({ dir: this.dir, format: f.format, minReader: f.minReader, known: OUTBOX_FORMAT }, 'outbox: written by a newer agent in a format this one can still read: opened');
     }
   }
@@ -1039,7 +1066,7 @@ export class Outbox {
   }
 
   private async appendSuperseded(items: SupersededEntry[]): Promise<void> {
-    const fh = await fs.open(path.join(this.dir, SUPERSEDED_FILE), 'a');
+    const fh = await fs.open(path.join(this.dir, SUPERSEDED_FILE), 'a', FILE_MODE);
     try {
       await fh.write(items.map((s) => `${JSON.stringify(s)}\n`).join(''));
       await fh.datasync();

@@ -29,6 +29,12 @@ export const limits = {
   queuesPerClaim: 100,
   /** notify_url and subscription URLs. */
   urlLength: 2048,
+  /**
+   * A purge's `olderThan`: 1000 years. Its cutoff, now minus it, must be a time PostgreSQL holds
+   * and the answer's Timestamp can write (from 0001-01-01, `dateRange`); 10000 years gave a 500.
+   * No job finished earlier, so a larger value would purge nothing more.
+   */
+  purgeOlderThanMs: 1000 * 365.25 * 86_400_000,
 } as const;
 
 /**
@@ -91,9 +97,15 @@ export const schemas = {
     .max(limits.executionTimeoutMs, `must be at most ${limits.executionTimeoutMs} ms (7 days)`),
   /** A lease or claim TTL: from 100 ms to a day. */
   ttlMs: z.int('must be an integer number of milliseconds').min(100, 'must be at least 100 ms').max(limits.ttlMs, 'must be at most a day'),
-  /** Agent labels, and the labels a job requires of its agent: at most 32 `key: value` pairs. */
+  /**
+   * Agent labels, and the labels a job requires of its agent: at most 32 `key: value` pairs of
+   * printable text (jsonb refuses a NUL or a lone surrogate: the statement failed, a 500).
+   */
   labels: z
-    .record(z.string().min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'), z.string().max(256, 'label values must be at most 256 characters'))
+    .record(
+      printable('label names').min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'),
+      printable('label values').max(256, 'label values must be at most 256 characters'),
+    )
     .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels'),
   /** A time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (`dateRange`). */
   date: z
@@ -158,7 +170,9 @@ export function check(field: string, schema: z.ZodType, value: unknown): Failure
   if (r.success) return undefined;
   const issue = r.error.issues[0];
   const path = issue?.path.length ? `${field}.${issue.path.join('.')}` : field;
-  return invalid(path, issue?.message ?? 'is invalid');
+  // A record's bad key: zod's own message is "Invalid key in record"; the key's schema says why.
+  const why = issue?.code === 'invalid_key' ? issue.issues[0]?.message : undefined;
+  return invalid(path, why ?? issue?.message ?? 'is invalid');
 }
 
 /** Runs several `check`s in order and returns the first failure. */

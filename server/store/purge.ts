@@ -6,7 +6,7 @@
 import { z } from 'zod';
 import { ok, type Outcome } from '../domain/outcomes.js';
 import { FINISHED_STATUSES, type JobStatus } from '../domain/statuses.js';
-import { check, checkAll, schemas } from '../domain/validation.js';
+import { check, checkAll, limits, schemas } from '../domain/validation.js';
 import { countChangeSql, endedCountSql, endedCutoff, endedKindSql } from './counts.js';
 import { referencesDeleteSql } from './references.js';
 import { run, statement, type Queryable } from './sql.js';
@@ -15,7 +15,7 @@ import { run, statement, type Queryable } from './sql.js';
 export { FINISHED_STATUSES };
 
 export interface PurgeParams {
-  /** Jobs that finished longer ago than this are purged. At least 1 s. */
+  /** Jobs that finished longer ago than this are purged. At least 1 s, at most 1000 years (`limits.purgeOlderThanMs`). */
   olderThanMs: number;
   /** Terminal statuses to purge; default all four. */
   statuses?: JobStatus[];
@@ -98,6 +98,11 @@ const purgeCountSql = statement(
    SELECT (SELECT count(*) FROM jobs j, w WHERE ${purgeWhere})::int AS n, (SELECT cutoff FROM w) AS cutoff`,
 );
 
+const olderThanSchema = z
+  .int()
+  .min(1000, 'must be at least 1 second')
+  .max(limits.purgeOlderThanMs, `must be at most 1000 years (${limits.purgeOlderThanMs / 1000}s)`);
+
 /**
  * Deletes up to `limit` finished jobs older than the cutoff; returns how many, the cutoff, and the
  * finish time of the last one it took (for `after`).
@@ -106,7 +111,7 @@ const purgeCountSql = statement(
  */
 export async function jobPurge(db: Queryable, p: PurgeParams): Promise<Outcome<{ purged: number; cutoff: Date; last?: Date }>> {
   const bad = checkAll(
-    check('olderThanMs', z.int().min(1000, 'must be at least 1 second'), p.olderThanMs),
+    check('olderThanMs', olderThanSchema, p.olderThanMs),
     p.statuses === undefined
       ? undefined
       : check('statuses', z.array(z.enum(FINISHED_STATUSES, `must be one of ${FINISHED_STATUSES.join(', ')} (only finished jobs are purged)`)), p.statuses),
