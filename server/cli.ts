@@ -97,7 +97,7 @@ withDbFlags(program.command('migrate').description('apply database migrations an
   async (flags: ConfigFlags) => {
     const config = await loadConfig(flags);
     const { openDatabase, migrateDatabase } = await loadStore();
-    const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log });
+    const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log, max: config.dbPoolMax, hotMax: config.dbHotPoolMax });
     try {
       const applied = await migrateDatabase(db.pool, { log: log.child({ component: 'migrate' }), allowNewerSchema: config.allowNewerSchema });
       log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');

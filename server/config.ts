@@ -10,11 +10,21 @@ import { formatDuration, parseDuration } from './duration.js';
 import { DEFAULT_RETENTION_MS, DEFAULT_SWEEP_SHARE } from './core/purger.js';
 import { limits, MAX_TIMER_MS } from './domain/validation.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
+import { HOT_POOL_MAX, POOL_MAX } from './store/database.js';
 
 export interface Config {
   /** `DATABASE_URL`; when absent an embedded PostgreSQL runs with its data under `dataDir`. */
   databaseUrl: string | undefined;
   dataDir: string;
+  /**
+   * The sizes of the main pool and of the hot pool (claims, starts, reports, heartbeats, the
+   * reaper): `LEASEHOLD_DB_POOL_MAX` (default 20, at least 2: the purger holds one connection
+   * while it cancels its VACUUM from another) and `LEASEHOLD_DB_HOT_POOL_MAX` (default 8). A
+   * coordinator opens up to both plus one, its listener's; a small database's `max_connections`
+   * needs them lower (docs/deploy.md, "A managed PostgreSQL").
+   */
+  dbPoolMax: number;
+  dbHotPoolMax: number;
   grpcAddr: string;
   httpAddr: string;
   adminKey: string | undefined;
@@ -204,6 +214,8 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
   const cfg: Config = {
     databaseUrl,
     dataDir: path.resolve(flags.dataDir ?? env.LEASEHOLD_DATA_DIR ?? '.leasehold'),
+    dbPoolMax: count('LEASEHOLD_DB_POOL_MAX', env.LEASEHOLD_DB_POOL_MAX, POOL_MAX, 2, 1_000),
+    dbHotPoolMax: count('LEASEHOLD_DB_HOT_POOL_MAX', env.LEASEHOLD_DB_HOT_POOL_MAX, HOT_POOL_MAX, 1, 1_000),
     grpcAddr,
     httpAddr,
     adminKey: env.LEASEHOLD_ADMIN_KEY || undefined,

@@ -84,7 +84,7 @@ export interface StartOptions {
 /** Starts a coordinator with `config`; throws (after cleaning up) if any part fails to start. */
 export async function startCoordinator(config: Config, log: Logger, opts: StartOptions = {}): Promise<Coordinator> {
   const { readerLevel } = compatInfo(opts.migrationsFolder ?? migrationsFolder);
-  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log });
+  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, log, max: config.dbPoolMax, hotMax: config.dbHotPoolMax });
   const cleanups: Array<() => Promise<void>> = [() => db.close()];
   const cleanup = async () => {
     for (const c of cleanups.reverse()) await c().catch((err: unknown) => log.warn({ err }, 'stop step failed'));

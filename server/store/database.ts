@@ -26,11 +26,19 @@ export interface OpenOptions {
   databaseUrl: string | undefined;
   dataDir: string;
   log: Logger;
-  /** Pool size; default 20. */
+  /** Pool size; default `POOL_MAX`. */
   max?: number;
-  /** Size of the pool of the hot transitions; default 8. */
+  /** Size of the pool of the hot transitions; default `HOT_POOL_MAX`. */
   hotMax?: number;
 }
+
+/** The main pool's size when `LEASEHOLD_DB_POOL_MAX` is not set. */
+export const POOL_MAX = 20;
+/**
+ * The hot pool's size when `LEASEHOLD_DB_HOT_POOL_MAX` is not set. A burst of 500 enqueues 40 ms
+ * from the database filled it, and the main pool too.
+ */
+export const HOT_POOL_MAX = 8;
 
 /**
  * Session settings of the hot pool's connections. The hot statements are named prepared
@@ -79,8 +87,9 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
   const log = opts.log.child({ component: 'database' });
   const embedded = opts.databaseUrl ? undefined : await startEmbedded({ dataDir: opts.dataDir, log: opts.log });
   const url = opts.databaseUrl ?? embedded!.url;
-  const pool = createPool(url, opts.max ?? 20, log);
-  const hot = createPool(url, opts.hotMax ?? 8, log, { hot: true });
+  const budget = { max: opts.max ?? POOL_MAX, hotMax: opts.hotMax ?? HOT_POOL_MAX };
+  const pool = createPool(url, budget.max, log);
+  const hot = createPool(url, budget.hotMax, log, { hot: true });
   try {
     await pool.query('SELECT 1');
     await hot.query('SELECT 1');
@@ -89,20 +98,26 @@ export async function openDatabase(opts: OpenOptions): Promise<Database> {
     await hot.end().catch(() => undefined);
     await embedded?.stop();
     const setting = databaseSettingProblem(url, err as Error & { code?: string; path?: string });
-    const why = setting ? `${setting} (${(err as Error).message})` : (err as Error).message;
+    const why = setting ? `${setting} (${(err as Error).message})` : (noFreeConnection(url, err as Error, budget) ?? (err as Error).message);
     throw new (setting ? DatabaseSettingError : Error)(`cannot connect to PostgreSQL at ${redact(url)}: ${why}`, { cause: err });
   }
+  // Read before the session check opens its two connections, so that only the pools' are ours.
+  const room = await connectionRoomGet(pool, pool.totalCount + hot.totalCount).catch((err: Error) => {
+    log.debug({ err: { message: err.message } }, 'could not read the connection limits');
+    return undefined;
+  });
   // A server given by URL may be a pooler that shares sessions between connections, which
   // Leasehold cannot run on (session-check.ts); the embedded one is PostgreSQL itself.
   const problem = embedded ? undefined : await sessionProblem(url, { connectTimeoutMs: CONNECT_TIMEOUT_MS }).catch(async (err: unknown) => {
     await Promise.all([pool.end().catch(() => undefined), hot.end().catch(() => undefined)]);
-    throw new Error(`cannot connect to PostgreSQL at ${redact(url)}: ${(err as Error).message}`, { cause: err });
+    throw new Error(`cannot connect to PostgreSQL at ${redact(url)}: ${noFreeConnection(url, err as Error, budget) ?? (err as Error).message}`, { cause: err });
   });
   if (problem) {
     await Promise.all([pool.end().catch(() => undefined), hot.end().catch(() => undefined)]);
     throw new DatabaseSettingError(`cannot use PostgreSQL at ${redact(url)}: ${problem}`);
   }
   log.info({ url: redact(url), embedded: Boolean(embedded) }, 'database connected');
+  if (room) budgetCheck(room, budget, log);
   let closed: Promise<void> | undefined;
   return {
     pool,
@@ -174,6 +189,117 @@ function databaseSettingProblem(url: string, err: Error & { code?: string; path?
     return "the server accepts only encrypted connections and DATABASE_URL asks for none; add sslmode=verify-full&sslrootcert=<your provider's CA file> to it";
   if (err.message === 'The server does not support SSL connections') return "DATABASE_URL asks for TLS (sslmode) and the server has none; check the host, or the server's ssl setting";
   return undefined;
+}
+
+/** The pools' sizes: a coordinator opens up to `max + hotMax + 1` connections (the listener's is the one). */
+interface Budget {
+  max: number;
+  hotMax: number;
+}
+
+const SIZE_SETTINGS = 'LEASEHOLD_DB_POOL_MAX and LEASEHOLD_DB_HOT_POOL_MAX';
+
+const budgetWords = (b: Budget) => `${b.max + b.hotMax + 1} (LEASEHOLD_DB_POOL_MAX=${b.max} + LEASEHOLD_DB_HOT_POOL_MAX=${b.hotMax} + 1 to listen)`;
+
+/**
+ * A first connection refused with SQLSTATE 53300: no slot left under `max_connections` (less the
+ * slots it reserves), or under the role's or the database's CONNECTION LIMIT. The
+ * driver's words name neither Leasehold's share nor what sizes it. A plain error, exit code 1: it
+ * passes when other clients let go of theirs.
+ */
+function noFreeConnection(url: string, err: Error & { code?: string }, budget: Budget): string | undefined {
+  if (err.code !== '53300') return undefined;
+  let role = '';
+  try {
+    role = decodeURIComponent(new URL(url).username);
+  } catch {
+    // An unparseable URL fails before it connects; the words below do without the name.
+  }
+  // Also "remaining connection slots are reserved for roles with …": max_connections.
+  const limit = /^too many connections for role/.test(err.message)
+    ? "the role's CONNECTION LIMIT"
+    : /^too many connections for database/.test(err.message)
+      ? "the database's CONNECTION LIMIT"
+      : 'max_connections';
+  return (
+    `PostgreSQL has no free connection for ${role ? `role "${role}"` : 'its role'} (${err.message}). ` +
+    `Leasehold needs up to ${budgetWords(budget)} connections per coordinator, and 2 more while one starts: ` +
+    `close other clients' connections, raise ${limit}, or lower ${SIZE_SETTINGS} (docs/deploy.md, "A managed PostgreSQL")`
+  );
+}
+
+/** What PostgreSQL lets this role open, and what is open now, as `connectionRoomGet` read it. */
+interface ConnectionRoom {
+  role: string;
+  database: string;
+  maxConnections: number;
+  /** Slots this role may not take: `superuser_reserved_connections`, and `reserved_connections` (PostgreSQL 16+). */
+  reserved: number;
+  /** `rolconnlimit` and `datconnlimit` (-1: none), as they bind this role (not a superuser). */
+  roleLimit: number;
+  databaseLimit: number;
+  /** Client connections open now, not counting this coordinator's: all of them, the role's, the database's. */
+  open: number;
+  roleOpen: number;
+  databaseOpen: number;
+}
+
+/**
+ * The connection limits that bind this session's role and what is open under each, in one
+ * statement; `ours`: connections of this process among them. Another role's `backend_type` reads
+ * as null unless this role may see all statistics (pg_read_all_stats), so a backend in a database
+ * counts as a client's: an autovacuum or parallel worker running at that moment counts too.
+ */
+async function connectionRoomGet(pool: pg.Pool, ours: number): Promise<ConnectionRoom> {
+  const { rows } = await pool.query<ConnectionRoom>(
+    `SELECT session_user AS role, current_database() AS database,
+            current_setting('max_connections')::int AS "maxConnections",
+            CASE WHEN r.rolsuper THEN 0
+                 ELSE current_setting('superuser_reserved_connections')::int
+                      + CASE WHEN coalesce(pg_has_role(session_user, to_regrole('pg_use_reserved_connections'), 'USAGE'), false) THEN 0
+                             ELSE coalesce(current_setting('reserved_connections', true)::int, 0) END
+            END AS reserved,
+            CASE WHEN r.rolsuper THEN -1 ELSE r.rolconnlimit END AS "roleLimit",
+            CASE WHEN r.rolsuper THEN -1 ELSE d.datconnlimit END AS "databaseLimit",
+            a.open - $1 AS open, a.role_open - $1 AS "roleOpen", a.database_open - $1 AS "databaseOpen"
+       FROM pg_roles r, pg_database d,
+            (SELECT count(*) AS open,
+                    count(*) FILTER (WHERE usename = session_user) AS role_open,
+                    count(*) FILTER (WHERE datname = current_database()) AS database_open
+               FROM pg_stat_activity
+              WHERE datid IS NOT NULL AND coalesce(backend_type, 'client backend') = 'client backend') a
+      WHERE r.rolname = session_user AND d.datname = current_database()`,
+    [ours],
+  );
+  return rows[0]!;
+}
+
+/**
+ * Warns when the pools may grow past what PostgreSQL leaves this role: under a burst their calls
+ * would then fail with SQLSTATE 53300 (too many connections), and the connections they did open stay
+ * for `IDLE_CONNECTION_MS`, keeping other clients out. It only warns: other clients may let go,
+ * and a coordinator that never meets a burst never fills its pools. Other coordinators count as
+ * the connections they hold now, which may be fewer than their pools may hold.
+ */
+function budgetCheck(r: ConnectionRoom, budget: Budget, log: Logger): void {
+  const limits = [
+    { left: r.maxConnections - r.reserved - r.open, why: `max_connections ${r.maxConnections}, ${r.reserved} of them reserved, ${r.open} open by others`, raise: 'max_connections' },
+  ];
+  if (r.roleLimit >= 0) {
+    limits.push({ left: r.roleLimit - r.roleOpen, why: `role "${r.role}" CONNECTION LIMIT ${r.roleLimit}, ${r.roleOpen} open by others`, raise: "the role's CONNECTION LIMIT" });
+  }
+  if (r.databaseLimit >= 0) {
+    limits.push({ left: r.databaseLimit - r.databaseOpen, why: `database "${r.database}" CONNECTION LIMIT ${r.databaseLimit}, ${r.databaseOpen} open by others`, raise: "the database's CONNECTION LIMIT" });
+  }
+  const tight = limits.reduce((a, b) => (b.left < a.left ? b : a));
+  const left = Math.max(0, tight.left);
+  const needs = budget.max + budget.hotMax + 1;
+  if (needs <= left) return;
+  log.warn(
+    { ...r, left, needs, poolMax: budget.max, hotPoolMax: budget.hotMax },
+    `this coordinator may open up to ${budgetWords(budget)} connections and PostgreSQL has room for ${left} (${tight.why}): ` +
+      `under load its calls will fail with SQLSTATE 53300 (too many connections). Lower ${SIZE_SETTINGS}, or raise ${tight.raise} (docs/deploy.md, "A managed PostgreSQL")`,
+  );
 }
 
 /**
