@@ -229,7 +229,8 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
     // Not a timer: the purge reckons it back from PostgreSQL's clock.
     retentionMs: ['off', '0'].includes(env.LEASEHOLD_RETENTION?.trim() ?? '')
       ? undefined
-      : duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, DEFAULT_RETENTION_MS, 60_000, Number.MAX_SAFE_INTEGER, EXACT_LIMIT),
+      : // As long as PurgeJobs' older_than may be: the purger's cutoff is checked as one.
+        duration('LEASEHOLD_RETENTION', env.LEASEHOLD_RETENTION, DEFAULT_RETENTION_MS, 60_000, limits.purgeOlderThanMs, 'a purge reaches back at most 1000 years'),
     purgeIntervalMs: duration('LEASEHOLD_PURGE_INTERVAL', env.LEASEHOLD_PURGE_INTERVAL, 600_000, 10, MAX_SCHEDULE_INTERVAL_MS, SCHEDULE_LIMIT),
     purgeSweepShare: fraction('LEASEHOLD_PURGE_SWEEP_SHARE', env.LEASEHOLD_PURGE_SWEEP_SHARE, DEFAULT_SWEEP_SHARE),
     vacuumDeadRows:

@@ -102,6 +102,11 @@ describe('the completion linger', () => {
       ),
     );
     expect(() => loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: '2s' })).toThrow(/LEASEHOLD_COMPLETION_LINGER=2s is above the maximum of 1000 ms/);
+    // A retention past what PurgeJobs accepts made every purger run fail.
+    expect(() => loadConfig({}, { LEASEHOLD_RETENTION: '400000d' })).toThrow(
+      new ConfigError('LEASEHOLD_RETENTION=400000d is above the maximum of 365250d (31557600000000 ms): a purge reaches back at most 1000 years'),
+    );
+    expect(loadConfig({}, { LEASEHOLD_RETENTION: '365000d' }).retentionMs).toBe(365_000 * 86_400_000);
     expect(() => loadConfig({}, { LEASEHOLD_COMPLETION_LINGER: 'briefly' })).toThrow(
       new ConfigError('LEASEHOLD_COMPLETION_LINGER="briefly" is not a duration: use e.g. 500ms, 2s, 1m'),
     );
