@@ -34,7 +34,7 @@ import {
   signingSecretGet,
   type Database,
 } from './store/index.js';
-import { credentialOwner, principalOwner, type Principal } from './transport/auth.js';
+import { adminKeyWeakness, credentialOwner, principalOwner, type Principal } from './transport/auth.js';
 import { listenHttp, type HttpServer } from './transport/http.js';
 import { createMetrics, type Metrics } from './transport/metrics.js';
 import { listenGrpc, type GrpcServer, type ServerDeps } from './transport/server.js';
@@ -97,6 +97,9 @@ export async function startCoordinator(config: Config, log: Logger, opts: StartO
     });
     log.info({ applied }, applied ? 'migrations applied' : 'schema up to date');
     if (config.adminKey) {
+      // Anyone who can reach a listener may guess keys (30, then 5 a second, per address).
+      const weak = adminKeyWeakness(config.adminKey);
+      if (weak) log.warn(weak);
       const b = await keyBootstrap(db.pool, { key: config.adminKey });
       if (b.outcome !== 'ok') throw new Error(`LEASEHOLD_ADMIN_KEY: ${'message' in b ? b.message : b.outcome}`);
       if (b.value.created) log.info({ key: 'admin', replaced: b.value.replaced }, b.value.replaced ? 'bootstrap admin key replaced' : 'bootstrap admin key created');

@@ -91,8 +91,35 @@ export function bearerToken(authorization: string | undefined): string | undefin
  */
 export async function authenticate(db: Queryable, token: string, credentials?: CredentialCache<Principal>): Promise<Principal> {
   // Over-long tokens go straight to the verbs, which refuse them without hashing.
-  if (!credentials || token.length > 512) return verify(db, token);
+  if (!credentials || token.length > TOKEN_MAX) return verify(db, token);
   return credentials.resolve(hashSecret(token), () => verify(db, token));
+}
+
+/**
+ * The principal of `token` if `credentials` holds it verified; otherwise `refusal()` is thrown
+ * and the database is not asked (key-gate.ts, for an address past its refused keys). The cache
+ * counts such a call as a miss.
+ */
+export async function authenticateCached(token: string, credentials: CredentialCache<Principal> | undefined, refusal: () => Error): Promise<Principal> {
+  if (!credentials?.enabled || token.length > TOKEN_MAX) throw refusal();
+  return credentials.resolve(hashSecret(token), () => Promise.reject(refusal()));
+}
+
+/** Longest token looked up (the verbs refuse longer ones). */
+const TOKEN_MAX = 512;
+
+/** Shortest `LEASEHOLD_ADMIN_KEY` taken without a warning. */
+export const ADMIN_KEY_MIN = 24;
+
+/**
+ * A one-line warning when `key`, the `LEASEHOLD_ADMIN_KEY`, is short enough to guess (under
+ * `ADMIN_KEY_MIN` characters), undefined otherwise. The admin key opens everything, and anyone
+ * who reaches a listener may try keys (a few a second once key-gate.ts limits them, but for as
+ * long as they like). The warning never shows the key.
+ */
+export function adminKeyWeakness(key: string): string | undefined {
+  if (key.length >= ADMIN_KEY_MIN) return undefined;
+  return `LEASEHOLD_ADMIN_KEY has ${key.length} characters, few enough to guess: set a random one of at least ${ADMIN_KEY_MIN}, e.g. the output of \`openssl rand -hex 24\``;
 }
 
 async function verify(db: Queryable, token: string): Promise<Principal> {

@@ -12,8 +12,9 @@
  * - oversized input is 413: a body over `HTTP_READ_MAX_BYTES` is refused before it is read, and
  *   a document over its own bound (payload, result) is `too_large` from the store;
  * - a call that needs a key is answered 401 before its body is read, from its `Authorization`
- *   header alone (`refuseKey`), so a caller without a key makes the listener hold nothing; a
- *   JSON body nested past `BODY_DEPTH_MAX` is refused before it is parsed (`jsonDepthOver`);
+ *   header alone (`refuseKey`), so a caller without a key makes the listener hold nothing, and
+ *   429 once its address has had too many keys refused (key-gate.ts); a JSON body nested past
+ *   `BODY_DEPTH_MAX` is refused before it is parsed (`jsonDepthOver`);
  * - unknown paths are 404 JSON; responses carry every field, zero values included;
  * - `EnqueueJob` with a plain JSON body, the call n8n makes per job, is answered past Connect's
  *   per-call machinery, with the same bytes (gateway-enqueue.ts).
@@ -34,22 +35,27 @@ import {
 } from '@connectrpc/connect';
 import type { UniversalHandler, UniversalServerRequest, UniversalServerResponse } from '@connectrpc/connect/protocol';
 import { CurrentStateSchema } from '../../gen/leasehold/v1/job_pb.js';
+import { LogSummary } from '../lib/log-summary.js';
 import type { Failure } from '../domain/outcomes.js';
 import { databasePing } from '../store/index.js';
 import { limits } from '../domain/validation.js';
-import { authenticate, authInterceptor, bearer, bearerToken, hasScope, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
+import { authInterceptor, bearer, bearerToken, hasScope, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
 import { toPbCurrent } from './codec.js';
 import { httpStatusOf, outcomeOfCode } from './outcome-wire.js';
 import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
 import { impossibleRunAt } from './enqueue-request.js';
 import { enqueueJobCall } from './job-routes.js';
-import { databaseUnavailable, storeErrors } from './store-errors.js';
+import { databaseUnavailable, storeErrors, unavailableMessage } from './store-errors.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
+import { createKeyGate, type KeyGate } from './key-gate.js';
 import { BODY_TIMEOUT_MS, listenOn, malformedMessage, OPEN_READ_MAX_BYTES, routes, type ServerDeps, type TlsFiles } from './server.js';
 
 /** How long `/healthz` waits for the database before answering 503. */
 export const HEALTHZ_PING_MS = 2_000;
+
+/** How long `/healthz` keeps the database's answer (`databaseCheck`). */
+export const HEALTHZ_CACHE_MS = 1_000;
 
 /** How long an idle kept-alive connection is kept (longer than clients and proxies keep theirs). */
 export const KEEP_ALIVE_MS = 65_000;
@@ -120,18 +126,22 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const handlers = new Map<string, Route>(router.handlers.map((h) => [h.requestPath, { handler: h, keyed: needsKey(h.service.typeName) }]));
   const direct =
     deps.directEnqueue === false ? undefined : directEnqueue({ interceptors, jsonOptions, readMaxBytes: HTTP_READ_MAX_BYTES, impl: enqueueJobCall(deps) });
+  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, listener: 'http' });
+  const databaseUp = databaseCheck(deps);
 
   // Once closing, every answer not yet begun closes its connection: a client keeping it alive
   // (n8n, Node's agent, a proxy upstream) sends its next request elsewhere, rather than on a
   // socket cut when the close's deadline comes (ECONNRESET, or a proxy's 502, for a request
   // perhaps done).
   let stopping = false;
+  // Keys that could not be checked for want of the database: one line every 10 s (store-errors.ts).
+  const down = new LogSummary(deps.log, 'warn', 'call failed: the database is unavailable', 10_000);
   const answering = new Set<http.ServerResponse>();
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     if (stopping) res.setHeader('connection', 'close');
     answering.add(res);
     res.once('close', () => answering.delete(res));
-    handle(deps, health, handlers, direct, req, res).catch((err: unknown) => {
+    handle(deps, health, handlers, direct, keys, databaseUp, down, req, res).catch((err: unknown) => {
       deps.log.error({ err, path: req.url }, 'HTTP request failed');
       if (!res.headersSent) sendJson(res, 500, { code: 'internal', message: 'internal error', status: 500, outcome: 'error' });
       else res.destroy();
@@ -187,6 +197,9 @@ async function handle(
   health: HealthController,
   handlers: Map<string, Route>,
   direct: DirectEnqueue | undefined,
+  keys: KeyGate,
+  databaseUp: () => Promise<boolean>,
+  down: LogSummary,
   req: http.IncomingMessage,
   res: http.ServerResponse,
 ): Promise<void> {
@@ -202,8 +215,8 @@ async function handle(
       field: leaked,
     });
   }
-  if (path === '/healthz') return healthz(deps, health, req, res);
-  if (path === '/metrics' && deps.metrics) return metrics(deps, req, res);
+  if (path === '/healthz') return healthz(deps, health, databaseUp, req, res);
+  if (path === '/metrics' && deps.metrics) return metrics(deps, keys, req, res);
   if (isDashboardPath(path)) return serveDashboard(path, req, res);
   const route = handlers.get(path);
   if (!route) {
@@ -231,15 +244,15 @@ async function handle(
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuseKey(req, res, MISSING_KEY);
     try {
-      principal = await authenticate(deps.db, token, deps.credentials);
+      principal = await keys.check(token, req.socket.remoteAddress);
     } catch (err) {
-      if (err instanceof ConnectError) return refuseKey(req, res, err.rawMessage);
+      if (err instanceof ConnectError) return err.code === Code.ResourceExhausted ? refuseLimited(req, res, err) : refuseKey(req, res, err.rawMessage);
       if (!databaseUnavailable(err)) throw err;
       // The key could not be checked: the database cannot answer now (store-errors.ts).
-      deps.log.warn({ err, path }, 'call failed: the database is unavailable');
+      down.note({ err, path });
       readAway(req, res);
       res.setHeader('retry-after', '1');
-      return sendJson(res, 503, { code: 'unavailable', message: 'the database is unavailable: retry later', status: 503, outcome: 'error' });
+      return sendJson(res, 503, { code: 'unavailable', message: unavailableMessage(err), status: 503, outcome: 'error' });
     }
   }
   const limit = keyed ? HTTP_READ_MAX_BYTES : OPEN_READ_MAX_BYTES;
@@ -465,7 +478,7 @@ function failingKey(input: DescMessage, body: Uint8Array): string | undefined {
   return undefined;
 }
 
-async function healthz(deps: ServerDeps, health: HealthController, req: http.IncomingMessage, res: http.ServerResponse) {
+async function healthz(deps: ServerDeps, health: HealthController, databaseUp: () => Promise<boolean>, req: http.IncomingMessage, res: http.ServerResponse) {
   if (req.method !== 'GET' && req.method !== 'HEAD') {
     res.setHeader('allow', 'GET');
     return sendJson(res, 405, { code: 'unimplemented', message: 'use GET', status: 405, outcome: 'error' });
@@ -477,8 +490,33 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
     deps.log.debug('healthz: stopping');
     return sendJson(res, 503, { status: 'unavailable' });
   }
-  // Bounded: a database that does not answer (a lock, a silent connection, every pooled
-  // connection taken) is unhealthy now, not whenever it answers.
+  if (!(await databaseUp())) return sendJson(res, 503, { status: 'unavailable' });
+  return sendJson(res, 200, { status: 'ok' });
+}
+
+/**
+ * Whether the database answers, as `/healthz` says: one ping for all the requests that come while
+ * it runs, its answer kept `HEALTHZ_CACHE_MS` after it. Anyone may ask `/healthz`, and with a ping
+ * each, 4,000 requests a second took a third of PostgreSQL's CPU and slowed n8n's enqueues
+ * (.scratch/review-security.md, 5). An outage still shows within about a second, and the end of
+ * one too.
+ */
+function databaseCheck(deps: ServerDeps): () => Promise<boolean> {
+  let last: { up: Promise<boolean>; at?: number } | undefined;
+  return () => {
+    if (last && (last.at === undefined || performance.now() - last.at < HEALTHZ_CACHE_MS)) return last.up;
+    const ping: { up: Promise<boolean>; at?: number } = { up: pingWithin(deps) };
+    void ping.up.then(() => (ping.at = performance.now()));
+    last = ping;
+    return ping.up;
+  };
+}
+
+/**
+ * One ping, bounded: a database that does not answer (a lock, a silent connection, every pooled
+ * connection taken) is unhealthy now, not whenever it answers.
+ */
+async function pingWithin(deps: ServerDeps): Promise<boolean> {
   let bound: NodeJS.Timeout | undefined;
   try {
     await Promise.race([
@@ -487,13 +525,13 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
         bound = setTimeout(() => reject(new Error(`the database did not answer within ${HEALTHZ_PING_MS} ms`)), HEALTHZ_PING_MS);
       }),
     ]);
+    return true;
   } catch (err) {
     deps.log.warn({ err }, 'healthz: database unavailable');
-    return sendJson(res, 503, { status: 'unavailable' });
+    return false;
   } finally {
     clearTimeout(bound);
   }
-  return sendJson(res, 200, { status: 'ok' });
 }
 
 /**
@@ -501,7 +539,7 @@ async function healthz(deps: ServerDeps, health: HealthController, req: http.Inc
  * reading jobs does: the listener may face the internet (n8n Cloud), and queue names and volumes
  * are the operator's business. Prometheus sends it with `authorization: {credentials: <key>}`.
  */
-async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.ServerResponse) {
+async function metrics(deps: ServerDeps, keys: KeyGate, req: http.IncomingMessage, res: http.ServerResponse) {
   if (req.method !== 'GET' && req.method !== 'HEAD') {
     res.setHeader('allow', 'GET');
     return sendJson(res, 405, { code: 'unimplemented', message: 'use GET', status: 405, outcome: 'error' });
@@ -512,11 +550,12 @@ async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.Se
     return sendJson(res, 401, { code: 'unauthenticated', message: 'missing "Authorization: Bearer <key>" (a key with the read scope)', status: 401, outcome: 'unauthenticated' });
   }
   try {
-    const principal = await authenticate(deps.db, token, deps.credentials);
+    const principal = await keys.check(token, req.socket.remoteAddress);
     if (!hasScope(principal, 'read')) {
       return sendJson(res, 403, { code: 'permission_denied', message: '/metrics needs the read scope', status: 403, outcome: 'forbidden' });
     }
   } catch (err) {
+    if (err instanceof ConnectError && err.code === Code.ResourceExhausted) return refuseLimited(req, res, err);
     if (err instanceof ConnectError) return sendJson(res, 401, { code: 'unauthenticated', message: err.rawMessage, status: 401, outcome: 'unauthenticated' });
     throw err;
   }
@@ -529,6 +568,13 @@ async function metrics(deps: ServerDeps, req: http.IncomingMessage, res: http.Se
 function refuseKey(req: http.IncomingMessage, res: http.ServerResponse, message: string): void {
   readAway(req, res);
   sendJson(res, 401, { code: 'unauthenticated', message, status: 401, outcome: 'unauthenticated' });
+}
+
+/** 429 for a call from an address past its refused keys (key-gate.ts), answered as `refuseKey` answers. */
+function refuseLimited(req: http.IncomingMessage, res: http.ServerResponse, err: ConnectError): void {
+  readAway(req, res);
+  res.setHeader('retry-after', err.metadata.get('retry-after') ?? '1');
+  sendJson(res, 429, { code: 'resource_exhausted', message: err.rawMessage, status: 429, outcome: 'error' });
 }
 
 /**

@@ -48,6 +48,8 @@ export interface Metrics {
   render(): Promise<{ contentType: string; body: string }>;
   /** Unsubscribes from every service. */
   close(): void;
+  /** A key refused on `listener`: checked and refused (`key`), or refused unchecked, its address past its bound (`limited`; key-gate.ts). */
+  authRefused(listener: 'http' | 'grpc', reason: 'key' | 'limited'): void;
 }
 
 /** Enqueue-to-start latency buckets, in seconds: from a few ms (an idle agent) to an hour (a backlog). */
@@ -216,7 +218,7 @@ export function createMetrics(src: MetricsSources): Metrics {
   if (creds) {
     new Counter({
       name: 'leasehold_auth_lookups_total',
-      help: 'Unary calls authenticated: hit (from the credential cache), miss (verified in the database, then kept if valid), bypassed (cache off, or the listener down).',
+      help: 'Unary calls authenticated: hit (from the credential cache), miss (verified in the database, then kept if valid; or not in the cache and refused unchecked, see leasehold_auth_refused_total), bypassed (cache off, or the listener down).',
       labelNames: ['result'],
       registers: r,
       collect() {
@@ -235,6 +237,13 @@ export function createMetrics(src: MetricsSources): Metrics {
       },
     });
   }
+
+  const refusedKeys = new Counter({
+    name: 'leasehold_auth_refused_total',
+    help: 'Keys refused, by listener (http, grpc) and reason: key (checked in the database: unknown or revoked), limited (not checked: too many refused keys from the address).',
+    labelNames: ['listener', 'reason'],
+    registers: r,
+  });
 
   // ── claims, starts, reports ──
   const claims = new Counter({ name: 'leasehold_claims_total', help: 'Jobs claimed (stream: by the dispatcher for agent streams; enqueue: by the enqueue itself for a waiting agent; gateway: AttemptService.ClaimJobs).', labelNames: ['via'], registers: r });
@@ -340,6 +349,9 @@ export function createMetrics(src: MetricsSources): Metrics {
     },
     close() {
       for (const off of offs.splice(0)) off();
+    },
+    authRefused(listener, reason) {
+      refusedKeys.inc({ listener, reason });
     },
   };
 }

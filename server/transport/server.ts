@@ -18,14 +18,15 @@ import { adminRoutes } from './admin-routes.js';
 import { forAgentLane, serveAgentLane } from './agent-lane.js';
 import { agentStreams } from './agent-routes.js';
 import { attemptRoutes } from './attempt-routes.js';
-import { authenticate, authInterceptor, bearerToken, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
+import { authInterceptor, bearerToken, MISSING_KEY, needsKey, principalKey, type Principal } from './auth.js';
 import { createHealth, healthRoutes, type HealthController } from './health.js';
 import { jobRoutes } from './job-routes.js';
+import { createKeyGate } from './key-gate.js';
 import type { QueueWaker } from '../core/queue-waker.js';
 import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
-import { databaseUnavailable, storeErrors } from './store-errors.js';
+import { databaseUnavailable, storeErrors, unavailableMessage } from './store-errors.js';
 
 export interface ServerDeps {
   db: Queryable;
@@ -215,6 +216,9 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     }
   };
   const openStreams = openStreamGate(deps.openStreams ?? OPEN_STREAMS, deps.log);
+  // Keys that could not be checked for want of the database: one line every 10 s (store-errors.ts).
+  const down = new LogSummary(deps.log, 'warn', 'call failed: the database is unavailable', 10_000);
+  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, listener: 'grpc' });
   // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through
   // it, a call that needs a key only once its key is known good: Connect reads the whole body
   // (up to READ_MAX_BYTES) before its interceptors run, so callers without a key could make the
@@ -230,7 +234,8 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     }
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuse(req, res, method.input, MISSING_KEY);
-    authenticate(deps.db, token, deps.credentials)
+    keys
+      .check(token, remoteOf(req))
       .then(
         (principal) => {
           if (ended(req)) return;
@@ -240,8 +245,8 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
         (err: unknown) => {
           if (err instanceof ConnectError) return refuse(req, res, method.input, err.rawMessage, err.code);
           if (databaseUnavailable(err)) {
-            deps.log.warn({ err, path: req.url }, 'call failed: the database is unavailable');
-            return refuse(req, res, method.input, 'the database is unavailable: retry later', Code.Unavailable);
+            down.note({ err, path: req.url });
+            return refuse(req, res, method.input, unavailableMessage(err), Code.Unavailable);
           }
           deps.log.error({ err, path: req.url }, 'gRPC request failed: its key could not be checked');
           refuse(req, res, method.input, 'internal error', Code.Internal);
@@ -389,6 +394,15 @@ function refuse(req: http2.Http2ServerRequest, res: http2.Http2ServerResponse, i
   delete headers[':status'];
   res.writeHead(200, { ...headers, connection: 'close' });
   res.end();
+}
+
+/** The address a call came from; undefined once its connection is gone (Node then throws on reading the socket of an HTTP/2 call). */
+function remoteOf(req: http2.Http2ServerRequest): string | undefined {
+  try {
+    return req.socket.remoteAddress;
+  } catch {
+    return undefined;
+  }
 }
 
 /** True once nothing more can be answered on the call (its stream reset or closed, its connection gone). */
