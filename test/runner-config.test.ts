@@ -89,6 +89,12 @@ describe('the runner configuration', () => {
     }
   });
 
+  it('refuses labels the coordinator would refuse at every Hello, naming them', async () => {
+    expect(await refusal(await file(JSON.stringify({ ...valid, labels: { site: 'a\tb' } })))).toMatch(/^labels\.site: label values must not contain control characters/);
+    expect(await refusal(await file(JSON.stringify({ ...valid, labels: { ['x'.repeat(65)]: 'y' } })))).toMatch(/label names must be at most 64 characters/);
+    expect(await refusal(await file(JSON.stringify({ ...valid, labels: Object.fromEntries(Array.from({ length: 33 }, (_, i) => [`l${i}`, 'v'])) })))).toMatch(/^labels: must hold at most 32 labels/);
+  });
+
   it('refuses a duration that rounds to 0 ms (it would mean no timeout)', async () => {
     expect(await refusal(await file(JSON.stringify({ ...valid, queues: { q: { command: ['x'], timeout: '0.4ms' } } })))).toBe('queues.q.timeout: "0.4ms" is less than 1 ms');
     expect(await refusal(await file(JSON.stringify({ ...valid, grace: '0.0001s' })))).toBe('grace: "0.0001s" is less than 1 ms');

@@ -65,6 +65,21 @@ const address = z.string().superRefine((v, ctx) => {
   if (!u.hostname || u.username || u.password || u.search || u.hash) bad();
 });
 
+// As the coordinator checks them at Hello, so that a bad label stops the agent at start, naming
+// it, rather than at every connection: at most 32, printable (no control characters, no lone
+// surrogates), names 1–64 and values up to 256 characters.
+const labelText = (what: string) =>
+  z
+    .string()
+    .refine((s) => s.isWellFormed(), `${what} must be well-formed Unicode`)
+    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`);
+const labels = z
+  .record(
+    labelText('label names').min(1, 'label names must not be empty').max(64, 'label names must be at most 64 characters'),
+    labelText('label values').max(256, 'label values must be at most 256 characters'),
+  )
+  .refine((r) => Object.keys(r).length <= 32, 'must hold at most 32 labels');
+
 const queueName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/, 'queue names are letters, digits and _ . : - (starting with a letter or digit)');
 
 const command = z
@@ -97,7 +112,7 @@ export const configSchema = z
     tokenFile: z.string().min(1).optional(),
     slots: z.int().min(1).max(1000).default(1),
     outboxDir: z.string().min(1).optional(),
-    labels: z.record(z.string(), z.string()).default({}),
+    labels: labels.default({}),
     /** Per queue, the command that runs its jobs. */
     queues: z.record(queueName, command).refine((q) => Object.keys(q).length > 0, 'must configure at least one queue'),
     /** How long running commands may take to finish on shutdown. Default 30 s. */
@@ -144,7 +159,13 @@ export async function parseConfig(raw: unknown, env = process.env): Promise<Agen
   if (!r.success) {
     const issue = r.error.issues[0]!;
     const where = issue.path.length ? issue.path.join('.') : '(the file)';
-    const msg = issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => JSON.stringify(k)).join(', ')}` : issue.message;
+    // A record's bad key (a label name): zod says only "Invalid key in record"; the key's schema says why.
+    const msg =
+      issue.code === 'unrecognized_keys'
+        ? `unknown field(s) ${issue.keys.map((k) => JSON.stringify(k)).join(', ')}`
+        : issue.code === 'invalid_key'
+          ? (issue.issues[0]?.message ?? issue.message)
+          : issue.message;
     throw new ConfigError(`${where}: ${msg}`);
   }
   const c = r.data;
