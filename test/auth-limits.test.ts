@@ -167,9 +167,15 @@ describe('the HTTP gateway', () => {
 describe('the gRPC listener', () => {
   it('past 30 refused keys from one address answers RESOURCE_EXHAUSTED at once without a lookup; a cached key still works', async () => {
     const client = rawClient('JobService', `127.0.0.1:${grpcServer.address.port}`);
-    const end = (token: string) => unary(client, 'listJobs', { pageSize: 1 }, token).then(() => 'ok', (e: grpc.ServiceError) => `${e.code} ${e.details}`);
+    // The wait also as metadata, as HTTP's retry-after.
+    const retryAfter = (e: grpc.ServiceError) => e.metadata?.get('retry-after')[0];
+    const end = (token: string) =>
+      unary(client, 'listJobs', { pageSize: 1 }, token).then(
+        () => 'ok',
+        (e: grpc.ServiceError) => `${e.code} ${e.details}${retryAfter(e) === undefined ? '' : ` retry-after=${String(retryAfter(e))}`}`,
+      );
     const refused = `${grpc.status.UNAUTHENTICATED} unknown key or token`;
-    const limited = `${grpc.status.RESOURCE_EXHAUSTED} ${LIMITED}`;
+    const limited = `${grpc.status.RESOURCE_EXHAUSTED} ${LIMITED} retry-after=1`;
     try {
       expect(await end(good)).toBe('ok');
       let before = lookups;

@@ -243,7 +243,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
           serve(req, res);
         },
         (err: unknown) => {
-          if (err instanceof ConnectError) return refuse(req, res, method.input, err.rawMessage, err.code);
+          if (err instanceof ConnectError) return refuse(req, res, method.input, err.rawMessage, err.code, err.metadata);
           if (databaseUnavailable(err)) {
             down.note({ err, path: req.url });
             return refuse(req, res, method.input, unavailableMessage(err), Code.Unavailable);
@@ -377,11 +377,20 @@ function openStreamGate(bounds: OpenStreamBounds, log: Logger): (req: http2.Http
  * NO_ERROR, which tells the client to stop sending (RFC 9113, 8.1). Over HTTP/1.1 (TLS with
  * `allowHTTP1`) the connection is closed.
  */
-function refuse(req: http2.Http2ServerRequest, res: http2.Http2ServerResponse, input: string | undefined, message: string, code: Code = Code.Unauthenticated): void {
+function refuse(
+  req: http2.Http2ServerRequest,
+  res: http2.Http2ServerResponse,
+  input: string | undefined,
+  message: string,
+  code: Code = Code.Unauthenticated,
+  /** Metadata sent with the status, e.g. the `retry-after` of a caller past its bound of refused keys. */
+  metadata?: Headers,
+): void {
   if (res.headersSent || ended(req)) return;
   const type = req.headers['content-type'];
   const headers = withPlainMessage(
     {
+      ...(metadata ? Object.fromEntries(metadata) : {}),
       ':status': 200,
       'content-type': type?.startsWith('application/grpc') ? type : 'application/grpc+proto',
       'grpc-status': String(code),
