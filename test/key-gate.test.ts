@@ -73,6 +73,20 @@ describe('the key gate', () => {
     expect(counted).toEqual([...Array<string>(3).fill('http key'), 'http limited', 'http limited', 'http key', 'http key', 'http limited']);
   });
 
+  it('never limits a key found good here, after its cache entry aged or the cache was cleared (a listener reconnect)', async () => {
+    const { g, seen, credentials } = gate({ burst: 2, perSecond: 0.01, addresses: 100 });
+    const good = await key('gate-known');
+    expect(await outcome(g.check(good, '10.0.0.7'))).toBe('ok gate-known');
+    for (let i = 0; i < 2; i++) await outcome(g.check(`lh_key_known-guess-${i}`, '10.0.0.7'));
+    expect(await outcome(g.check('lh_key_known-guess-2', '10.0.0.7'))).toBe(limited(100));
+    // Before, a key whose cache entry was gone met the limit as a guess, for as long as the guessing went on.
+    credentials.setOnline(true);
+    const before = seen.lookups;
+    expect(await outcome(g.check(good, '10.0.0.7'))).toBe('ok gate-known');
+    expect(seen.lookups - before).toBe(1); // checked in the database again, as it must be
+    expect(await outcome(g.check('lh_key_known-guess-3', '10.0.0.7'))).toBe(limited(100)); // and no token given to the guesser
+  });
+
   it('gives guesses sent at once no more lookups than the burst', async () => {
     const { g, seen } = gate({ burst: 3, perSecond: 0.5, addresses: 100 });
     const answers = await Promise.all(Array.from({ length: 20 }, (_, i) => outcome(g.check(`lh_key_at-once-${i}`, '10.0.0.3'))));

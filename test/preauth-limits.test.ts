@@ -374,6 +374,15 @@ describe('open streaming calls (reflection, Health/Watch): 2 a connection, 3 in 
     // Their places are free again.
     expect(await within(grpcCall(one, REFLECTION, {}, []), 300)).toBe('timeout');
   });
+
+  it('counts no agent stream, also one that Connect serves (with a deadline) rather than the lane', async () => {
+    const url = `http://127.0.0.1:${grpcServer.address.port}`;
+    const s = connect(url);
+    // Before, these took the open streams' places and were cut after their 500 ms.
+    const agentStreams = Array.from({ length: 4 }, () => grpcCall(s, '/leasehold.v1.AgentService/Connect', { 'grpc-timeout': '100S' }, []));
+    expect(await within(Promise.race(agentStreams), 900)).toBe('timeout');
+    expect(await within(grpcCall(connect(url), REFLECTION, {}, []), 300)).toBe('timeout');
+  });
 });
 
 describe('jsonDepthOver', () => {

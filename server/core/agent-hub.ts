@@ -298,9 +298,10 @@ export class AgentHub extends EventEmitter<HubEvents> {
    * dispatcher's rounds and enqueue hand-offs interleave.
    */
   assign(s: Session, jobs: Claimed[]): void {
-    if (s.closed) {
-      // The stream ended while these were claimed for it (a dispatcher round or an enqueue's
-      // hand-off in flight), so nobody will start them: their start deadline is moved to now and
+    if (s.closed || s.out.closed) {
+      // The stream ended, or is ending (its queue drains before `close`), while these were
+      // claimed for it (a dispatcher round or an enqueue's hand-off in flight): an Assign would
+      // never go out, so nobody will start them: their start deadline is moved to now and
       // the reaper's next run puts them back, instead of after the claim TTL (30 s by default).
       const attemptIds = jobs.map((c) => c.attemptId);
       claimsExpire(this.db, { attemptIds }).catch((err: unknown) => {

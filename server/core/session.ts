@@ -137,7 +137,8 @@ export class Session {
 
   /** Free slots the dispatcher may fill now. */
   get available(): number {
-    if (this.closed || this.draining || this.paused()) return 0;
+    // `out.closed`: the stream is ending (its queue drains, then `hub.close`): nothing more goes out on it.
+    if (this.closed || this.out.closed || this.draining || this.paused()) return 0;
     return Math.max(0, Math.min(this.credit, this.slots - this.held.size - this.reserved));
   }
 

@@ -6,9 +6,9 @@
  *
  * Each address has a token bucket of refused keys (`FAILED_KEYS`: a burst of 30, then 5 a second).
  * Past it, a call whose key the credential cache does not hold verified is answered at once with
- * RESOURCE_EXHAUSTED (HTTP 429 with `retry-after`), and the database is not asked. A key in the
- * cache is never limited, so callers already at work from that address (n8n behind the same NAT)
- * carry on. A key not verified yet (a new one, or one whose cache entry aged out) waits like a
+ * RESOURCE_EXHAUSTED (HTTP 429 with `retry-after`), and the database is not asked. A key found
+ * good here before is never limited (it is still checked), so callers already at work from that
+ * address (n8n behind the same NAT or proxy) carry on. A key not verified yet (a new one, or one whose cache entry aged out) waits like a
  * guess. A check takes its token before it asks the database, and a key found good gives it back:
  * a thousand guesses sent at once get no more checks than a thousand sent one after another. The
  * same key sent many times at once (n8n's first calls after a restart, before the cache holds its
@@ -27,7 +27,7 @@ import { Code, ConnectError } from '@connectrpc/connect';
 import type { CredentialCache } from '../core/credential-cache.js';
 import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
-import type { Queryable } from '../store/index.js';
+import { hashSecret, type Queryable } from '../store/index.js';
 import { authenticate, authenticateCached, type Principal } from './auth.js';
 import type { Metrics } from './metrics.js';
 
@@ -107,17 +107,19 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
     }
   };
 
-  /** A check that took a token: its key looked up, the token given back unless the key is refused. */
-  const lookup = async (addr: string, token: string, remote: string | undefined): Promise<Principal> => {
+  /** A check: its key looked up, the token it took (`took`) given back unless the key is refused. */
+  const lookup = async (addr: string, token: string, hash: string, took: boolean, remote: string | undefined): Promise<Principal> => {
     try {
       const principal = await authenticate(deps.db, token, deps.credentials);
-      giveBack(addr);
+      if (took) giveBack(addr);
+      remember(hash);
       return principal;
     } catch (err) {
       if (!(err instanceof ConnectError)) {
-        giveBack(addr);
+        if (took) giveBack(addr);
         throw err;
       }
+      known.delete(hash);
       // The reason names at most a key's or an agent's name ("… was revoked"), never the secret.
       refused.note({ listener, remote, reason: err.rawMessage });
       deps.metrics?.authRefused(listener, 'key');
@@ -127,6 +129,18 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
 
   /** Lookups in flight, by address and token (kept only while in flight, never logged). */
   const inFlight = new Map<string, Promise<Principal>>();
+  /**
+   * SHA-256 of keys found good here, most recent last: they are checked as usual, never limited.
+   * The credential cache alone could not say so: its entries age out (60 s) and are all dropped
+   * when the listener reconnects, and a key in use then met the limit like a guess, for as long
+   * as someone kept guessing from its address (behind a proxy, every caller's).
+   */
+  const known = new Map<string, true>();
+  const remember = (hash: string) => {
+    known.delete(hash);
+    known.set(hash, true);
+    if (known.size > bounds.addresses) known.delete(known.keys().next().value!);
+  };
 
   return {
     check(token, remote) {
@@ -134,7 +148,9 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
       const id = `${addr} ${token}`;
       const same = inFlight.get(id);
       if (same) return same;
-      const wait = take(addr);
+      const hash = hashSecret(token);
+      const took = !known.has(hash);
+      const wait = took ? take(addr) : 0;
       if (wait > 0) {
         return authenticateCached(token, deps.credentials, () => {
           limited.note({ listener, remote });
@@ -143,7 +159,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
           return new ConnectError(`too many refused keys from this address: retry in ${s} s`, Code.ResourceExhausted, { 'retry-after': String(s) });
         });
       }
-      const p = lookup(addr, token, remote);
+      const p = lookup(addr, token, hash, took, remote);
       inFlight.set(id, p);
       const done = () => inFlight.delete(id);
       p.then(done, done);

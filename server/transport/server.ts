@@ -191,7 +191,8 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
             input: h.method.input.typeName,
             keyed: needsKey(h.service.typeName),
             oneMessage: kind === 'unary' || kind === 'server_streaming',
-            streaming: kind !== 'unary',
+            // Agents' streams are not open calls: some are served here, not by the lane (agent-lane.ts).
+            streaming: kind !== 'unary' && h.service.typeName !== 'leasehold.v1.AgentService',
           });
         }
       },
@@ -334,7 +335,7 @@ interface MethodInfo {
   keyed: boolean;
   /** The caller sends one message and ends (unary, server streaming): its body has a deadline. */
   oneMessage: boolean;
-  /** The server may answer with more than one message (server streaming, bidi). */
+  /** The server may answer with more than one message (server streaming, bidi), the agent stream aside: bounded when open (`openStreamGate`). */
   streaming: boolean;
 }
 
