@@ -89,10 +89,11 @@ export function bearerToken(authorization: string | undefined): string | undefin
  * Authenticates a bearer token: an agent token or an API key; from `credentials` when it holds
  * the token verified, otherwise in the database.
  */
-export async function authenticate(db: Queryable, token: string, credentials?: CredentialCache<Principal>): Promise<Principal> {
+export async function authenticate(db: Queryable, token: string, credentials?: CredentialCache<Principal>, hash?: string): Promise<Principal> {
   // Over-long tokens go straight to the verbs, which refuse them without hashing.
   if (!credentials || token.length > TOKEN_MAX) return verify(db, token);
-  return credentials.resolve(hashSecret(token), () => verify(db, token));
+  // `hash`: the token's SHA-256 when the caller has it already (the key gate), not computed twice.
+  return credentials.resolve(hash ?? hashSecret(token), () => verify(db, token));
 }
 
 /**
@@ -100,9 +101,9 @@ export async function authenticate(db: Queryable, token: string, credentials?: C
  * and the database is not asked (key-gate.ts, for an address past its refused keys). The cache
  * counts such a call as a miss.
  */
-export async function authenticateCached(token: string, credentials: CredentialCache<Principal> | undefined, refusal: () => Error): Promise<Principal> {
+export async function authenticateCached(token: string, credentials: CredentialCache<Principal> | undefined, refusal: () => Error, hash?: string): Promise<Principal> {
   if (!credentials?.enabled || token.length > TOKEN_MAX) throw refusal();
-  return credentials.resolve(hashSecret(token), () => Promise.reject(refusal()));
+  return credentials.resolve(hash ?? hashSecret(token), () => Promise.reject(refusal()));
 }
 
 /** Longest token looked up (the verbs refuse longer ones). */

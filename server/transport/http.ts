@@ -45,7 +45,7 @@ import { httpStatusOf, outcomeOfCode } from './outcome-wire.js';
 import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
 import { impossibleRunAt } from './enqueue-request.js';
 import { enqueueJobCall } from './job-routes.js';
-import { databaseUnavailable, storeErrors, unavailableMessage } from './store-errors.js';
+import { databaseUnavailable, storeErrors, unavailableLog, unavailableMessage } from './store-errors.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
 import { createKeyGate, type KeyGate } from './key-gate.js';
@@ -135,7 +135,7 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   // perhaps done).
   let stopping = false;
   // Keys that could not be checked for want of the database: one line every 10 s (store-errors.ts).
-  const down = new LogSummary(deps.log, 'warn', 'call failed: the database is unavailable', 10_000);
+  const down = unavailableLog(deps.log);
   const answering = new Set<http.ServerResponse>();
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     if (stopping) res.setHeader('connection', 'close');
@@ -175,6 +175,9 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
         stopping = true;
         for (const res of answering) if (!res.headersSent) res.setHeader('connection', 'close');
         health.shutdown();
+        // What the summaries counted and have not said yet.
+        keys.flush();
+        down.flush();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         const deadline = setTimeout(() => server.closeAllConnections(), 2000);

@@ -110,7 +110,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
   /** A check: its key looked up, the token it took (`took`) given back unless the key is refused. */
   const lookup = async (addr: string, token: string, hash: string, took: boolean, remote: string | undefined): Promise<Principal> => {
     try {
-      const principal = await authenticate(deps.db, token, deps.credentials);
+      const principal = await authenticate(deps.db, token, deps.credentials, hash);
       if (took) giveBack(addr);
       remember(hash);
       return principal;
@@ -127,7 +127,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
     }
   };
 
-  /** Lookups in flight, by address and token (kept only while in flight, never logged). */
+  /** Lookups in flight, by address and the token's SHA-256. */
   const inFlight = new Map<string, Promise<Principal>>();
   /**
    * SHA-256 of keys found good here, most recent last: they are checked as usual, never limited.
@@ -145,10 +145,10 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
   return {
     check(token, remote) {
       const addr = addressKey(remote);
-      const id = `${addr} ${token}`;
+      const hash = hashSecret(token);
+      const id = `${addr} ${hash}`;
       const same = inFlight.get(id);
       if (same) return same;
-      const hash = hashSecret(token);
       const took = !known.has(hash);
       const wait = took ? take(addr) : 0;
       if (wait > 0) {
@@ -157,7 +157,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
           deps.metrics?.authRefused(listener, 'limited');
           const s = Math.ceil(wait);
           return new ConnectError(`too many refused keys from this address: retry in ${s} s`, Code.ResourceExhausted, { 'retry-after': String(s) });
-        });
+        }, hash);
       }
       const p = lookup(addr, token, hash, took, remote);
       inFlight.set(id, p);

@@ -26,7 +26,7 @@ import type { QueueWaker } from '../core/queue-waker.js';
 import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
-import { databaseUnavailable, storeErrors, unavailableMessage } from './store-errors.js';
+import { databaseUnavailable, storeErrors, unavailableLog, unavailableMessage } from './store-errors.js';
 
 export interface ServerDeps {
   db: Queryable;
@@ -218,7 +218,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   };
   const openStreams = openStreamGate(deps.openStreams ?? OPEN_STREAMS, deps.log);
   // Keys that could not be checked for want of the database: one line every 10 s (store-errors.ts).
-  const down = new LogSummary(deps.log, 'warn', 'call failed: the database is unavailable', 10_000);
+  const down = unavailableLog(deps.log);
   const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, listener: 'grpc' });
   // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through
   // it, a call that needs a key only once its key is known good: Connect reads the whole body
@@ -283,6 +283,9 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     close: () =>
       (closing ??= (async () => {
         health.shutdown();
+        // What the summaries counted and have not said yet.
+        keys.flush();
+        down.flush();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         // No job is claimed for a stream from here on (a claim whose Assign could no longer be
         // sent would wait out its claim deadline); then every stream is told to go elsewhere.

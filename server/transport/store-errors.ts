@@ -38,13 +38,18 @@ export function unavailableMessage(err: unknown): string {
   return 'the database is unavailable: retry later';
 }
 
+/** The log of calls failed for want of the database (`storeErrors`, and the listeners' key checks): a line every 10 s with a count. */
+export function unavailableLog(log: Logger): LogSummary {
+  return new LogSummary(log, 'warn', 'call failed: the database is unavailable', 10_000);
+}
+
 /**
  * The interceptor: thrown errors logged and, when the database is unavailable, answered
  * UNAVAILABLE. Those are logged as one line every 10 s with a count: during an outage every call
  * fails so, and a line with its stack each made 5,915 lines (7.2 MB) in 20 s.
  */
 export function storeErrors(log: Logger): Interceptor {
-  const down = new LogSummary(log, 'warn', 'call failed: the database is unavailable', 10_000);
+  const down = unavailableLog(log);
   return (next) => async (req) => {
     try {
       return await next(req);
