@@ -40,7 +40,8 @@ it('a role that does not own the database: one line with the role, the database 
   )) as Error;
   expect(err?.name).toBe('DatabaseSettingError');
   expect(err.message).toBe(
-    `the migrations cannot run as role "${role}" on database "${dbName}": permission denied for database ${dbName} (in CREATE SCHEMA IF NOT EXISTS "drizzle"). ` +
+    `the migrations cannot run as role "${role}" on database "${dbName}": permission denied for database ${dbName} ` +
+      `(in drizzle's journal table setup: CREATE SCHEMA IF NOT EXISTS "drizzle"; CREATE TABLE IF NOT EXISTS "drizzle"."__drizzle_migrations"). ` +
       `The coordinator's role must own its database (ALTER DATABASE ${dbName} OWNER TO ${role}) and the tables the migrations made in it ` +
       `(after another role ran them: REASSIGN OWNED BY that_role TO ${role}), as an admin runs it (docs/deploy.md, "A managed PostgreSQL")`,
   );
