@@ -64,6 +64,9 @@ export function parseTasklist(csv: string): string | undefined {
   return m?.[1];
 }
 
+/** A Windows stop that takes this much longer than its grace is logged with where the time went. */
+const SLOW_STOP_MS = 5_000;
+
 const exited = (c: ChildProcess) => c.exitCode !== null || c.signalCode !== null;
 const wait = (c: ChildProcess, ms: number) =>
   new Promise<boolean>((resolve) => {
@@ -93,23 +96,38 @@ export async function killTree(child: ChildProcess, graceMs: number, opts: { pla
   if (pid === undefined) return;
   if ((opts.platform ?? process.platform) === 'win32') {
     if (exited(child)) return;
+    // Where the time went, logged when the stop took long (a process list that hung, say).
+    const started = performance.now();
+    const lists: number[] = [];
+    const timedTree = async (...args: Parameters<typeof windowsTree>) => {
+      const t = performance.now();
+      try {
+        return await windowsTree(...args);
+      } finally {
+        lists.push(Math.round(performance.now() - t));
+      }
+    };
+    const slow = () => {
+      const ms = Math.round(performance.now() - started);
+      if (ms > graceMs + SLOW_STOP_MS) opts.log?.warn({ pid, ms, graceMs, processListsMs: lists }, 'stopping the tree took long');
+    };
     // The tree as it is now (once the command exits, taskkill /T can no longer find its
     // children), taken while taskkill asks it to close.
-    const snapshot = windowsTree(pid);
+    const snapshot = timedTree(pid);
     const { polite, force } = windowsKillCommands(pid);
     if (!(await taskkill(polite, opts.log))) await Promise.all([...(await snapshot).pids].map((p) => exec('taskkill', ['/PID', String(p)]).catch(() => undefined)));
     const { pids: known, created } = await snapshot;
-    if ((await wait(child, graceMs)) && known.size <= 1) return;
+    if ((await wait(child, graceMs)) && known.size <= 1) return slow();
     if (!(await taskkill(force, opts.log)) || known.size > 1) {
       // The command (our child: this always reaches it) and what it had started, at once; then
       // whatever was started since the snapshot (the creation times of the snapshot tell, when
       // the command has exited meanwhile, its children from those of a process given its id).
       terminate(known);
-      const late = await windowsTree(pid, created);
+      const late = await timedTree(pid, created);
       terminate(new Set([...late.pids].filter((p) => !known.has(p))));
     }
     await wait(child, 5000);
-    return;
+    return slow();
   }
   signalGroup(pid, 'SIGTERM');
   await wait(child, graceMs);

@@ -1,0 +1,42 @@
+/**
+ * A Windows tree stop that takes long is logged with where the time went (the process lists), so
+ * a stop that hangs (a process list tool slow under load, say) says why. Run on Linux through the
+ * Windows branch: no taskkill here (it "fails", as Wine's refuses /T), and a `wmic` that answers
+ * after 3 s with no list, so each list costs about 6 s (wmic, PowerShell missing, wmic again).
+ */
+import { spawn } from 'node:child_process';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, expect, it } from 'vitest';
+import { killTree } from '../agent-client/src/runner/process-tree.js';
+
+const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-slow-wmic-'));
+afterAll(() => rm(dir, { recursive: true, force: true }));
+
+it('logs a Windows tree stop that took long, with the time of each process list', async () => {
+  await writeFile(path.join(dir, 'wmic'), '#!/bin/sh\nsleep 3\n');
+  await chmod(path.join(dir, 'wmic'), 0o755);
+  const oldPath = process.env.PATH;
+  process.env.PATH = `${dir}:${oldPath}`;
+  const warned: Array<{ obj: Record<string, unknown>; msg: string }> = [];
+  const log = { warn: (obj: Record<string, unknown>, msg: string) => warned.push({ obj, msg }) };
+  const child = spawn('sleep', ['60']);
+  let ended: NodeJS.Signals | null = null;
+  try {
+    await killTree(child, 100, { platform: 'win32', log: log as never });
+    ended = child.signalCode;
+  } finally {
+    process.env.PATH = oldPath;
+    child.kill('SIGKILL');
+  }
+  // Terminated by killTree itself (on Windows, TerminateProcess), the lists notwithstanding.
+  expect(ended).toBe('SIGKILL');
+  expect(warned.map((w) => w.msg)).toContain('taskkill failed: stopping the tree by parent process ids');
+  const slow = warned.find((w) => w.msg === 'stopping the tree took long');
+  expect(slow?.obj).toMatchObject({ pid: child.pid, graceMs: 100 });
+  const lists = slow!.obj.processListsMs as number[];
+  expect(lists).toHaveLength(2);
+  for (const ms of lists) expect(ms).toBeGreaterThanOrEqual(5_900);
+  expect(slow!.obj.ms as number).toBeGreaterThanOrEqual(lists[0]! + lists[1]!);
+}, 30_000);
