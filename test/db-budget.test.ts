@@ -16,9 +16,10 @@ import pino from 'pino';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../server/config.js';
 import { startCoordinator } from '../server/coordinator.js';
-import { openDatabase, type Database } from '../server/store/database.js';
+import { createPool, openDatabase, ROOM_RETRY_MS, type Database } from '../server/store/database.js';
 import { startEmbedded } from '../server/store/embedded.js';
 import { ownDatabase } from './helpers/newer-release.js';
+import { rpc } from './helpers/http.js';
 import { killAll, serve } from './helpers/serve.js';
 
 type Line = Record<string, unknown> & { level: number; msg: string };
@@ -255,5 +256,76 @@ describe('a start that finds no free connection', () => {
     expect(err.name).toBe('Error');
     expect(err.message).toMatch(/PostgreSQL has no free connection for role "lh_budget_\w+" \(remaining connection slots are reserved for roles with the SUPERUSER attribute\)\. /);
     expect(err.message).toContain(`${needs}: ${advice('max_connections')}`);
+  });
+});
+
+describe('a pool at PostgreSQL\'s limit while it holds connections', () => {
+  const NO_ROOM = 'PostgreSQL has no room for another connection of the pool: its calls wait for the connections it has';
+
+  it('waits for the connections it has instead of failing the call, says so once, and opens no more for a while', async () => {
+    const { role, as } = await ordinaryRole();
+    const { url } = await database();
+    await admin([`ALTER ROLE ${role} CONNECTION LIMIT 3`]);
+    const { lines, log } = capture();
+    const pool = createPool(as(url), 10, log);
+    cleanups.push(() => pool.end());
+    // Queries (pool.query checks out with a callback) and checkouts of its own (transactions).
+    const calls = Array.from({ length: 40 }, (_, i) =>
+      i % 4
+        ? pool.query('SELECT pg_sleep(0.02)')
+        : pool.connect().then(async (c) => {
+            try {
+              await c.query('SELECT pg_sleep(0.02)');
+            } finally {
+              c.release();
+            }
+          }),
+    );
+    const settled = await Promise.allSettled(calls);
+    expect(settled.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason))).toEqual([]);
+    expect(pool.totalCount).toBeLessThanOrEqual(3);
+    expect(pool.options.max).toBeLessThanOrEqual(3);
+    const said = lines.filter((l) => l.msg === NO_ROOM);
+    expect(said).toHaveLength(1);
+    expect(said[0]).toMatchObject({ level: 40, max: 10, retryInMs: ROOM_RETRY_MS, err: { code: '53300' } });
+  });
+
+  it('still fails a call when it holds no connection at all (nothing would free one)', async () => {
+    const { role, as } = await ordinaryRole();
+    const { url } = await database();
+    await admin([`ALTER ROLE ${role} CONNECTION LIMIT 0`]);
+    const pool = createPool(as(url), 10, pino({ level: 'silent' }));
+    cleanups.push(() => pool.end());
+    const err = await refusal(pool.query('SELECT 1'));
+    expect((err as Error & { code?: string }).code).toBe('53300');
+  });
+
+  it('a burst of enqueues and reads through the gateway, with the default pools, on a role with room for 6: every one answered 200', async () => {
+    const { role, as } = await ordinaryRole();
+    const { url, name } = await database({ empty: true });
+    await admin([`ALTER DATABASE ${name} OWNER TO ${role}`]);
+    const config = loadConfig(
+      { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0' },
+      { DATABASE_URL: as(url), LEASEHOLD_ADMIN_KEY: 'budget-admin-key-of-some-length' },
+    );
+    const { lines, log } = capture();
+    const c = await startCoordinator(config, log);
+    cleanups.push(() => c.stop());
+    // Set after the start, which needs 4 at once: the pools (20 and 8) may take 29.
+    await admin([`ALTER ROLE ${role} CONNECTION LIMIT 6`]);
+    const base = `http://127.0.0.1:${c.http.address.port}`;
+    const key = 'budget-admin-key-of-some-length';
+    // Enqueues (which the gateway batches) and reads (one connection each), as n8n workflows and a dashboard make them.
+    const answers = await Promise.all(
+      Array.from({ length: 600 }, (_, i) =>
+        i % 3 === 2
+          ? rpc(base, 'leasehold.v1.JobService/ListJobs', { queue: 'burst', pageSize: 5 }, key)
+          : rpc(base, 'leasehold.v1.JobService/EnqueueJob', { queue: 'burst', payload: { i } }, key),
+      ),
+    );
+    const statuses = new Map<number, number>();
+    for (const a of answers) statuses.set(a.status, (statuses.get(a.status) ?? 0) + 1);
+    expect(Object.fromEntries(statuses)).toEqual({ 200: 600 });
+    expect(lines.some((l) => l.msg === NO_ROOM)).toBe(true);
   });
 });

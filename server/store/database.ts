@@ -6,6 +6,7 @@ import pg from 'pg';
 import type { Logger } from '../log.js';
 import { startEmbedded, type EmbeddedDatabase } from './embedded.js';
 import { sessionProblem } from './session-check.js';
+import { LogSummary } from '../lib/log-summary.js';
 
 export interface Database {
   pool: pg.Pool;
@@ -317,21 +318,24 @@ export const IDLE_CONNECTION_MS = 600_000;
  */
 export function createPool(url: string, max: number, log?: Logger, opts: { hot?: boolean; statementTimeoutMs?: number; connectTimeoutMs?: number } = {}): pg.Pool {
   const statementTimeoutMs = opts.statementTimeoutMs ?? HOT_STATEMENT_TIMEOUT_MS;
-  const pool = new ClosingPool({
-    connectionString: url,
-    max,
-    idleTimeoutMillis: IDLE_CONNECTION_MS,
-    connectionTimeoutMillis: opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
-    // The server's own limit first (it ends the statement and keeps the connection); this one only
-    // for an answer that never comes.
-    ...(opts.hot ? { query_timeout: statementTimeoutMs + 5_000 } : {}),
-    application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
-    // TCP keepalive from 10 s of silence: a connection to a server gone without a reset (a
-    // failover, a partition) fails in minutes rather than the kernel's two hours.
-    keepAlive: true,
-    keepAliveInitialDelayMillis: 10_000,
-    ...(opts.hot ? { Client: hotClient(`${HOT_SETTINGS}; SET statement_timeout = ${statementTimeoutMs}`) } : {}),
-  });
+  const pool = new ClosingPool(
+    {
+      connectionString: url,
+      max,
+      idleTimeoutMillis: IDLE_CONNECTION_MS,
+      connectionTimeoutMillis: opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
+      // The server's own limit first (it ends the statement and keeps the connection); this one only
+      // for an answer that never comes.
+      ...(opts.hot ? { query_timeout: statementTimeoutMs + 5_000 } : {}),
+      application_name: opts.hot ? 'leasehold-hot' : 'leasehold',
+      // TCP keepalive from 10 s of silence: a connection to a server gone without a reset (a
+      // failover, a partition) fails in minutes rather than the kernel's two hours.
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 10_000,
+      ...(opts.hot ? { Client: hotClient(`${HOT_SETTINGS}; SET statement_timeout = ${statementTimeoutMs}`) } : {}),
+    },
+    log && new LogSummary(log, 'warn', `PostgreSQL has no room for another connection of the ${opts.hot ? 'hot ' : ''}pool: its calls wait for the connections it has`),
+  );
   // pg attaches the client to the error; logging it would dump the connection and its statements.
   pool.on('error', (err: Error & { code?: string }) => log?.warn({ err: { message: err.message, code: err.code } }, 'idle database connection failed'));
   // A connection that dies while its client is checked out (PostgreSQL restarting, a failover, a
@@ -344,21 +348,85 @@ export function createPool(url: string, max: number, log?: Logger, opts: { hot?:
   return pool;
 }
 
+/** How long a pool that met PostgreSQL's connection limit keeps to the connections it has before it opens more again. */
+export const ROOM_RETRY_MS = 30_000;
+
 /**
  * A pool whose `end()` resolves when its connections are closed. pg-pool's resolves once it has
  * asked them to close: a database stopped right after it (the embedded one at shutdown) ended
  * them first, and every one logged "idle database connection failed" (57P01).
+ *
+ * And a pool that keeps to the room PostgreSQL has: a new connection refused with SQLSTATE 53300
+ * (`max_connections` or a `CONNECTION LIMIT` reached) while the pool holds others makes the call
+ * wait for one of those (as a full pool's calls do, up to its `connectionTimeoutMillis`) instead
+ * of failing, and the pool opens no more for `ROOM_RETRY_MS`. A burst of n8n enqueues on a small
+ * managed database got 503s by the dozen (whose HTTP Request node, retry off by default, fails
+ * the workflow on one); a pool with no connection open or being opened still fails the call, as
+ * nothing would free one.
  */
 class ClosingPool extends pg.Pool {
   private readonly open = new Set<pg.PoolClient>();
+  private readonly configuredMax: number;
+  private roomTimer: NodeJS.Timeout | undefined;
 
-  constructor(config: pg.PoolConfig) {
+  constructor(
+    config: pg.PoolConfig,
+    private readonly noRoom?: LogSummary,
+  ) {
     super(config);
+    this.configuredMax = this.options.max;
     this.on('connect', (c) => this.open.add(c));
     this.on('remove', (c) => this.open.delete(c));
   }
 
+  override connect(): Promise<pg.PoolClient>;
+  override connect(callback: (err: Error | undefined, client: pg.PoolClient | undefined, done: (release?: boolean | Error) => void) => void): void;
+  override connect(
+    callback?: (err: Error | undefined, client: pg.PoolClient | undefined, done: (release?: boolean | Error) => void) => void,
+  ): Promise<pg.PoolClient> | void {
+    if (!callback) return this.connectWithinRoom();
+    // pool.query checks out this way: straight through unless the connection was refused for room.
+    super.connect((err, client, done) => {
+      if (!this.noRoomFor(err, 0)) return callback(err, client, done);
+      this.keepToRoom(err!);
+      this.connectWithinRoom(1).then(
+        (c) => callback(undefined, c, c.release),
+        (e: Error) => callback(e, undefined, () => undefined),
+      );
+    });
+  }
+
+  /** Whether `err` refused a new connection for want of room while the pool holds or opens others (`refused` times so far). */
+  private noRoomFor(err: Error | undefined, refused: number): boolean {
+    return (err as { code?: string } | undefined)?.code === '53300' && this.totalCount > 0 && refused < 10 && !this.ending;
+  }
+
+  private async connectWithinRoom(refusedBefore = 0): Promise<pg.PoolClient> {
+    // Each refusal lowers the bound to the connections the pool has open (at least 1), so the
+    // next try waits for one of those or for one being opened; those being opened may be refused
+    // too, each lowering it again. With none open or being opened, nothing would free one: the
+    // call fails.
+    for (let refused = refusedBefore; ; refused++) {
+      try {
+        return await super.connect();
+      } catch (err) {
+        if (!this.noRoomFor(err as Error, refused)) throw err;
+        this.keepToRoom(err as Error);
+      }
+    }
+  }
+
+  private keepToRoom(err: Error): void {
+    this.options.max = Math.max(1, this.open.size);
+    this.noRoom?.note({ held: this.open.size, max: this.configuredMax, retryInMs: ROOM_RETRY_MS, err: { message: err.message, code: '53300' } });
+    clearTimeout(this.roomTimer);
+    this.roomTimer = setTimeout(() => (this.options.max = this.configuredMax), ROOM_RETRY_MS);
+    this.roomTimer.unref();
+  }
+
   override async end(): Promise<void> {
+    clearTimeout(this.roomTimer);
+    this.noRoom?.flush();
     await super.end();
     if (!this.open.size) return;
     // Each closes within a round trip; the bound only keeps a dead server from holding a shutdown.
