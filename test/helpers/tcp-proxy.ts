@@ -38,7 +38,10 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
       pairs.delete(pair);
     };
     client.on('error', drop).on('close', drop);
-    upstream.on('error', drop).on('close', drop);
+    // What the server sent before it closed reaches the client first (a refusal's error, say),
+    // late by the delay as the rest was.
+    const upstreamGone = () => (delayMs && !hole ? setTimeout(drop, delayMs) : drop());
+    upstream.on('error', upstreamGone).on('close', upstreamGone);
     client.on('data', (chunk: Buffer) => {
       if (!hole) upstream.write(chunk);
     });
