@@ -98,7 +98,8 @@ export interface Config {
   /**
    * A TLS-terminating proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`), e.g.
    * Caddy in front of a container that listens on `0.0.0.0`: cleartext on a non-loopback address
-   * is allowed, as the proxy's own network leg.
+   * is allowed, as the proxy's own network leg, and a caller's address is read from
+   * `X-Forwarded-For` whatever peer sends it (transport/caller-address.ts).
    */
   trustProxy: boolean;
   /**

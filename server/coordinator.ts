@@ -227,6 +227,7 @@ export async function startCoordinator(config: Config, log: Logger, opts: StartO
       retentionMs: config.retentionMs,
       sessionStaleAfterMs: registry.staleAfterMs,
       metrics,
+      trustProxy: config.trustProxy,
       credentials,
       dispatcher,
       waker,

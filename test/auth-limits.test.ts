@@ -65,11 +65,12 @@ interface Answer {
   json: Record<string, unknown>;
 }
 
-/** POST `path` on the gateway with `key`, from the local address `from`, on a connection of its own. */
-function call(path: string, key: string, from = '127.0.0.1'): Promise<Answer> {
+/** POST `path` on the gateway with `key`, from the local address `from`, on a connection of its own (with `forwardedFor` as `X-Forwarded-For`). */
+function call(path: string, key: string, from = '127.0.0.1', forwardedFor?: string): Promise<Answer> {
   return new Promise((resolve, reject) => {
+    const headers = { 'content-type': 'application/json', authorization: `Bearer ${key}`, ...(forwardedFor ? { 'x-forwarded-for': forwardedFor } : {}) };
     const req = http.request(
-      { host: '127.0.0.1', port: httpServer.address.port, localAddress: from, path, method: 'POST', agent: false, headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` } },
+      { host: '127.0.0.1', port: httpServer.address.port, localAddress: from, path, method: 'POST', agent: false, headers },
       (res) => {
         let body = '';
         res.setEncoding('utf8').on('data', (c: string) => (body += c));
@@ -217,5 +218,22 @@ describe('the bootstrap admin key', () => {
       expect(weak.length, key).toBe(warned ? 1 : 0);
       expect(JSON.stringify(said)).not.toContain(key);
     }
+  });
+});
+
+describe('behind a proxy on this machine (a peer on loopback)', () => {
+  it("counts refused keys per X-Forwarded-For's last address: a guesser behind the proxy does not hold back another caller's new key", async () => {
+    const fresh = await keyCreate(t.pool, { name: 'limits-behind-proxy', scopes: ['read'] });
+    if (fresh.outcome !== 'ok') throw new Error(fresh.outcome);
+    const proxy = '127.0.0.5';
+    const guesses = await Promise.all(Array.from({ length: 45 }, (_, i) => call(LIST, `lh_key_guess-proxied-${i}`, proxy, '198.51.100.1')));
+    expect(count(guesses.map((a) => a.status), 429)).toBeGreaterThan(0);
+    // Another client behind the same proxy: its key, never seen by this listener, is checked and served.
+    expect((await call(LIST, fresh.value.key, proxy, '198.51.100.2')).status).toBe(200);
+    // Only the last entry counts: what a client claims before it is not believed.
+    expect((await call(LIST, 'lh_key_guess-spoofed', proxy, '198.51.100.2, 198.51.100.1')).status).toBe(429);
+    expect((await call(LIST, 'lh_key_guess-third', proxy, '198.51.100.1, 198.51.100.3')).status).toBe(401);
+    // Without the header, the proxy's own address: a bucket of its own, untouched.
+    expect((await call(LIST, 'lh_key_guess-direct', proxy)).status).toBe(401);
   });
 });

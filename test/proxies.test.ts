@@ -20,6 +20,7 @@ import path from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createAgent, type Agent } from '@leasehold/agent-client';
+import { keyCreate } from '../server/store/index.js';
 import { HTTP_READ_MAX_BYTES } from '../server/transport/http.js';
 import { useTestDb } from './helpers/db.js';
 import { ADMIN_KEY, until, useCoordinator, waitFor } from './helpers/coordinator.js';
@@ -206,6 +207,19 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
 
     // The packed leasehold-agent runner, its own stream through the same proxy, runs its commands.
     expect(await runnerJobs([[2, 40], [1, 1]])).toEqual([{ sum: 42 }, { sum: 2 }]);
+  });
+
+  it("counts refused keys per client behind it (X-Forwarded-For): a guesser does not hold back another client's new key", async () => {
+    const fresh = await keyCreate(t.pool, { name: `behind-${name}`, scopes: ['read'] });
+    if (fresh.outcome !== 'ok') throw new Error(fresh.outcome);
+    const list = (key: string, from: string) =>
+      request(px(), 'POST', '/leasehold.v1.JobService/ListJobs', { body: '{}', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, localAddress: from });
+    // A guesser at 127.0.0.2, past its 30 refused keys.
+    const guesses = await Promise.all(Array.from({ length: 45 }, (_, i) => list(`lh_key_guess-${name}-${i}`, '127.0.0.2')));
+    expect(guesses.filter((a) => a.status === 429).length).toBeGreaterThan(0);
+    // n8n at 127.0.0.3, with a key the coordinator has not seen yet (as after a restart): served.
+    const served = await list(fresh.value.key, '127.0.0.3');
+    expect(served.status, served.body).toBe(200);
   });
 
   it('after a restart of the proxy process the agent and the runner reconnect by themselves: nothing lost, nothing run twice', async () => {

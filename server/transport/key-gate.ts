@@ -14,8 +14,8 @@
  * same key sent many times at once (n8n's first calls after a restart, before the cache holds its
  * key) is checked once, for one token.
  *
- * The address is the socket's. The gateway reads no `X-Forwarded-For`, so behind a proxy every
- * caller shares the proxy's bucket. IPv6 addresses share a bucket per /64, which one host commonly
+ * The address is the caller's as caller-address.ts tells it: the socket's, or behind a proxy
+ * the last address of `X-Forwarded-For`. IPv6 addresses share a bucket per /64, which one host commonly
  * holds whole. Each listener keeps its own buckets, at most `addresses` of them: a bucket full again
  * is dropped (it is as good as none), and past the bound the one whose last check is oldest goes.
  *

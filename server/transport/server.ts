@@ -26,6 +26,7 @@ import type { QueueWaker } from '../core/queue-waker.js';
 import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
+import { callerAddress } from './caller-address.js';
 import { databaseUnavailable, storeErrors, unavailableLog, unavailableMessage } from './store-errors.js';
 
 export interface ServerDeps {
@@ -48,6 +49,11 @@ export interface ServerDeps {
   sessionStaleAfterMs?: number | undefined;
   /** Served at GET /metrics on the HTTP listener when given. */
   metrics?: Metrics | undefined;
+  /**
+   * A proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`): the caller's address is
+   * the last of `X-Forwarded-For` from any peer, not only from one on loopback (caller-address.ts).
+   */
+  trustProxy?: boolean | undefined;
   /**
    * Verified credentials, shared by both listeners (the coordinator keeps it in step with
    * revocations); without it every call is verified in the database.
@@ -236,7 +242,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuse(req, res, method.input, MISSING_KEY);
     keys
-      .check(token, remoteOf(req))
+      .check(token, callerAddress(remoteOf(req), req.headers['x-forwarded-for'], deps.trustProxy ?? false))
       .then(
         (principal) => {
           if (ended(req)) return;

@@ -75,14 +75,14 @@ export async function request(
   proxy: Pick<RunningProxy, 'port' | 'caFile'>,
   method: string,
   urlPath: string,
-  opts: { body?: string | Buffer; headers?: Record<string, string>; chunked?: boolean } = {},
+  opts: { body?: string | Buffer; headers?: Record<string, string>; chunked?: boolean; localAddress?: string } = {},
 ): Promise<Answer> {
   const ca = await readFile(proxy.caFile);
   const body = opts.body === undefined ? undefined : Buffer.from(opts.body);
   return new Promise((resolve, reject) => {
     const headers: Record<string, string | number> = { ...opts.headers };
     if (body && !opts.chunked) headers['content-length'] = body.length;
-    const req = https.request({ host: 'localhost', port: proxy.port, path: urlPath, method, ca, headers, agent: false }, (res) => {
+    const req = https.request({ host: 'localhost', port: proxy.port, path: urlPath, method, ca, headers, agent: false, ...(opts.localAddress ? { family: 4, localAddress: opts.localAddress } : {}) }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
