@@ -45,9 +45,8 @@ export async function sessionProblem(url: string, opts: { waitMs?: number; conne
   });
   let timer: NodeJS.Timeout | undefined;
   try {
-    await listener.connect();
-    await listener.query(`LISTEN ${CHANNEL}`);
-    await sender.connect();
+    // Both connections opened at once: a start far from its database pays each one's round trips.
+    await Promise.all([listener.connect().then(() => listener.query(`LISTEN ${CHANNEL}`)), sender.connect()]);
     await sender.query(`SELECT pg_notify('${CHANNEL}', $1)`, [token]);
     const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), waitMs)));
     if ((await Promise.race([arrived, timedOut])) !== 'timeout') return undefined;
