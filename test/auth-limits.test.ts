@@ -66,11 +66,11 @@ interface Answer {
 }
 
 /** POST `path` on the gateway with `key`, from the local address `from`, on a connection of its own (with `forwardedFor` as `X-Forwarded-For`). */
-function call(path: string, key: string, from = '127.0.0.1', forwardedFor?: string): Promise<Answer> {
+function call(path: string, key: string, from = '127.0.0.1', forwardedFor?: string, port = httpServer.address.port): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const headers = { 'content-type': 'application/json', authorization: `Bearer ${key}`, ...(forwardedFor ? { 'x-forwarded-for': forwardedFor } : {}) };
     const req = http.request(
-      { host: '127.0.0.1', port: httpServer.address.port, localAddress: from, path, method: 'POST', agent: false, headers },
+      { host: '127.0.0.1', port, localAddress: from, path, method: 'POST', agent: false, headers },
       (res) => {
         let body = '';
         res.setEncoding('utf8').on('data', (c: string) => (body += c));
@@ -221,19 +221,31 @@ describe('the bootstrap admin key', () => {
   });
 });
 
-describe('behind a proxy on this machine (a peer on loopback)', () => {
+describe('behind a proxy (LEASEHOLD_TRUST_PROXY=1)', () => {
   it("counts refused keys per X-Forwarded-For's last address: a guesser behind the proxy does not hold back another caller's new key", async () => {
     const fresh = await keyCreate(t.pool, { name: 'limits-behind-proxy', scopes: ['read'] });
     if (fresh.outcome !== 'ok') throw new Error(fresh.outcome);
-    const proxy = '127.0.0.5';
-    const guesses = await Promise.all(Array.from({ length: 45 }, (_, i) => call(LIST, `lh_key_guess-proxied-${i}`, proxy, '198.51.100.1')));
+    const pool = t.newPool(4);
+    const log = pino({ level: 'silent' });
+    const behind = await listenHttp({ db: pool, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000, hub, credentials, trustProxy: true }, '127.0.0.1:0');
+    try {
+      const proxy = '127.0.0.5';
+      const at = (key: string, forwardedFor?: string) => call(LIST, key, proxy, forwardedFor, behind.address.port);
+      const guesses = await Promise.all(Array.from({ length: 45 }, (_, i) => at(`lh_key_guess-proxied-${i}`, '198.51.100.1')));
+      expect(count(guesses.map((a) => a.status), 429)).toBeGreaterThan(0);
+      // Another client behind the same proxy: its key, never seen by this listener, is checked and served.
+      expect((await at(fresh.value.key, '198.51.100.2')).status).toBe(200);
+      // Only the last entry counts: what a client claims before it is not believed.
+      expect((await at('lh_key_guess-spoofed', '198.51.100.2, 198.51.100.1')).status).toBe(429);
+      expect((await at('lh_key_guess-third', '198.51.100.1, 198.51.100.3')).status).toBe(401);
+    } finally {
+      await behind.close();
+    }
+  });
+
+  it('without it the header is not read, from loopback either: a guesser cannot pick a fresh address per guess', async () => {
+    const from = '127.0.0.6';
+    const guesses = await Promise.all(Array.from({ length: 45 }, (_, i) => call(LIST, `lh_key_guess-forged-${i}`, from, `198.51.100.${i + 10}`)));
     expect(count(guesses.map((a) => a.status), 429)).toBeGreaterThan(0);
-    // Another client behind the same proxy: its key, never seen by this listener, is checked and served.
-    expect((await call(LIST, fresh.value.key, proxy, '198.51.100.2')).status).toBe(200);
-    // Only the last entry counts: what a client claims before it is not believed.
-    expect((await call(LIST, 'lh_key_guess-spoofed', proxy, '198.51.100.2, 198.51.100.1')).status).toBe(429);
-    expect((await call(LIST, 'lh_key_guess-third', proxy, '198.51.100.1, 198.51.100.3')).status).toBe(401);
-    // Without the header, the proxy's own address: a bucket of its own, untouched.
-    expect((await call(LIST, 'lh_key_guess-direct', proxy)).status).toBe(401);
   });
 });

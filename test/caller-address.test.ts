@@ -1,24 +1,25 @@
 /**
- * Whose address a call is counted against (server/transport/caller-address.ts): the last entry of
- * X-Forwarded-For, from a peer on loopback or, with LEASEHOLD_TRUST_PROXY=1, from any; else the
- * connection's own.
+ * Whose address a call is counted against (server/transport/caller-address.ts): with
+ * LEASEHOLD_TRUST_PROXY=1 the last entry of X-Forwarded-For; else, and for a header that holds no
+ * address, the connection's own.
  */
 import { describe, expect, it } from 'vitest';
 import { callerAddress } from '../server/transport/caller-address.js';
 
 describe('callerAddress', () => {
-  it("takes the last X-Forwarded-For entry from a proxy on loopback, whatever came before it", () => {
-    expect(callerAddress('127.0.0.1', '203.0.113.7', false)).toBe('203.0.113.7');
-    expect(callerAddress('::1', '198.51.100.9, 203.0.113.7', false)).toBe('203.0.113.7');
-    expect(callerAddress('::ffff:127.0.0.1', ['198.51.100.9', '203.0.113.7'], false)).toBe('203.0.113.7');
-    expect(callerAddress('127.0.0.1', '2001:db8::1', false)).toBe('2001:db8::1');
-    expect(callerAddress('127.0.0.1', '[2001:db8::1]:4711', false)).toBe('2001:db8::1');
-    expect(callerAddress('127.0.0.1', ' 203.0.113.7:4711 ', false)).toBe('203.0.113.7');
+  it('takes the last X-Forwarded-For entry behind a trusted proxy, whatever came before it', () => {
+    expect(callerAddress('127.0.0.1', '203.0.113.7', true)).toBe('203.0.113.7');
+    expect(callerAddress('::1', '198.51.100.9, 203.0.113.7', true)).toBe('203.0.113.7');
+    expect(callerAddress('192.0.2.10', ['198.51.100.9', '203.0.113.7'], true)).toBe('203.0.113.7');
+    expect(callerAddress('127.0.0.1', '2001:db8::1', true)).toBe('2001:db8::1');
+    expect(callerAddress('127.0.0.1', '[2001:db8::1]:4711', true)).toBe('2001:db8::1');
+    expect(callerAddress('127.0.0.1', ' 203.0.113.7:4711 ', true)).toBe('203.0.113.7');
   });
 
-  it('believes no header from a peer elsewhere, unless a proxy is the only way in (LEASEHOLD_TRUST_PROXY=1)', () => {
+  it('reads no header without LEASEHOLD_TRUST_PROXY=1, from loopback either (a forwarder there may pass it through)', () => {
     expect(callerAddress('192.0.2.10', '203.0.113.7', false)).toBe('192.0.2.10');
-    expect(callerAddress('192.0.2.10', '203.0.113.7', true)).toBe('203.0.113.7');
+    expect(callerAddress('127.0.0.1', '203.0.113.7', false)).toBe('127.0.0.1');
+    expect(callerAddress('::1', '203.0.113.7', false)).toBe('::1');
   });
 
   it("keeps the connection's address when the header is missing, empty or not an address", () => {

@@ -290,6 +290,25 @@ describe('a pool at PostgreSQL\'s limit while it holds connections', () => {
     expect(said[0]).toMatchObject({ level: 40, max: 10, retryInMs: ROOM_RETRY_MS, err: { code: '53300' } });
   });
 
+  it('fails a call whose wait runs out with the refusal, so the caller is told there is no free connection', async () => {
+    const { role, as } = await ordinaryRole();
+    const { url } = await database();
+    await admin([`ALTER ROLE ${role} CONNECTION LIMIT 1`]);
+    const pool = createPool(as(url), 10, pino({ level: 'silent' }), { connectTimeoutMs: 400 });
+    cleanups.push(() => pool.end());
+    const held = await pool.connect();
+    try {
+      const started = performance.now();
+      const err = (await refusal(pool.query('SELECT 1'))) as Error & { code?: string };
+      const waited = performance.now() - started;
+      expect({ code: err.code, message: err.message }).toEqual({ code: '53300', message: `too many connections for role "${role}"` });
+      expect(waited).toBeGreaterThanOrEqual(390);
+      expect(waited).toBeLessThan(3000);
+    } finally {
+      held.release();
+    }
+  });
+
   it('still fails a call when it holds no connection at all (nothing would free one)', async () => {
     const { role, as } = await ordinaryRole();
     const { url } = await database();

@@ -141,8 +141,24 @@ describe('the key gate', () => {
     expect(JSON.stringify(lines)).not.toContain('secret-guess');
   });
 
+  it('bounds the checks of the whole listener too, whatever addresses they come from (many, or named by a trusted proxy)', async () => {
+    const { g, seen, lines } = gate({ burst: 3, perSecond: 0.5, addresses: 100, listenerBurst: 5, listenerPerSecond: 0.5 });
+    const good = await key('gate-wide');
+    expect(await outcome(g.check(good, '10.0.2.100'))).toBe('ok gate-wide');
+    const before = seen.lookups;
+    const answers: string[] = [];
+    for (let i = 1; i <= 10; i++) answers.push(await outcome(g.check(`lh_key_wide-${i}`, `10.0.2.${i}`)));
+    // The good key gave its token back: 5 guesses checked, from 5 addresses each under its own bound.
+    expect(answers).toEqual([...Array<string>(5).fill('Unauthenticated: unknown key or token'), ...Array<string>(5).fill('ResourceExhausted: too many refused keys on this listener: retry in 2 s')]);
+    expect(seen.lookups - before).toBe(5);
+    // A key found good here is still served; a new one waits.
+    expect(await outcome(g.check(good, '10.0.2.200'))).toBe('ok gate-wide');
+    expect(await outcome(g.check(await key('gate-wide-new'), '10.0.2.201'))).toBe('ResourceExhausted: too many refused keys on this listener: retry in 2 s');
+    expect(lines.map((l) => l.msg)).toContain('call refused without a check: too many refused keys on this listener, from all addresses');
+  });
+
   it('has bounds no real caller meets', () => {
-    expect(FAILED_KEYS).toEqual({ burst: 30, perSecond: 5, addresses: 10_000 });
+    expect(FAILED_KEYS).toEqual({ burst: 30, perSecond: 5, addresses: 10_000, listenerBurst: 300, listenerPerSecond: 50 });
   });
 });
 

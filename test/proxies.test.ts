@@ -32,7 +32,8 @@ import { deferred } from './helpers/deferred.js';
 const t = useTestDb();
 // Leases longer than a proxy restart takes: an attempt running across the restart must resume on
 // the reconnected stream, not expire and run again.
-const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '10s', LEASEHOLD_CLAIM_TTL: '10s', LEASEHOLD_HEARTBEAT_INTERVAL: '1s' });
+// LEASEHOLD_TRUST_PROXY=1, as docs/deploy.md sets it behind either proxy: callers' addresses from X-Forwarded-For.
+const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '10s', LEASEHOLD_CLAIM_TTL: '10s', LEASEHOLD_HEARTBEAT_INTERVAL: '1s', LEASEHOLD_TRUST_PROXY: '1' });
 const required = process.env.LEASEHOLD_REQUIRE_PROXIES === '1';
 const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
 

@@ -66,8 +66,15 @@ async function catalog(db: OwnDatabase) {
   const q = async (sql: string) => (await db.pool.query(sql)).rows;
   const schemas = `('public', 'drizzle')`;
   return {
-    relations: await q(`SELECT n.nspname, c.relname, c.relkind, c.relpersistence, array_to_string(c.reloptions, ',') AS options, obj_description(c.oid) AS comment
+    relations: await q(`SELECT n.nspname, c.relname, c.relkind, c.relpersistence, c.relrowsecurity, array_to_string(c.reloptions, ',') AS options,
+                               obj_description(c.oid) AS comment, pg_get_expr(c.relpartbound, c.oid) AS bound, array_to_string(c.relacl, ',') AS acl
                           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname IN ${schemas} ORDER BY 1, 2`),
+    columnComments: await q(`SELECT c.relname, a.attname, col_description(c.oid, a.attnum) AS comment FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+                              WHERE c.relnamespace = 'public'::regnamespace AND a.attnum > 0 AND col_description(c.oid, a.attnum) IS NOT NULL ORDER BY 1, 2`),
+    // Rows the migrations write (0019's, 0021's): every table's rows, as text.
+    rows: await q(`SELECT c.relname, (xpath('/row/n/text()', query_to_xml(format('SELECT count(*) AS n FROM %I', c.relname), false, true, '')))[1]::text AS n
+                     FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') ORDER BY 1`),
+    schemaCompat: (await q(`SELECT to_regclass('schema_compat') IS NOT NULL AS kept`))[0]!.kept ? await q(`SELECT to_jsonb(s) AS row FROM schema_compat s`) : [],
     columns: await q(`SELECT table_schema, table_name, column_name, ordinal_position, data_type, udt_name, column_default, is_nullable, is_identity, is_generated, generation_expression
                         FROM information_schema.columns WHERE table_schema IN ${schemas} ORDER BY 1, 2, 4`),
     indexes: await q(`SELECT schemaname, tablename, indexname, indexdef FROM pg_indexes WHERE schemaname IN ${schemas} ORDER BY 1, 2, 3`),
@@ -126,6 +133,25 @@ describe('applyMigrations against drizzle-orm/node-postgres/migrator', () => {
     cleanups.pop();
     await drizzleMigrate(oursThenDrizzle, migrationsFolder);
     expect(await catalog(oursThenDrizzle)).toEqual(expected);
+  });
+
+  it('applies statements that end in a comment or lack their semicolon, and DO blocks, as drizzle does', async () => {
+    const odd = await newerRelease(
+      undefined,
+      'CREATE TABLE "odd_statements" ("a" integer) -- no semicolon, a comment last\n--> statement-breakpoint\n' +
+        "DO $$ BEGIN INSERT INTO odd_statements VALUES (1); END $$\n--> statement-breakpoint\n" +
+        // The file's last line a comment without a line end: joined to what follows by a bare
+        // ";", the journal's INSERT would be commented out.
+        'INSERT INTO "odd_statements" VALUES (2); -- a comment after it, the last line',
+    );
+    cleanups.push(() => odd.remove());
+    const byDrizzle = await emptyDatabase();
+    await drizzleMigrate(byDrizzle, odd.folder);
+    const ours = await emptyDatabase();
+    const { client } = await countingClient(ours);
+    expect(await applyMigrations(client, odd.folder)).toBe((await journalLength()) + 1);
+    expect((await ours.pool.query('SELECT a FROM odd_statements ORDER BY a')).rows).toEqual([{ a: 1 }, { a: 2 }]);
+    expect(await catalog(ours)).toEqual(await catalog(byDrizzle));
   });
 
   it('takes back every pending migration when one fails, and names it', async () => {

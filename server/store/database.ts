@@ -351,6 +351,9 @@ export function createPool(url: string, max: number, log?: Logger, opts: { hot?:
 /** How long a pool that met PostgreSQL's connection limit keeps to the connections it has before it opens more again. */
 export const ROOM_RETRY_MS = 30_000;
 
+/** pg-pool's error for a checkout that waited `connectionTimeoutMillis` in vain. */
+const POOL_TIMEOUT = 'timeout exceeded when trying to connect';
+
 /**
  * A pool whose `end()` resolves when its connections are closed. pg-pool's resolves once it has
  * asked them to close: a database stopped right after it (the embedded one at shutdown) ended
@@ -358,8 +361,9 @@ export const ROOM_RETRY_MS = 30_000;
  *
  * And a pool that keeps to the room PostgreSQL has: a new connection refused with SQLSTATE 53300
  * (`max_connections` or a `CONNECTION LIMIT` reached) while the pool holds others makes the call
- * wait for one of those (as a full pool's calls do, up to its `connectionTimeoutMillis`) instead
- * of failing, and the pool opens no more for `ROOM_RETRY_MS`. A burst of n8n enqueues on a small
+ * wait for one of those (as a full pool's calls do, up to about its `connectionTimeoutMillis`
+ * from the first try; then it fails with the refusal) instead of failing at once, and the pool
+ * opens no more for `ROOM_RETRY_MS`. A burst of n8n enqueues on a small
  * managed database got 503s by the dozen (whose HTTP Request node, retry off by default, fails
  * the workflow on one); a pool with no connection open or being opened still fails the call, as
  * nothing would free one.
@@ -384,43 +388,65 @@ class ClosingPool extends pg.Pool {
   override connect(
     callback?: (err: Error | undefined, client: pg.PoolClient | undefined, done: (release?: boolean | Error) => void) => void,
   ): Promise<pg.PoolClient> | void {
-    if (!callback) return this.connectWithinRoom();
+    const started = performance.now();
+    if (!callback) return this.connectWithinRoom(started);
     // pool.query checks out this way: straight through unless the connection was refused for room.
     super.connect((err, client, done) => {
-      if (!this.noRoomFor(err, 0)) return callback(err, client, done);
+      if (!this.noRoomFor(err, 0, started)) return callback(err, client, done);
       this.keepToRoom(err!);
-      this.connectWithinRoom(1).then(
+      this.connectWithinRoom(started, err).then(
         (c) => callback(undefined, c, c.release),
         (e: Error) => callback(e, undefined, () => undefined),
       );
     });
   }
 
-  /** Whether `err` refused a new connection for want of room while the pool holds or opens others (`refused` times so far). */
-  private noRoomFor(err: Error | undefined, refused: number): boolean {
-    return (err as { code?: string } | undefined)?.code === '53300' && this.totalCount > 0 && refused < 10 && !this.ending;
+  /**
+   * Whether `err` refused a new connection for want of room while the pool holds or opens others,
+   * after `refused` refusals, within the checkout's `connectionTimeoutMillis` from `started`.
+   */
+  private noRoomFor(err: Error | undefined, refused: number, started: number): boolean {
+    return (
+      (err as { code?: string } | undefined)?.code === '53300' &&
+      this.totalCount > 0 &&
+      refused < 10 &&
+      !this.ending &&
+      performance.now() - started < (this.options.connectionTimeoutMillis || CONNECT_TIMEOUT_MS)
+    );
   }
 
-  private async connectWithinRoom(refusedBefore = 0): Promise<pg.PoolClient> {
-    // Each refusal lowers the bound to the connections the pool has open (at least 1), so the
-    // next try waits for one of those or for one being opened; those being opened may be refused
-    // too, each lowering it again. With none open or being opened, nothing would free one: the
-    // call fails.
-    for (let refused = refusedBefore; ; refused++) {
+  private async connectWithinRoom(started: number, refusal?: Error): Promise<pg.PoolClient> {
+    // Each refusal lowers the bound to the connections the pool has (at least 1), so the next
+    // try waits for one of those; one being opened may be refused too, lowering it again. With
+    // none open or being opened, nothing would free one: the call fails.
+    for (let refused = refusal ? 1 : 0; ; refused++) {
       try {
         return await super.connect();
       } catch (err) {
-        if (!this.noRoomFor(err as Error, refused)) throw err;
-        this.keepToRoom(err as Error);
+        if (this.noRoomFor(err as Error, refused, started)) {
+          refusal ??= err as Error;
+          this.keepToRoom(err as Error);
+          continue;
+        }
+        // A wait after a refusal that ran out of time: the refusal says why (no free connection),
+        // where pg-pool's timeout would read as the database unavailable (store-errors.ts).
+        throw refusal && (err as Error).message === POOL_TIMEOUT ? refusal : err;
       }
     }
   }
 
   private keepToRoom(err: Error): void {
-    this.options.max = Math.max(1, this.open.size);
-    this.noRoom?.note({ held: this.open.size, max: this.configuredMax, retryInMs: ROOM_RETRY_MS, err: { message: err.message, code: '53300' } });
+    // The connections open (`open` keeps one being closed a moment longer; pg-pool's count, one being opened).
+    const held = Math.min(this.open.size, this.totalCount);
+    this.options.max = Math.max(1, held);
+    this.noRoom?.note({ held, max: this.configuredMax, retryInMs: ROOM_RETRY_MS, err: { message: err.message, code: '53300' } });
     clearTimeout(this.roomTimer);
-    this.roomTimer = setTimeout(() => (this.options.max = this.configuredMax), ROOM_RETRY_MS);
+    this.roomTimer = setTimeout(() => {
+      this.options.max = this.configuredMax;
+      // Calls still waiting may now open connections: pg-pool looks at its queue only when a
+      // connection comes back or goes.
+      if (!this.ending) (this as unknown as { _pulseQueue(): void })._pulseQueue();
+    }, ROOM_RETRY_MS);
     this.roomTimer.unref();
   }
 

@@ -38,10 +38,17 @@ export interface FailedKeyBounds {
   perSecond: number;
   /** Addresses a listener keeps a bucket for. */
   addresses: number;
+  /**
+   * Refused keys the whole listener may have in a row, then a second, whatever addresses they
+   * come from (many addresses, or addresses a trusted proxy's header names): what bounds the
+   * guessing, and the database lookups, in all. Default 10 times an address's.
+   */
+  listenerBurst?: number;
+  listenerPerSecond?: number;
 }
 
 /** A real caller never meets these: a script with a wrong key fails a few times, then stops. */
-export const FAILED_KEYS: FailedKeyBounds = { burst: 30, perSecond: 5, addresses: 10_000 };
+export const FAILED_KEYS: FailedKeyBounds = { burst: 30, perSecond: 5, addresses: 10_000, listenerBurst: 300, listenerPerSecond: 50 };
 
 export interface KeyGateDeps {
   db: Queryable;
@@ -79,26 +86,41 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
   const buckets = new Map<string, Bucket>();
   const refused = new LogSummary(deps.log, 'warn', 'key refused');
   const limited = new LogSummary(deps.log, 'warn', 'call refused without a check: too many refused keys from its address');
+  const limitedAll = new LogSummary(deps.log, 'warn', 'call refused without a check: too many refused keys on this listener, from all addresses');
 
   const level = (b: Bucket, now: number) => Math.min(bounds.burst, b.tokens + ((now - b.at) / 1000) * bounds.perSecond);
+  /** The listener's own bucket, taken from by every check an address's bucket lets through. */
+  const allBurst = bounds.listenerBurst ?? bounds.burst * 10;
+  const allPerSecond = bounds.listenerPerSecond ?? bounds.perSecond * 10;
+  const all: Bucket = { tokens: allBurst, at: performance.now() };
+  const allLevel = (now: number) => Math.min(allBurst, all.tokens + ((now - all.at) / 1000) * allPerSecond);
 
-  /** Takes a token of `addr`'s bucket: 0, or the seconds until one is there (none taken). */
-  const take = (addr: string): number => {
+  /**
+   * Takes a token of `addr`'s bucket and one of the listener's: 0, or the seconds until both
+   * have one (none taken); `wide` says the listener's bucket was the one empty.
+   */
+  const take = (addr: string): { wait: number; wide: boolean } => {
     const now = performance.now();
     const b = buckets.get(addr);
     const tokens = b ? level(b, now) : bounds.burst;
-    if (tokens < 1) return (1 - tokens) / bounds.perSecond;
+    if (tokens < 1) return { wait: (1 - tokens) / bounds.perSecond, wide: false };
+    const allTokens = allLevel(now);
+    if (allTokens < 1) return { wait: (1 - allTokens) / allPerSecond, wide: true };
+    all.tokens = allTokens - 1;
+    all.at = now;
     buckets.delete(addr);
     buckets.set(addr, { tokens: tokens - 1, at: now });
     if (buckets.size > bounds.addresses) buckets.delete(buckets.keys().next().value!);
-    return 0;
+    return { wait: 0, wide: false };
   };
 
-  /** Gives back the token a check took when the key was not refused. */
+  /** Gives back the tokens a check took when the key was not refused. */
   const giveBack = (addr: string) => {
+    const now = performance.now();
+    all.tokens = Math.min(allBurst, allLevel(now) + 1);
+    all.at = now;
     const b = buckets.get(addr);
     if (!b) return;
-    const now = performance.now();
     const tokens = level(b, now) + 1;
     if (tokens >= bounds.burst) buckets.delete(addr);
     else {
@@ -150,13 +172,14 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
       const same = inFlight.get(id);
       if (same) return same;
       const took = !known.has(hash);
-      const wait = took ? take(addr) : 0;
+      const { wait, wide } = took ? take(addr) : { wait: 0, wide: false };
       if (wait > 0) {
         return authenticateCached(token, deps.credentials, () => {
-          limited.note({ listener, remote });
+          (wide ? limitedAll : limited).note({ listener, remote });
           deps.metrics?.authRefused(listener, 'limited');
           const s = Math.ceil(wait);
-          return new ConnectError(`too many refused keys from this address: retry in ${s} s`, Code.ResourceExhausted, { 'retry-after': String(s) });
+          const from = wide ? 'on this listener' : 'from this address';
+          return new ConnectError(`too many refused keys ${from}: retry in ${s} s`, Code.ResourceExhausted, { 'retry-after': String(s) });
         }, hash);
       }
       const p = lookup(addr, token, hash, took, remote);
@@ -171,6 +194,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
     flush() {
       refused.flush();
       limited.flush();
+      limitedAll.flush();
     },
   };
 }

@@ -40,7 +40,14 @@ export async function startProxy(targetPort: number): Promise<TcpProxy> {
     client.on('error', drop).on('close', drop);
     // What the server sent before it closed reaches the client first (a refusal's error, say),
     // late by the delay as the rest was.
-    const upstreamGone = () => (delayMs && !hole ? setTimeout(drop, delayMs) : drop());
+    const upstreamGone = () => {
+      if (!delayMs || hole) return drop();
+      // Ended rather than destroyed (a reset can overtake what was written last), then dropped.
+      setTimeout(() => {
+        client.end();
+        setTimeout(drop, 100);
+      }, delayMs);
+    };
     upstream.on('error', upstreamGone).on('close', upstreamGone);
     client.on('data', (chunk: Buffer) => {
       if (!hole) upstream.write(chunk);
