@@ -1,11 +1,15 @@
 /**
- * A Windows tree stop that takes long is logged with where the time went (the process lists), so
- * a stop that hangs (a process list tool slow under load, say) says why. Run on Linux through the
- * Windows branch: no taskkill here (it "fails", as Wine's refuses /T), and a `wmic` that answers
- * after 3 s with no list, so each list costs about 6 s (wmic, PowerShell missing, wmic again).
+ * The Windows tree stop's process lists, run on Linux through the Windows branch: no taskkill here
+ * (it "fails", as Wine's refuses /T), and a `wmic` of the test's own on PATH.
+ *
+ * - A stop that takes long is logged with where the time went (the process lists), so a stop that
+ *   hangs (a tool slow under load, say) says why: a `wmic` that answers after 3 s with no list,
+ *   so each list costs about 6 s (wmic, PowerShell missing, wmic again).
+ * - A tool that reads its stdin to the end before it answers, as PowerShell does with its input
+ *   redirected, answers at once: the tools get their stdin closed (they waited out the 10 s).
  */
-import { spawn } from 'node:child_process';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { execFileSync, spawn } from 'node:child_process';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, expect, it } from 'vitest';
@@ -13,6 +17,32 @@ import { killTree } from '../agent-client/src/runner/process-tree.js';
 
 const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-slow-wmic-'));
 afterAll(() => rm(dir, { recursive: true, force: true }));
+
+it('closes the tools\' stdin: a process list that reads it to the end answers at once, and finds the tree', async () => {
+  await writeFile(path.join(dir, 'wmic'), '#!/bin/sh\ncat >/dev/null\necho "ParentProcessId  ProcessId"\nps -eo ppid=,pid=\n');
+  await chmod(path.join(dir, 'wmic'), 0o755);
+  const oldPath = process.env.PATH;
+  process.env.PATH = `${dir}:${oldPath}`;
+  const warned: string[] = [];
+  const log = { warn: (_: unknown, msg: string) => warned.push(msg) };
+  // A command with a child of its own: the list must show the child for the stop to end it.
+  const child = spawn('sh', ['-c', 'sleep 60 & wait']);
+  await new Promise((r) => setTimeout(r, 200));
+  const grandchild = Number(execFileSync('pgrep', ['-P', String(child.pid)]).toString().trim());
+  const started = performance.now();
+  try {
+    await killTree(child, 100, { platform: 'win32', log: log as never });
+  } finally {
+    process.env.PATH = oldPath;
+    child.kill('SIGKILL');
+  }
+  expect(performance.now() - started).toBeLessThan(5_000);
+  expect(warned).not.toContain('stopping the tree took long');
+  // The grandchild was found in the list and terminated (gone, or a zombie no one has reaped yet).
+  await new Promise((r) => setTimeout(r, 100));
+  const state = await readFile(`/proc/${grandchild}/stat`, 'utf8').then((st) => st.slice(st.lastIndexOf(')') + 2, st.lastIndexOf(')') + 3), () => 'gone');
+  expect(['gone', 'Z']).toContain(state);
+}, 30_000);
 
 it('logs a Windows tree stop that took long, with the time of each process list', async () => {
   await writeFile(path.join(dir, 'wmic'), '#!/bin/sh\nsleep 3\n');

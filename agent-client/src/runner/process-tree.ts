@@ -24,17 +24,34 @@
 import { execFile, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import type { Logger } from 'pino';
 
-const execRaw = promisify(execFile);
 /**
  * The Windows tools this file runs (taskkill, tasklist, wmic, PowerShell), each given at most
  * 10 s: a tool that hangs (WMI starting on a loaded machine, say) must not leave a
  * command running past its timeout.
  */
 const TOOL_OPTIONS = { timeout: 10_000, windowsHide: true };
-const exec = (cmd: string, args: string[]) => execRaw(cmd, args, TOOL_OPTIONS);
+
+/**
+ * Runs a tool with its stdin closed at once, as promisified `execFile` does otherwise (its error
+ * carries `stdout` and `stderr`). execFile leaves the child a pipe for stdin, open until the child
+ * exits (it takes no `stdio` option), and powershell.exe run that way does not exit until its
+ * stdin ends (nodejs/node#25645): each process list on a Windows without wmic (11 24H2 on) would
+ * have waited out the 10 s, and then given nothing.
+ */
+function tool(cmd: string, args: string[]): Promise<{ stdout: string; stderr: string }>;
+function tool(cmd: string, args: string[], encoding: 'buffer'): Promise<{ stdout: Buffer; stderr: Buffer }>;
+function tool(cmd: string, args: string[], encoding: 'buffer' | 'utf8' = 'utf8'): Promise<{ stdout: string | Buffer; stderr: string | Buffer }> {
+  return new Promise((resolve, reject) => {
+    const child = execFile(cmd, args, { ...TOOL_OPTIONS, encoding }, (err, stdout, stderr) =>
+      err ? reject(Object.assign(err, { stdout, stderr })) : resolve({ stdout, stderr }),
+    );
+    // (A tool that could not start has its pipes destroyed: ending one then is no error of ours.)
+    child.stdin?.on('error', () => undefined).end();
+  });
+}
+const exec = (cmd: string, args: string[]) => tool(cmd, args);
 
 export type Platform = NodeJS.Platform;
 
@@ -305,7 +322,7 @@ export const windowsProcessListCommands: [string, string[]][] = [
 /** Every process with its parent (and creation time, where a tool gives it); undefined when no list can be had. */
 async function windowsProcessList(): Promise<ProcessList | undefined> {
   for (const [cmd, args] of windowsProcessListCommands) {
-    const out = await execRaw(cmd, args, { ...TOOL_OPTIONS, encoding: 'buffer' }).then(
+    const out = await tool(cmd, args, 'buffer').then(
       (r) => decodeWindowsOutput(r.stdout),
       () => '',
     );
@@ -354,7 +371,7 @@ export function parseCreationTime(text: string): number | undefined {
 /** When a pid's process was created (µs since 1970), or undefined when no tool tells (Wine's do not). */
 async function windowsCreated(pid: number): Promise<number | undefined> {
   for (const [cmd, args] of windowsCreationQueries(pid)) {
-    const out = await execRaw(cmd, args, { ...TOOL_OPTIONS, encoding: 'buffer' }).then(
+    const out = await tool(cmd, args, 'buffer').then(
       (r) => decodeWindowsOutput(r.stdout),
       () => '',
     );
