@@ -168,7 +168,7 @@ const JOURNAL_TABLE = '"drizzle"."__drizzle_migrations"';
  */
 export async function applyMigrations(client: pg.ClientBase, folder: string): Promise<number> {
   const migrations = readMigrationFiles({ migrationsFolder: folder });
-  const tags = (JSON.parse(readFileSync(path.join(folder, 'meta/_journal.json'), 'utf8')) as { entries: Array<{ tag: string }> }).entries.map((e) => e.tag);
+  const tags = journalEntries(folder).map((e) => e.tag);
   const read = (await client
     .query(
       `CREATE SCHEMA IF NOT EXISTS "drizzle";
@@ -254,11 +254,15 @@ async function compatKept(client: pg.PoolClient): Promise<boolean> {
   return kept.rows[0]?.yes === true;
 }
 
-/** The last migration of a journal (`meta/_journal.json`). */
+/** The migrations of a journal (`meta/_journal.json`), in order. */
+function journalEntries(folder: string): Array<{ tag: string; when: number }> {
+  return (JSON.parse(readFileSync(path.join(folder, 'meta/_journal.json'), 'utf8')) as { entries: Array<{ tag: string; when: number }> }).entries;
+}
+
+/** The last migration of a journal. */
 function migrationLast(folder: string): { tag: string; when: number } {
-  const file = path.join(folder, 'meta/_journal.json');
-  const last = (JSON.parse(readFileSync(file, 'utf8')) as { entries: Array<{ tag: string; when: number }> }).entries.at(-1);
-  if (!last) throw new Error(`no migration in ${file}`);
+  const last = journalEntries(folder).at(-1);
+  if (!last) throw new Error(`no migration in ${path.join(folder, 'meta/_journal.json')}`);
   return last;
 }
 

@@ -45,7 +45,6 @@ import { httpStatusOf, outcomeOfCode } from './outcome-wire.js';
 import { directEnqueue, ENQUEUE_PATH, takesDirectPath, type DirectAnswer, type DirectEnqueue } from './gateway-enqueue.js';
 import { impossibleRunAt } from './enqueue-request.js';
 import { enqueueJobCall } from './job-routes.js';
-import { callerAddress } from './caller-address.js';
 import { databaseUnavailable, storeErrors, unavailableLog, unavailableMessage } from './store-errors.js';
 import { isDashboardPath, serveDashboard } from './dashboard.js';
 import { createHealth, type HealthController } from './health.js';
@@ -127,7 +126,7 @@ export async function listenHttp(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const handlers = new Map<string, Route>(router.handlers.map((h) => [h.requestPath, { handler: h, keyed: needsKey(h.service.typeName) }]));
   const direct =
     deps.directEnqueue === false ? undefined : directEnqueue({ interceptors, jsonOptions, readMaxBytes: HTTP_READ_MAX_BYTES, impl: enqueueJobCall(deps) });
-  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, listener: 'http' });
+  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, trustProxy: deps.trustProxy, listener: 'http' });
   const databaseUp = databaseCheck(deps);
 
   // Once closing, every answer not yet begun closes its connection: a client keeping it alive
@@ -248,7 +247,7 @@ async function handle(
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuseKey(req, res, MISSING_KEY);
     try {
-      principal = await keys.check(token, callerAddress(req.socket.remoteAddress, req.headers['x-forwarded-for'], deps.trustProxy ?? false));
+      principal = await keys.check(token, req.socket.remoteAddress, req.headers['x-forwarded-for']);
     } catch (err) {
       if (err instanceof ConnectError) return err.code === Code.ResourceExhausted ? refuseLimited(req, res, err) : refuseKey(req, res, err.rawMessage);
       if (!databaseUnavailable(err)) throw err;
@@ -554,7 +553,7 @@ async function metrics(deps: ServerDeps, keys: KeyGate, req: http.IncomingMessag
     return sendJson(res, 401, { code: 'unauthenticated', message: 'missing "Authorization: Bearer <key>" (a key with the read scope)', status: 401, outcome: 'unauthenticated' });
   }
   try {
-    const principal = await keys.check(token, callerAddress(req.socket.remoteAddress, req.headers['x-forwarded-for'], deps.trustProxy ?? false));
+    const principal = await keys.check(token, req.socket.remoteAddress, req.headers['x-forwarded-for']);
     if (!hasScope(principal, 'read')) {
       return sendJson(res, 403, { code: 'permission_denied', message: '/metrics needs the read scope', status: 403, outcome: 'forbidden' });
     }

@@ -29,6 +29,7 @@ import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 import { hashSecret, type Queryable } from '../store/index.js';
 import { authenticate, authenticateCached, type Principal } from './auth.js';
+import { callerAddress } from './caller-address.js';
 import type { Metrics } from './metrics.js';
 
 export interface FailedKeyBounds {
@@ -55,18 +56,21 @@ export interface KeyGateDeps {
   credentials?: CredentialCache<Principal> | undefined;
   log: Logger;
   metrics?: Pick<Metrics, 'authRefused'> | undefined;
+  /** A proxy is the only way in (`LEASEHOLD_TRUST_PROXY=1`): a call's address is its `X-Forwarded-For`'s last (caller-address.ts). */
+  trustProxy?: boolean | undefined;
   /** Which listener this gate guards (the log's and the metric's label). */
   listener: 'http' | 'grpc';
 }
 
 export interface KeyGate {
   /**
-   * The principal of `token` sent from `remote` (a socket's `remoteAddress`). Throws
-   * UNAUTHENTICATED for a refused key, as `authenticate` does; RESOURCE_EXHAUSTED, with
-   * `retry-after` in its metadata, when `remote` is past its bound and the key is not in the
-   * cache. Any other error (the database unavailable) is passed on and counts against no one.
+   * The principal of `token` sent from `peer` (a socket's `remoteAddress`) with `forwardedFor`
+   * (its `X-Forwarded-For`, read only with `trustProxy`). Throws UNAUTHENTICATED for a refused
+   * key, as `authenticate` does; RESOURCE_EXHAUSTED, with `retry-after` in its metadata, when the
+   * caller's address (or the listener) is past its bound and the key is not in the cache. Any
+   * other error (the database unavailable) is passed on and counts against no one.
    */
-  check(token: string, remote: string | undefined): Promise<Principal>;
+  check(token: string, peer: string | undefined, forwardedFor?: string | string[]): Promise<Principal>;
   /** Addresses with a bucket now. */
   readonly size: number;
   /** Logs the summaries' counts now (`LogSummary.flush`). */
@@ -88,12 +92,14 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
   const limited = new LogSummary(deps.log, 'warn', 'call refused without a check: too many refused keys from its address');
   const limitedAll = new LogSummary(deps.log, 'warn', 'call refused without a check: too many refused keys on this listener, from all addresses');
 
-  const level = (b: Bucket, now: number) => Math.min(bounds.burst, b.tokens + ((now - b.at) / 1000) * bounds.perSecond);
+  /** Tokens in a bucket of `burst` refilled at `perSecond`, at `now`. */
+  const fill = (b: Bucket, burst: number, perSecond: number, now: number) => Math.min(burst, b.tokens + ((now - b.at) / 1000) * perSecond);
+  const level = (b: Bucket, now: number) => fill(b, bounds.burst, bounds.perSecond, now);
   /** The listener's own bucket, taken from by every check an address's bucket lets through. */
   const allBurst = bounds.listenerBurst ?? bounds.burst * 10;
   const allPerSecond = bounds.listenerPerSecond ?? bounds.perSecond * 10;
   const all: Bucket = { tokens: allBurst, at: performance.now() };
-  const allLevel = (now: number) => Math.min(allBurst, all.tokens + ((now - all.at) / 1000) * allPerSecond);
+  const allLevel = (now: number) => fill(all, allBurst, allPerSecond, now);
 
   /**
    * Takes a token of `addr`'s bucket and one of the listener's: 0, or the seconds until both
@@ -165,7 +171,8 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
   };
 
   return {
-    check(token, remote) {
+    check(token, peer, forwardedFor) {
+      const remote = callerAddress(peer, forwardedFor, deps.trustProxy ?? false);
       const addr = addressKey(remote);
       const hash = hashSecret(token);
       const id = `${addr} ${hash}`;

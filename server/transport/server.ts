@@ -26,7 +26,6 @@ import type { QueueWaker } from '../core/queue-waker.js';
 import { endsWithin } from '../core/settle.js';
 import type { Metrics } from './metrics.js';
 import { readDescriptorSet, reflectionRoutes } from './reflection.js';
-import { callerAddress } from './caller-address.js';
 import { databaseUnavailable, storeErrors, unavailableLog, unavailableMessage } from './store-errors.js';
 
 export interface ServerDeps {
@@ -50,8 +49,8 @@ export interface ServerDeps {
   /** Served at GET /metrics on the HTTP listener when given. */
   metrics?: Metrics | undefined;
   /**
-   * A proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`): the caller's address is
-   * the last of `X-Forwarded-For` from any peer, not only from one on loopback (caller-address.ts).
+   * A proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`): the caller's address,
+   * for the limit on refused keys, is the last of `X-Forwarded-For` (caller-address.ts).
    */
   trustProxy?: boolean | undefined;
   /**
@@ -225,7 +224,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
   const openStreams = openStreamGate(deps.openStreams ?? OPEN_STREAMS, deps.log);
   // Keys that could not be checked for want of the database: one line every 10 s (store-errors.ts).
   const down = unavailableLog(deps.log);
-  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, listener: 'grpc' });
+  const keys = createKeyGate({ db: deps.db, credentials: deps.credentials, log: deps.log, metrics: deps.metrics, trustProxy: deps.trustProxy, listener: 'grpc' });
   // Agents' streams past Connect's per-message pipeline (agent-lane.ts); everything else through
   // it, a call that needs a key only once its key is known good: Connect reads the whole body
   // (up to READ_MAX_BYTES) before its interceptors run, so callers without a key could make the
@@ -242,7 +241,7 @@ export async function listenGrpc(deps: ServerDeps, addr: string, tls?: TlsFiles)
     const token = bearerToken(req.headers.authorization);
     if (!token) return refuse(req, res, method.input, MISSING_KEY);
     keys
-      .check(token, callerAddress(remoteOf(req), req.headers['x-forwarded-for'], deps.trustProxy ?? false))
+      .check(token, remoteOf(req), req.headers['x-forwarded-for'])
       .then(
         (principal) => {
           if (ended(req)) return;
