@@ -73,6 +73,9 @@ describe('/metrics', () => {
     const before = await scrape();
     expect(before.types.get('leasehold_live_vacuums_total')).toBe('counter');
     const vacuumer = lh.c.vacuumer!;
+    // Autovacuum kept off this table here: on a loaded machine it could VACUUM these rows before
+    // the vacuumer's next look, which then counts from that VACUUM and runs none of its own.
+    await t.pool.query('ALTER TABLE jobs_live SET (autovacuum_enabled = false)');
     // Changes past its threshold (rows deleted from jobs_live), the statistics flushed at once.
     await t.pool.query(`INSERT INTO jobs (queue, payload) SELECT 'metrics-vacuum', '{}'::jsonb FROM generate_series(1, $1)`, [vacuumer.config.deadRows]);
     const c = await t.pool.connect();
@@ -88,6 +91,7 @@ describe('/metrics', () => {
       return m.get('leasehold_live_vacuums_total') > before.get('leasehold_live_vacuums_total') ? m : undefined;
     });
     expect(after.get('leasehold_live_vacuum_seconds_total')).toBeGreaterThan(before.get('leasehold_live_vacuum_seconds_total'));
+    await t.pool.query('ALTER TABLE jobs_live RESET (autovacuum_enabled)');
   });
 
   it('moves when a stream agent runs a job, a stream-less agent runs one, a lease expires and a webhook is delivered', async () => {
