@@ -10,6 +10,7 @@ import { formatDuration, parseDuration } from './duration.js';
 import { DEFAULT_RETENTION_MS, DEFAULT_SWEEP_SHARE } from './core/purger.js';
 import { limits, MAX_TIMER_MS } from './domain/validation.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
+import { EgressPolicy } from './lib/egress.js';
 import { HOT_POOL_MAX, POOL_MAX } from './store/database.js';
 
 export interface Config {
@@ -64,8 +65,12 @@ export interface Config {
    * cache off). Revocations reach every coordinator sooner, by NOTIFY; this bounds the rest.
    */
   authCacheTtlMs: number;
-  /** The webhook deliverer: run interval, send timeout, sends per delivery, first retry delay. */
-  webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number };
+  /**
+   * The webhook deliverer: run interval, send timeout, sends per delivery, first retry delay, and
+   * the addresses no send may connect to (`LEASEHOLD_WEBHOOK_DENY`, default link-local and the
+   * clouds' metadata services).
+   */
+  webhook: { intervalMs: number; timeoutMs: number; maxAttempts: number; backoffMs: number; egress: EgressPolicy };
   /** Every dead-letter alert is also POSTed here (`LEASEHOLD_ALERT_URL`), signed with the notify secret. */
   alertUrl: string | undefined;
   /**
@@ -174,6 +179,15 @@ function count(name: string, raw: string | undefined, fallback: number, min: num
   return n;
 }
 
+/** `LEASEHOLD_WEBHOOK_DENY`: where webhook sends may not connect (server/lib/egress.ts). */
+function egressPolicy(raw: string | undefined): EgressPolicy {
+  try {
+    return EgressPolicy.parse(raw, 'LEASEHOLD_WEBHOOK_DENY');
+  } catch (err) {
+    throw new ConfigError((err as Error).message);
+  }
+}
+
 function fraction(name: string, raw: string | undefined, fallback: number): number {
   if (raw === undefined || raw.trim() === '') return fallback;
   const n = Number(raw);
@@ -253,6 +267,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       maxAttempts: count('LEASEHOLD_WEBHOOK_MAX_ATTEMPTS', env.LEASEHOLD_WEBHOOK_MAX_ATTEMPTS, 12, 1, 100),
       // Not a timer: the retry's due time is written in SQL (and no delay exceeds an hour).
       backoffMs: duration('LEASEHOLD_WEBHOOK_BACKOFF', env.LEASEHOLD_WEBHOOK_BACKOFF, 5_000, 0, Number.MAX_SAFE_INTEGER, EXACT_LIMIT),
+      egress: egressPolicy(env.LEASEHOLD_WEBHOOK_DENY),
     },
     alertUrl: env.LEASEHOLD_ALERT_URL || undefined,
     helloTimeoutMs: duration('LEASEHOLD_HELLO_TIMEOUT', env.LEASEHOLD_HELLO_TIMEOUT, 10_000, 100),
@@ -269,6 +284,8 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
   if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {
     throw new ConfigError(`LEASEHOLD_ALERT_URL=${JSON.stringify(cfg.alertUrl)} must be an http:// or https:// URL`);
   }
+  const alertRefused = cfg.alertUrl && cfg.webhook.egress.refusal(cfg.alertUrl);
+  if (alertRefused) throw new ConfigError(`LEASEHOLD_ALERT_URL=${JSON.stringify(cfg.alertUrl)}: ${alertRefused.message}`);
   const cert = env.LEASEHOLD_TLS_CERT || undefined;
   const key = env.LEASEHOLD_TLS_KEY || undefined;
   if (Boolean(cert) !== Boolean(key)) throw new ConfigError('set both LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY (PEM files), or neither');

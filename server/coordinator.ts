@@ -182,6 +182,7 @@ export async function startCoordinator(config: Config, log: Logger, opts: StartO
       maxAttempts: config.webhook.maxAttempts,
       backoff: { baseMs: config.webhook.backoffMs, maxMs: 3_600_000 },
       alertUrl: config.alertUrl,
+      egress: config.webhook.egress,
     });
     deliverer.start();
     cleanups.push(() => deliverer.stop());

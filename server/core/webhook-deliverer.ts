@@ -25,8 +25,10 @@
  */
 import { createHmac, randomUUID } from 'node:crypto';
 import { EventEmitter, setMaxListeners } from 'node:events';
-import { Schedule } from './schedule.js';
+import { fetch } from 'undici';
 import { z } from 'zod';
+import { DeniedAddressError, EgressPolicy } from '../lib/egress.js';
+import { Schedule } from './schedule.js';
 import type { Logger } from '../log.js';
 import {
   deliveryClaim,
@@ -78,6 +80,8 @@ export interface WebhookDelivererConfig {
   backoff?: { baseMs: number; maxMs: number };
   /** Where every dead-letter alert is also POSTed (signed with the notify secret). */
   alertUrl?: string | undefined;
+  /** The addresses no send may connect to; default `DEFAULT_DENIED` (link-local, the clouds' metadata services). */
+  egress?: EgressPolicy;
 }
 
 /** Counts of one run. */
@@ -202,6 +206,8 @@ function stopSignal(): AbortController {
 /** Sends the outbox on a schedule; `runOnce()` for tests and tools. */
 export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   readonly config: z.output<typeof configSchema>;
+  /** Where sends may connect (`LEASEHOLD_WEBHOOK_DENY`). */
+  readonly egress: EgressPolicy;
   private readonly schedule: Schedule<DelivererRun>;
   /** Aborts sends in flight when the deliverer stops. */
   private abort = stopSignal();
@@ -213,6 +219,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   ) {
     super();
     this.config = configSchema.parse(config);
+    this.egress = config.egress ?? EgressPolicy.parse(undefined, 'LEASEHOLD_WEBHOOK_DENY');
     this.schedule = new Schedule(
       {
         ...this.config,
@@ -236,6 +243,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     this.abort.abort(new Error('the deliverer stopped'));
     await stopping;
     this.abort = stopSignal();
+    await this.egress.close();
   }
 
   /** Sweeps, raises alerts and sends everything due now; returns the counts; joins a run in progress. */
@@ -424,7 +432,9 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
         this.log.error(
           { ...ctx, error: result.error, alert: 'webhook.failed', final: result.final === true },
           result.final
-            ? `the notify_url answered ${result.httpStatus} for good: delivery failed, not retried (leasehold deliveries retry)`
+            ? result.httpStatus === undefined
+              ? 'webhook delivery refused: its address is denied (LEASEHOLD_WEBHOOK_DENY); not retried (leasehold deliveries retry)'
+              : `the notify_url answered ${result.httpStatus} for good: delivery failed, not retried (leasehold deliveries retry)`
             : 'webhook delivery failed for good (leasehold deliveries retry)',
         );
         break;
@@ -436,8 +446,10 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     return done.status;
   }
 
-  /** POSTs the body, signed; never throws. */
+  /** POSTs the body, signed; never throws. A URL whose address the egress policy denies is a final failure, sent nothing. */
   private async send(d: ClaimedDelivery, secret: string): Promise<SendResult> {
+    const refused = this.egress.refusal(d.url);
+    if (refused) return { ok: false, error: refused.message, final: true };
     const timestamp = Math.floor(Date.now() / 1000);
     // One controller per send, aborted by a timer of our own or by stop(). Not
     // `AbortSignal.any([AbortSignal.timeout(ms), …])`: Node 20 holds a timeout signal only
@@ -465,6 +477,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
           ...(d.header ? { [d.header.name]: d.header.value } : {}),
         },
         signal: sending.signal,
+        dispatcher: this.egress.dispatcher(),
       });
       if (res.status >= 200 && res.status < 300) {
         await res.body?.cancel().catch(() => undefined);
@@ -477,6 +490,7 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
       return { ok: false, httpStatus: res.status, error, ...(finalAnswer(d, res.status, said) ? { final: true } : {}) };
     } catch (err) {
       const e = err as Error & { cause?: { code?: string; message?: string } };
+      if (e.cause instanceof DeniedAddressError) return { ok: false, error: e.cause.message, final: true };
       const why = e.name === 'TimeoutError' ? `no answer within ${this.config.timeoutMs} ms` : (e.cause?.code ?? e.cause?.message ?? e.message);
       return { ok: false, error: why };
     } finally {
