@@ -72,5 +72,9 @@ describe('deploy/Caddyfile', () => {
     // Two upstreams: gRPC in h2c for agents, the HTTP gateway for the rest.
     expect(JSON.stringify(config)).toContain('"h2c"');
     expect(JSON.stringify(config)).toContain('127.0.0.1:8080');
+    // Its admin API on a socket, not on localhost:2019 where a webhook to a loopback URL could
+    // POST /stop (docs/decisions.md, "Where webhooks may go"); compose.yaml gives the image that directory.
+    expect((config as { admin?: { listen?: string } }).admin?.listen).toBe('unix//var/lib/caddy/admin.sock');
+    expect(readFileSync(path.join(root, 'deploy/compose.yaml'), 'utf8')).toMatch(/^ {4}tmpfs:\n {6}- \/var\/lib\/caddy$/m);
   });
 });

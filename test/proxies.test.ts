@@ -14,6 +14,8 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import http from 'node:http';
+import net from 'node:net';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -208,6 +210,33 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
 
     // The packed leasehold-agent runner, its own stream through the same proxy, runs its commands.
     expect(await runnerJobs([[2, 40], [1, 1]])).toEqual([{ sum: 42 }, { sum: 2 }]);
+  });
+
+  it.runIf(name === 'caddy')('keeps its admin API off TCP, where a webhook to a loopback URL could POST /stop: on a socket, through which `caddy reload` works', async () => {
+    const admin = px().admin!;
+    const tcp = await new Promise<string>((resolve) => {
+      const s = net.connect(2019, '127.0.0.1', () => {
+        s.destroy();
+        resolve('connected');
+      });
+      s.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
+    });
+    expect(tcp, 'nothing listens on localhost:2019').toBe('ECONNREFUSED');
+    const config = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      // An empty Host, as caddy's own commands send over the socket (Node writes localhost unless told not to).
+      const req = http.request({ socketPath: admin.socket, path: '/config/admin', setHost: false, headers: { host: '' } }, (res) => {
+        let body = '';
+        res.on('data', (d: Buffer) => (body += d));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    expect(config.status, config.body).toBe(200);
+    expect(JSON.parse(config.body)).toEqual({ listen: `unix/${admin.socket}` });
+    const reloaded = await admin.reload();
+    expect(reloaded.code, reloaded.output).toBe(0);
+    expect((await request(px(), 'GET', '/healthz')).status).toBe(200);
   });
 
   it("counts refused keys per client behind it (X-Forwarded-For): a guesser does not hold back another client's new key", async () => {

@@ -6,12 +6,14 @@
  * each connection is made to, so a name whose answer changes is checked again.
  */
 import dns from 'node:dns';
+import http from 'node:http';
 import pino from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { ConfigError, loadConfig } from '../server/config.js';
 import { WebhookDeliverer } from '../server/core/webhook-deliverer.js';
-import { DEFAULT_DENIED, EgressPolicy } from '../server/lib/egress.js';
+import { ALWAYS_DENIED, DEFAULT_DENIED, EgressPolicy } from '../server/lib/egress.js';
 import { attemptComplete, attemptStart, jobClaim, jobEnqueue, signingSecretGet, type EnqueueParams } from '../server/store/index.js';
+import { useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { startReceiver, type Receiver } from './helpers/http.js';
 
@@ -23,10 +25,26 @@ describe('the list', () => {
     for (const text of [undefined, '', ' , ', 'default']) {
       const p = policy(text);
       expect(p.entries, String(text)).toEqual([...DEFAULT_DENIED]);
-      for (const a of ['169.254.169.254', '169.254.0.1', 'fe80::1', 'fd00:ec2::254', '100.100.100.200', '::ffff:169.254.169.254', '::ffff:a9fe:a9fe']) {
+      for (const a of [
+        '169.254.169.254',
+        '169.254.170.23',
+        '169.254.0.1',
+        'fe80::1',
+        'fd00:ec2::254',
+        'fd00:ec2::23',
+        'fd20:ce::254',
+        '168.63.129.16',
+        '100.100.100.200',
+        '192.0.0.192',
+        'fd00:42::42',
+        '::ffff:169.254.169.254',
+        '::ffff:a9fe:a9fe',
+        '0.0.0.0',
+        '::',
+      ]) {
         expect(p.denies(a), a).toBe(true);
       }
-      for (const a of ['127.0.0.1', '::1', '10.1.2.3', '192.168.1.20', '172.16.0.1', '100.100.100.201', 'fd00:ec2::253', '93.184.215.14', 'not-an-address']) {
+      for (const a of ['127.0.0.1', '::1', '10.1.2.3', '192.168.1.20', '172.16.0.1', '100.100.100.201', 'fd00:ec3::254', '93.184.215.14', 'not-an-address']) {
         expect(p.denies(a), a).toBe(false);
       }
     }
@@ -45,6 +63,9 @@ describe('the list', () => {
     const none = policy('NONE');
     expect(none.entries).toEqual([]);
     expect(none.denies('169.254.169.254')).toBe(false);
+    // The unspecified addresses reach this machine: denied by every list, so that denying loopback holds.
+    for (const p2 of [none, only, p]) for (const a of ['0.0.0.0', '0.1.2.3', '::']) expect(p2.denies(a), a).toBe(true);
+    expect(ALWAYS_DENIED).toEqual(['0.0.0.0/8', '::']);
   });
 
   it('refuses what is not an address, a network or a keyword, naming the setting and the entry', () => {
@@ -55,6 +76,7 @@ describe('the list', () => {
       ['10.0.0.0/8x', '10.0.0.0/8x'],
       ['10.0.0.0/', '10.0.0.0/'],
       ['default,10.0.0.256', '10.0.0.256'],
+      ['fe80::1%eth0', 'fe80::1%eth0'],
     ]) {
       expect(() => policy(text), text).toThrow(`${SETTING}: "${bad}" is not an IP address, a network in CIDR notation`);
     }
@@ -71,6 +93,9 @@ describe('the list', () => {
       'http://[fd00:ec2::254]/latest/',
       'http://[::ffff:169.254.169.254]/',
       'https://[fe80::1]:8443/hook',
+      'http://0.0.0.0:8080/',
+      'http://0:8080/',
+      'http://[::]:8080/',
     ]) {
       expect(p.refusal(url)?.message, url).toMatch(/^the address \S+ is denied by LEASEHOLD_WEBHOOK_DENY$/);
     }
@@ -179,32 +204,82 @@ describe('the deliverer keeps to it', () => {
 
   it('checks the address of each connection: a name whose answer turns to a denied address is refused, and denied addresses are left out of an answer with others', async () => {
     const p = policy('default,127.0.0.2');
-    const answers: string[][] = [];
-    const real = dns.lookup.bind(dns);
-    // hooks.example resolves to whatever the test says next (its DNS rebinding), other names as usual.
-    vi.spyOn(dns, 'lookup').mockImplementation(((host: string, options: dns.LookupAllOptions, cb: (e: Error | null, a: dns.LookupAddress[]) => void) => {
-      if (host !== 'hooks.example') return (real as (...a: unknown[]) => void)(host, options, cb);
-      cb(null, answers.shift()!.map((address) => ({ address, family: 4 })));
-    }) as never);
-
-    // A denied address beside an allowed one: the connection goes to the allowed one.
-    answers.push(['169.254.169.254', '127.0.0.1']);
-    await finished(`http://hooks.example:${port}/notify`);
-    const first = deliverer(p);
-    expect(await first.runOnce()).toMatchObject({ sent: 1, delivered: 1 });
-    expect(rx.received).toHaveLength(1);
-    await first.stop(); // its connections closed: the next send connects, and looks the name up, again
-
-    // The same name now answers with denied addresses only: refused, nothing sent.
-    answers.push(['127.0.0.2', '169.254.169.254']);
-    await t.truncate();
-    await finished(`http://hooks.example:${port}/notify`);
-    expect(await deliverer(p).runOnce()).toMatchObject({ sent: 1, delivered: 0, failed: 1 });
-    expect(rx.received).toHaveLength(1);
-    expect((await deliveries())[0]).toMatchObject({
-      status: 'failed',
-      last_error: 'hooks.example resolves to 127.0.0.2, an address denied by LEASEHOLD_WEBHOOK_DENY',
+    // A second receiver on the denied 127.0.0.2, the same port: what reaches it went to a denied address.
+    const trapped: string[] = [];
+    const trap = http.createServer((req, res) => {
+      trapped.push(req.url ?? '');
+      res.writeHead(200).end();
     });
-    expect(answers, 'each connection looked the name up').toEqual([]);
+    await new Promise<void>((resolve, reject) => trap.once('error', reject).listen(Number(port), '127.0.0.2', () => resolve()));
+    try {
+      const answers: string[][] = [];
+      const real = dns.lookup.bind(dns);
+      // hooks.example resolves to whatever the test says next (its DNS rebinding), other names as usual.
+      vi.spyOn(dns, 'lookup').mockImplementation(((host: string, options: dns.LookupAllOptions, cb: (e: Error | null, a: dns.LookupAddress[]) => void) => {
+        if (host !== 'hooks.example') return (real as (...a: unknown[]) => void)(host, options, cb);
+        cb(null, answers.shift()!.map((address) => ({ address, family: 4 })));
+      }) as never);
+
+      // A denied address first, an allowed one after it: the connection goes to the allowed one.
+      answers.push(['127.0.0.2', '127.0.0.1']);
+      await finished(`http://hooks.example:${port}/notify`);
+      const first = deliverer(p);
+      expect(await first.runOnce()).toMatchObject({ sent: 1, delivered: 1 });
+      expect(rx.received).toHaveLength(1);
+      await first.stop(); // its connections closed: the next send connects, and looks the name up, again
+
+      // The same name now answers with denied addresses only: refused, nothing sent.
+      answers.push(['127.0.0.2', '169.254.169.254']);
+      await t.truncate();
+      await finished(`http://hooks.example:${port}/notify`);
+      expect(await deliverer(p).runOnce()).toMatchObject({ sent: 1, delivered: 0, failed: 1 });
+      expect(rx.received).toHaveLength(1);
+      expect((await deliveries())[0]).toMatchObject({
+        status: 'failed',
+        last_error: 'hooks.example resolves to 127.0.0.2, an address denied by LEASEHOLD_WEBHOOK_DENY',
+      });
+      expect(answers, 'each connection looked the name up').toEqual([]);
+      expect(trapped, 'nothing reached the denied address').toEqual([]);
+    } finally {
+      trap.closeAllConnections();
+      await new Promise((resolve) => trap.close(resolve));
+    }
+  });
+
+  it('refuses the unspecified address, which would reach a loopback the list denies', async () => {
+    await finished(`http://0.0.0.0:${port}/notify`);
+    await finished(`http://[::]:${port}/notify`);
+    expect(await deliverer(policy('127.0.0.0/8,::1')).runOnce()).toMatchObject({ sent: 2, delivered: 0, failed: 2 });
+    expect(rx.received).toEqual([]);
+    expect((await deliveries()).map((r) => r.last_error)).toEqual([
+      'the address 0.0.0.0 is denied by LEASEHOLD_WEBHOOK_DENY',
+      'the address :: is denied by LEASEHOLD_WEBHOOK_DENY',
+    ]);
+  });
+});
+
+describe("the coordinator's deliverer", () => {
+  const t = useTestDb();
+  const lh = useCoordinator(t, { LEASEHOLD_WEBHOOK_DENY: 'default,127.0.0.0/8', LEASEHOLD_WEBHOOK_INTERVAL: '50ms' });
+  let rx: Receiver;
+  beforeAll(async () => {
+    rx = await startReceiver();
+  });
+  afterAll(async () => {
+    await rx.close();
+  });
+
+  it('keeps to LEASEHOLD_WEBHOOK_DENY as the coordinator was started with it', async () => {
+    expect(lh.c.deliverer.egress).toBe(lh.config.webhook.egress);
+    const job = await jobEnqueue(t.pool, { queue: 'egress', payload: {}, notifyUrl: `${rx.url}/notify` });
+    expect(job.outcome).toBe('ok');
+    const claimed = (await jobClaim(t.pool, { agentId: 'a1', queues: ['egress'], limit: 1, claimTtlMs: 30_000 })) as { value: Array<{ attemptId: string }> };
+    expect((await attemptComplete(t.pool, { attemptId: claimed.value[0]!.attemptId, agentId: 'a1', result: {} })).outcome).toBe('ok');
+    const row = await waitFor('the delivery ended', async () => {
+      const r = (await t.pool.query(`SELECT status::text, last_error FROM webhook_deliveries`)).rows[0] as { status: string; last_error: string } | undefined;
+      return r?.status === 'failed' ? r : undefined;
+    });
+    expect(row.last_error).toBe('the address 127.0.0.1 is denied by LEASEHOLD_WEBHOOK_DENY');
+    expect(rx.received).toEqual([]);
   });
 });

@@ -25,7 +25,7 @@
  */
 import { createHmac, randomUUID } from 'node:crypto';
 import { EventEmitter, setMaxListeners } from 'node:events';
-import { fetch } from 'undici';
+import { Agent, fetch } from 'undici';
 import { z } from 'zod';
 import { DeniedAddressError, EgressPolicy } from '../lib/egress.js';
 import { Schedule } from './schedule.js';
@@ -208,6 +208,8 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
   readonly config: z.output<typeof configSchema>;
   /** Where sends may connect (`LEASEHOLD_WEBHOOK_DENY`). */
   readonly egress: EgressPolicy;
+  /** The sends' connections, each looked up through `egress`; made at the first send, closed by stop(). */
+  private dispatcher: Agent | undefined;
   private readonly schedule: Schedule<DelivererRun>;
   /** Aborts sends in flight when the deliverer stops. */
   private abort = stopSignal();
@@ -243,7 +245,9 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
     this.abort.abort(new Error('the deliverer stopped'));
     await stopping;
     this.abort = stopSignal();
-    await this.egress.close();
+    const dispatcher = this.dispatcher;
+    this.dispatcher = undefined;
+    await dispatcher?.destroy();
   }
 
   /** Sweeps, raises alerts and sends everything due now; returns the counts; joins a run in progress. */
@@ -477,7 +481,13 @@ export class WebhookDeliverer extends EventEmitter<DelivererEvents> {
           ...(d.header ? { [d.header.name]: d.header.value } : {}),
         },
         signal: sending.signal,
-        dispatcher: this.egress.dispatcher(),
+        dispatcher: (this.dispatcher ??= new Agent({
+          // The send's own timer (above) bounds connecting and waiting alike; undici's defaults
+          // (10 s to connect, 300 s for the headers) would cut a longer LEASEHOLD_WEBHOOK_TIMEOUT short.
+          connect: { lookup: this.egress.lookup, timeout: this.config.timeoutMs },
+          headersTimeout: 0,
+          bodyTimeout: 0,
+        })),
       });
       if (res.status >= 200 && res.status < 300) {
         await res.body?.cancel().catch(() => undefined);

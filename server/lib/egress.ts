@@ -13,15 +13,25 @@
  */
 import dns from 'node:dns';
 import net from 'node:net';
-import { Agent } from 'undici';
 
 /** The networks denied unless configured otherwise (docs/decisions.md, "Where webhooks may go"). */
 export const DEFAULT_DENIED = [
-  '169.254.0.0/16', // IPv4 link-local: AWS, GCP, Azure, Oracle, DigitalOcean metadata at 169.254.169.254
+  '169.254.0.0/16', // IPv4 link-local: AWS, GCP, Azure, Oracle, DigitalOcean metadata at 169.254.169.254, EKS Pod Identity at .170.23
   'fe80::/10', // IPv6 link-local
-  'fd00:ec2::254', // AWS metadata over IPv6
+  'fd00:ec2::/64', // AWS over IPv6: metadata (::254), DNS, time, EKS Pod Identity (::23)
+  'fd20:ce::254', // GCP metadata over IPv6
+  '168.63.129.16', // Azure's WireServer (the VM agent's configuration)
   '100.100.100.200', // Alibaba Cloud metadata
+  '192.0.0.192', // Oracle Cloud Classic metadata
+  'fd00:42::42', // Scaleway metadata over IPv6
 ] as const;
+
+/**
+ * Denied whatever the list says, `none` included: a connection to the unspecified address
+ * reaches this machine itself (Linux), so it would go round a list that denies loopback, and no
+ * receiver is ever there.
+ */
+export const ALWAYS_DENIED = ['0.0.0.0/8', '::'] as const;
 
 /** A connection refused by the policy: `address` is denied (`host` resolved to it). */
 export class DeniedAddressError extends Error {
@@ -42,10 +52,9 @@ export class DeniedAddressError extends Error {
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;
 
-/** The denied list, and an HTTP dispatcher that keeps to it. */
+/** The denied list, and a lookup for connections that keeps to it. */
 export class EgressPolicy {
   private readonly list = new net.BlockList();
-  private agent: Agent | undefined;
 
   /**
    * @param entries addresses (`169.254.169.254`, `fd00:ec2::254`) and networks in CIDR notation
@@ -56,7 +65,7 @@ export class EgressPolicy {
     readonly entries: readonly string[],
     readonly setting: string,
   ) {
-    for (const e of entries) {
+    for (const e of [...entries, ...ALWAYS_DENIED]) {
       const [address, bits] = splitEntry(e)!;
       const family = net.isIPv4(address) ? 'ipv4' : 'ipv6';
       if (bits === undefined) this.list.addAddress(address, family);
@@ -66,8 +75,8 @@ export class EgressPolicy {
 
   /**
    * The policy of a comma-separated list: addresses, CIDR networks, `default` (DEFAULT_DENIED)
-   * and `none` (alone: nothing denied). Unset or blank: the default. Throws an Error naming the
-   * entry that is none of those.
+   * and `none` (alone: nothing denied but ALWAYS_DENIED, as with any list). Unset or blank: the
+   * default. Throws an Error naming the entry that is none of those.
    */
   static parse(text: string | undefined, setting: string): EgressPolicy {
     const items = (text ?? '').split(',').map((s) => s.trim()).filter(Boolean);
@@ -122,18 +131,6 @@ export class EgressPolicy {
     });
   };
 
-  /** An undici dispatcher whose connections look names up through `lookup`; made once. */
-  dispatcher(): Agent {
-    this.agent ??= new Agent({ connect: { lookup: this.lookup } });
-    return this.agent;
-  }
-
-  /** Closes the dispatcher's connections (a new one is made if used again). */
-  async close(): Promise<void> {
-    const agent = this.agent;
-    this.agent = undefined;
-    await agent?.destroy();
-  }
 }
 
 /** `[address, prefix bits]` of an address or CIDR network, or undefined if it is neither. */
@@ -141,7 +138,8 @@ function splitEntry(entry: string): [string, number | undefined] | undefined {
   const slash = entry.indexOf('/');
   const address = slash < 0 ? entry : entry.slice(0, slash);
   const family = net.isIP(address);
-  if (!family) return undefined;
+  // A zone (fe80::1%eth0) names an interface, not an address the list could match.
+  if (!family || address.includes('%')) return undefined;
   if (slash < 0) return [address, undefined];
   const bitsText = entry.slice(slash + 1);
   const bits = Number(bitsText);

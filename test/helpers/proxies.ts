@@ -39,6 +39,8 @@ export interface RunningProxy {
   stop(graceMs?: number): Promise<'exited' | 'killed'>;
   /** Starts it again on the same ports with the same files, and waits until it serves. */
   start(): Promise<void>;
+  /** Caddy's admin API: the socket the shipped file puts it on, and `caddy reload` through it. */
+  readonly admin?: { socket: string; reload(): Promise<{ code: number | null; output: string }> };
   /** Stops it and removes its files. */
   dispose(): Promise<void>;
 }
@@ -175,9 +177,9 @@ function healthy(port: number, caFile: string) {
 }
 
 /**
- * deploy/Caddyfile under `caddy run`. What the test adds is global options (into the shipped
- * file's block, which sets none of these): no admin endpoint (a fixed port 2019 otherwise),
- * storage in a temp dir (not ~/.local/share/caddy), certificates from Caddy's own local CA rather
+ * deploy/Caddyfile under `caddy run`. What the test changes is the admin API's socket (in a temp
+ * dir, not /var/lib/caddy), and what it adds is global options (into the shipped file's block,
+ * which sets none of these): storage in a temp dir (not ~/.local/share/caddy), certificates from Caddy's own local CA rather
  * than Let's Encrypt (`local_certs`) without touching the system trust store, and free ports in
  * place of 80 and 443. The site address and the upstreams come through the file's own
  * environment placeholders.
@@ -185,8 +187,12 @@ function healthy(port: number, caFile: string) {
 export async function startCaddy(up: Upstreams): Promise<RunningProxy> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-caddy-'));
   const [port, httpPort] = [await freePort(), await freePort()];
-  const options = ['\tadmin off', `\tstorage file_system ${dir}/data`, '\tlocal_certs', '\tskip_install_trust', `\thttp_port ${httpPort}`, `\thttps_port ${port}`];
-  const shipped = (await readFile(path.join(root, 'deploy/Caddyfile'), 'utf8')).split('\n');
+  const options = [`\tstorage file_system ${dir}/data`, '\tlocal_certs', '\tskip_install_trust', `\thttp_port ${httpPort}`, `\thttps_port ${port}`];
+  // The admin API's socket, in the test's directory rather than Debian's /var/lib/caddy.
+  const adminSocket = path.join(dir, 'admin.sock');
+  const text = (await readFile(path.join(root, 'deploy/Caddyfile'), 'utf8')).replace(/^(\s*admin unix\/)\/var\/lib\/caddy\/admin\.sock$/m, `$1${adminSocket}`);
+  if (!text.includes(adminSocket)) throw new Error('deploy/Caddyfile no longer sets `admin unix//var/lib/caddy/admin.sock`: update test/helpers/proxies.ts');
+  const shipped = text.split('\n');
   // A Caddyfile has at most one global options block, first: into the shipped one if it has one.
   const first = shipped.findIndex((l) => !/^\s*(#.*)?$/.test(l));
   if (shipped[first]?.trim() === '{') shipped.splice(first + 1, 0, ...options);
@@ -217,7 +223,17 @@ export async function startCaddy(up: Upstreams): Promise<RunningProxy> {
     await rm(dir, { recursive: true, force: true });
     throw err;
   });
-  return proxy;
+  const reload = () =>
+    new Promise<{ code: number | null; output: string }>((resolve, reject) => {
+      // As Debian's caddy.service reloads: the file read again, sent through the admin endpoint it names.
+      const p = spawn('caddy', ['reload', '--config', file, '--adapter', 'caddyfile', '--force'], { cwd: dir, env, stdio: ['ignore', 'pipe', 'pipe'] });
+      let output = '';
+      p.stdout.on('data', (d: Buffer) => (output += d));
+      p.stderr.on('data', (d: Buffer) => (output += d));
+      p.on('error', reject);
+      p.on('exit', (code) => resolve({ code, output }));
+    });
+  return Object.assign(proxy, { admin: { socket: adminSocket, reload } });
 }
 
 /** Whether this machine can listen on IPv6 (`listen [::]:…` fails to start nginx otherwise). */
