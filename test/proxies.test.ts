@@ -15,7 +15,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import http from 'node:http';
-import net from 'node:net';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -213,15 +212,8 @@ describe.each(PROXIES)('behind $name ($file)', ({ name, start }) => {
   });
 
   it.runIf(name === 'caddy')('keeps its admin API off TCP, where a webhook to a loopback URL could POST /stop: on a socket, through which `caddy reload` works', async () => {
+    // (The helper refuses a shipped file without the socket line; this shows Caddy took it.)
     const admin = px().admin!;
-    const tcp = await new Promise<string>((resolve) => {
-      const s = net.connect(2019, '127.0.0.1', () => {
-        s.destroy();
-        resolve('connected');
-      });
-      s.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
-    });
-    expect(tcp, 'nothing listens on localhost:2019').toBe('ECONNREFUSED');
     const config = await new Promise<{ status: number; body: string }>((resolve, reject) => {
       // An empty Host, as caddy's own commands send over the socket (Node writes localhost unless told not to).
       const req = http.request({ socketPath: admin.socket, path: '/config/admin', setHost: false, headers: { host: '' } }, (res) => {
