@@ -229,6 +229,7 @@ export async function startCoordinator(config: Config, log: Logger, opts: StartO
       sessionStaleAfterMs: registry.staleAfterMs,
       metrics,
       trustProxy: config.trustProxy,
+      egress: config.webhook.egress,
       credentials,
       dispatcher,
       waker,

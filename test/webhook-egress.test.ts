@@ -13,7 +13,7 @@ import { ConfigError, loadConfig } from '../server/config.js';
 import { WebhookDeliverer } from '../server/core/webhook-deliverer.js';
 import { ALWAYS_DENIED, DEFAULT_DENIED, EgressPolicy } from '../server/lib/egress.js';
 import { attemptComplete, attemptStart, jobClaim, jobEnqueue, signingSecretGet, type EnqueueParams } from '../server/store/index.js';
-import { useCoordinator, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, useCoordinator, waitFor } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { startReceiver, type Receiver } from './helpers/http.js';
 
@@ -281,5 +281,29 @@ describe("the coordinator's deliverer", () => {
     });
     expect(row.last_error).toBe('the address 127.0.0.1 is denied by LEASEHOLD_WEBHOOK_DENY');
     expect(rx.received).toEqual([]);
+  });
+
+  it('refuses a notifyUrl or a subscription URL written with a denied address where it is given, storing nothing; a name is left to the send', async () => {
+    const call = async (path: string, body: unknown) => {
+      const res = await fetch(`${lh.httpUrl}/leasehold.v1.${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` },
+        body: JSON.stringify(body),
+      });
+      return { status: res.status, body: (await res.json()) as { code?: string; message?: string; job?: { id: string } } };
+    };
+    await t.truncate();
+    for (const url of ['http://169.254.169.254/latest/meta-data/', 'http://2852039166/', `http://127.0.0.1:${new URL(rx.url).port}/notify`]) {
+      const enqueued = await call('JobService/EnqueueJob', { queue: 'egress', payload: {}, notifyUrl: url });
+      expect(enqueued.status, url).toBe(400);
+      expect(enqueued.body).toMatchObject({ code: 'invalid_argument', message: expect.stringMatching(/^notifyUrl is refused: the address \S+ is denied by LEASEHOLD_WEBHOOK_DENY$/) });
+      const subscribed = await call('AdminService/CreateSubscription', { queue: 'egress', url });
+      expect(subscribed.status, url).toBe(400);
+      expect(subscribed.body.message).toMatch(/^url is refused: the address \S+ is denied by LEASEHOLD_WEBHOOK_DENY$/);
+    }
+    expect((await t.pool.query(`SELECT (SELECT count(*) FROM jobs)::int AS jobs, (SELECT count(*) FROM subscriptions)::int AS subs`)).rows[0]).toEqual({ jobs: 0, subs: 0 });
+    // A name: taken, and checked when a send connects.
+    const named = await call('JobService/EnqueueJob', { queue: 'egress', payload: {}, notifyUrl: `http://localhost:${new URL(rx.url).port}/notify` });
+    expect(named.status).toBe(200);
   });
 });

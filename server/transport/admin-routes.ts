@@ -25,6 +25,7 @@ import type { Activity } from '../core/activity.js';
 import type { CredentialCache } from '../core/credential-cache.js';
 import { DEFAULT_PURGE_BATCH, DEFAULT_RETENTION_MS, purgeInBatches } from '../core/purger.js';
 import { notFound } from '../domain/outcomes.js';
+import type { EgressPolicy } from '../lib/egress.js';
 import type { Logger } from '../log.js';
 import {
   agentCreate,
@@ -53,6 +54,8 @@ import { unwrap } from './outcome-wire.js';
 export interface AdminRoutesDeps {
   db: Queryable;
   log: Logger;
+  /** A subscription's URL written with an address webhooks may not reach is refused (`refusedUrl`). */
+  egress?: EgressPolicy | undefined;
   leaseTtlMs: number;
   heartbeatIntervalMs: number;
   /** PurgeJobs without older_than uses this; default 7 days. */

@@ -8,16 +8,20 @@ import type { ConnectRouter } from '@connectrpc/connect';
 import type { Outcome } from '../../gen/leasehold/v1/job_pb.js';
 import { JobService, type EnqueueJobRequest } from '../../gen/leasehold/v1/job_service_pb.js';
 import type { Activity } from '../core/activity.js';
+import type { EgressPolicy } from '../lib/egress.js';
 import type { Logger } from '../log.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { QueueWaker } from '../core/queue-waker.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Claimed, type Job, type Queryable } from '../store/index.js';
 import { statusFilter, toPbDetail, toPbJob } from './codec.js';
-import { unwrap } from './outcome-wire.js';
+import { toConnectError, unwrap } from './outcome-wire.js';
+import { refusedUrl } from './webhook-admin-routes.js';
 
 export interface JobRoutesDeps {
   db: Queryable;
   log: Logger;
+  /** A notifyUrl written with an address webhooks may not reach is refused at enqueue (`refusedUrl`). */
+  egress?: EgressPolicy | undefined;
   activity?: Activity | undefined;
   dispatcher?: Dispatcher | undefined;
   waker?: QueueWaker | undefined;
@@ -36,6 +40,8 @@ export interface EnqueueResult {
 export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) => Promise<EnqueueResult> {
   const { db, log } = deps;
   return async (req) => {
+    const refused = refusedUrl(deps.egress, 'notifyUrl', req.notifyUrl);
+    if (refused) throw toConnectError(refused);
     const labels = Object.keys(req.labels).length ? req.labels : undefined;
     // A waiting agent here can have the job at once, claimed by the enqueue itself.
     const h = deps.dispatcher?.reserve(req.queue, labels);

@@ -11,6 +11,7 @@ import type { Activity } from '../core/activity.js';
 import type { AgentHub } from '../core/agent-hub.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { CredentialCache } from '../core/credential-cache.js';
+import type { EgressPolicy } from '../lib/egress.js';
 import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
@@ -58,6 +59,8 @@ export interface ServerDeps {
    * revocations); without it every call is verified in the database.
    */
   credentials?: CredentialCache<Principal> | undefined;
+  /** Where webhooks may not go (`LEASEHOLD_WEBHOOK_DENY`): a notifyUrl or a subscription's URL written with such an address is refused. */
+  egress?: EgressPolicy | undefined;
   /** When given, an enqueue can claim its job for a waiting agent here at once (`Dispatcher.reserve`). */
   dispatcher?: Dispatcher | undefined;
   /**

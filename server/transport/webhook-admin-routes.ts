@@ -9,7 +9,8 @@
 import { create } from '@bufbuild/protobuf';
 import type { ServiceImpl } from '@connectrpc/connect';
 import { AdminService, DeliverySchema, SubscriptionSchema } from '../../gen/leasehold/v1/admin_service_pb.js';
-import { invalid } from '../domain/outcomes.js';
+import { invalid, type Failure } from '../domain/outcomes.js';
+import type { EgressPolicy } from '../lib/egress.js';
 import { DELIVERY_STATUSES } from '../domain/statuses.js';
 import type { Logger } from '../log.js';
 import {
@@ -26,7 +27,7 @@ import {
 } from '../store/index.js';
 import { callerName } from './auth.js';
 import { ts } from './codec.js';
-import { unwrap } from './outcome-wire.js';
+import { toConnectError, unwrap } from './outcome-wire.js';
 
 type WebhookMethods = Pick<
   ServiceImpl<typeof AdminService>,
@@ -52,11 +53,23 @@ const toPbDelivery = (d: DeliveryView) =>
     deliveredAt: ts(d.deliveredAt),
   });
 
+/**
+ * A webhook URL written with an address the deliverer may not connect to (`LEASEHOLD_WEBHOOK_DENY`),
+ * refused as `field`'s bad value where it is given, rather than stored to fail at its first send.
+ * A name is not looked up here: its answer is only known when a send connects (and checked then).
+ */
+export function refusedUrl(egress: EgressPolicy | undefined, field: string, url: string): Failure | undefined {
+  const refused = url ? egress?.refusal(url) : undefined;
+  return refused && invalid(field, `is refused: ${refused.message}`);
+}
+
 /** The notification methods of AdminService, to spread into its implementation. */
-export function webhookAdminMethods(deps: { db: Queryable; log: Logger }): WebhookMethods {
+export function webhookAdminMethods(deps: { db: Queryable; log: Logger; egress?: EgressPolicy | undefined }): WebhookMethods {
   const { db, log } = deps;
   return {
     async createSubscription(req, ctx) {
+      const refused = refusedUrl(deps.egress, 'url', req.url);
+      if (refused) throw toConnectError(refused);
       const { value } = unwrap(await subscriptionCreate(db, { queue: req.queue, url: req.url, ...(req.events.length ? { events: req.events } : {}) }));
       log.info({ subscriptionId: value.id, queue: value.queue, url: value.url, events: value.events, by: callerName(ctx) }, 'subscription created');
       return { subscription: toPbSubscription(value) };
