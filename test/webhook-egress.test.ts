@@ -306,4 +306,27 @@ describe("the coordinator's deliverer", () => {
     const named = await call('JobService/EnqueueJob', { queue: 'egress', payload: {}, notifyUrl: `http://localhost:${new URL(rx.url).port}/notify` });
     expect(named.status).toBe(200);
   });
+
+  it("answers a keyed retry of an enqueue taken before the refusal with its job, as any repeat; a new key is refused", async () => {
+    await t.truncate();
+    const denied = 'http://169.254.169.254/hook';
+    // Taken before this list (an upgrade, or another setting): the store alone does not refuse.
+    const before = await jobEnqueue(t.pool, { queue: 'egress', payload: { n: 1 }, notifyUrl: denied, idempotencyKey: 'k-before' });
+    expect(before.outcome).toBe('ok');
+    const enqueue = async (body: Record<string, unknown>) => {
+      const res = await fetch(`${lh.httpUrl}/leasehold.v1.JobService/EnqueueJob`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${ADMIN_KEY}` },
+        body: JSON.stringify({ queue: 'egress', notifyUrl: denied, ...body }),
+      });
+      return { status: res.status, body: (await res.json()) as { outcome?: string; code?: string; message?: string; job?: { id: string } } };
+    };
+    const retry = await enqueue({ payload: { n: 1 }, idempotencyKey: 'k-before' });
+    expect(retry).toMatchObject({ status: 200, body: { outcome: 'OUTCOME_DUPLICATE', job: { id: (before as { value: { id: string } }).value.id } } });
+    const other = await enqueue({ payload: { n: 2 }, idempotencyKey: 'k-before' });
+    expect(other).toMatchObject({ status: 409, body: { code: 'already_exists' } });
+    const fresh = await enqueue({ payload: { n: 1 }, idempotencyKey: 'k-new' });
+    expect(fresh).toMatchObject({ status: 400, body: { message: 'notifyUrl is refused: the address 169.254.169.254 is denied by LEASEHOLD_WEBHOOK_DENY' } });
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM jobs`)).rows[0].n, 'nothing more stored').toBe(1);
+  });
 });

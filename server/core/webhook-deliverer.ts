@@ -10,8 +10,8 @@
  *    inside the transaction that marks it, so each is raised at least once;
  * 3. claims due deliveries (FOR UPDATE SKIP LOCKED: replicas never send one twice at once),
  *    signs and POSTs each, and records the answer: delivered (2xx), retried after an
- *    exponential backoff with jitter, or `failed` at the attempt cap or on a final answer
- *    (`finalAnswer`); every `failed` is logged with `alert: 'webhook.failed'` (an operator can
+ *    exponential backoff with jitter, or `failed` at the attempt cap, on a final answer
+ *    (`finalAnswer`) or at once when the egress policy refuses its address; every `failed` is logged with `alert: 'webhook.failed'` (an operator can
  *    retry it: `leasehold deliveries retry`).
  *
  * Sends flow: up to `batchSize` are in flight, at most `perReceiver` of them to one receiver
@@ -147,7 +147,8 @@ export function isWaitingUrl(url: string): boolean {
 /**
  * Whether an answer ends its delivery at once, as `failed` (with the alert), short of the attempt
  * cap. Only a job's notify_url has final answers; a subscription is an operator's setting and is
- * retried to the cap whatever it answers.
+ * retried to the cap whatever it answers. (An address the egress policy refuses is not an
+ * answer: that send fails at once for any target, `send`.)
  *
  * - 410: the target says it is gone.
  * - 404 from an n8n resume URL (`/webhook-waiting/`, `/form-waiting/`): its execution does not

@@ -3,7 +3,7 @@
  * caller's coordinator). One statement; the row it inserts is the enqueue's record. With an
  * idempotency key, the same key, queue and payload return the existing job.
  */
-import { conflict, duplicate, invalid, type Outcome } from '../domain/outcomes.js';
+import { conflict, duplicate, invalid, type Failure, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, checkJson, limits, schemas, valid } from '../domain/validation.js';
 import { newJobId } from './ids.js';
 import { JOBS_CHANNEL } from './notify.js';
@@ -47,6 +47,13 @@ export interface EnqueueParams {
    * passes false, so that enqueues do not commit one at a time on PostgreSQL's NOTIFY lock.
    */
   notify?: boolean;
+  /**
+   * What to answer instead of inserting a new job (the gateway's refusal of a notifyUrl that
+   * webhooks may not reach). An idempotency key's earlier job is still answered as any repeat is
+   * (duplicate, or conflict), so that a retry of an enqueue taken before the refusal learns its
+   * job rather than a refusal. Nothing is written either way.
+   */
+  refused?: Failure;
   now?: Date;
 }
 
@@ -252,6 +259,8 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Enque
   const payload = checkJson('payload', p.payload, { maxBytes: limits.payloadBytes, object: true });
   if ('failure' in payload) return payload.failure;
 
+  if (p.refused) return p.idempotencyKey === undefined ? p.refused : keyedRepeat(db, p.idempotencyKey, p.queue, payload.json, p.refused);
+
   const plain = p.idempotencyKey === undefined && p.notifyHeader === undefined;
   const id = newJobId();
   const labels = JSON.stringify(p.labels ?? {});
@@ -285,11 +294,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Enque
     return { outcome: 'ok', value: toJob(row), due: due === true };
   }
 
-  const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [
-    p.idempotencyKey,
-    p.queue,
-    payload.json,
-  ]);
+  const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [p.idempotencyKey, p.queue, payload.json]);
   // The conflicting job was purged between the two statements: the key is free again.
   if (!existing) return jobEnqueue(db, p);
   const { same, k_job_id, ...row } = existing;
@@ -299,4 +304,17 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Enque
   }
   if (same) return duplicate(toJob(row));
   return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
+}
+
+/**
+ * An enqueue that may not insert (`refused`) with an idempotency key: the key's job answered as
+ * a repeat is (duplicate with the same queue and payload, else conflict), or `refused` when the
+ * key holds no job. Reads only.
+ */
+async function keyedRepeat(db: Queryable, key: string, queue: string, payloadJson: string, refused: Failure): Promise<EnqueueOutcome> {
+  const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [key, queue, payloadJson]);
+  if (!existing || existing.id === null) return refused;
+  const { same, k_job_id: _k, ...row } = existing;
+  if (same) return duplicate(toJob(row));
+  return conflict(`idempotency key ${JSON.stringify(key)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
 }

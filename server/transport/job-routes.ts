@@ -14,7 +14,7 @@ import type { Dispatcher } from '../core/dispatcher.js';
 import type { QueueWaker } from '../core/queue-waker.js';
 import { controlNotify, jobCancel, jobEnqueue, jobGet, jobList, type Claimed, type Job, type Queryable } from '../store/index.js';
 import { statusFilter, toPbDetail, toPbJob } from './codec.js';
-import { toConnectError, unwrap } from './outcome-wire.js';
+import { unwrap } from './outcome-wire.js';
 import { refusedUrl } from './webhook-admin-routes.js';
 
 export interface JobRoutesDeps {
@@ -40,11 +40,11 @@ export interface EnqueueResult {
 export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) => Promise<EnqueueResult> {
   const { db, log } = deps;
   return async (req) => {
+    // A notifyUrl webhooks may not reach: no new job (a keyed repeat still learns its job).
     const refused = refusedUrl(deps.egress, 'notifyUrl', req.notifyUrl);
-    if (refused) throw toConnectError(refused);
     const labels = Object.keys(req.labels).length ? req.labels : undefined;
     // A waiting agent here can have the job at once, claimed by the enqueue itself.
-    const h = deps.dispatcher?.reserve(req.queue, labels);
+    const h = refused ? undefined : deps.dispatcher?.reserve(req.queue, labels);
     const o = await jobEnqueue(db, {
       queue: req.queue,
       payload: req.payload ?? {},
@@ -57,6 +57,7 @@ export function enqueueJobCall(deps: JobRoutesDeps): (req: EnqueueJobRequest) =>
       ...(req.notifyUrl ? { notifyUrl: req.notifyUrl } : {}),
       ...(req.notifyHeader ? { notifyHeader: { name: req.notifyHeader.name, value: req.notifyHeader.value } } : {}),
       ...(h ? { handOff: h } : {}),
+      ...(refused ? { refused } : {}),
       // With a waker, the dispatchers are woken after the commit (see QueueWaker).
       notify: !deps.waker,
     }).catch((err: unknown) => {
