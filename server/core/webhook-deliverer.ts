@@ -11,8 +11,8 @@
  * 3. claims due deliveries (FOR UPDATE SKIP LOCKED: replicas never send one twice at once),
  *    signs and POSTs each, and records the answer: delivered (2xx), retried after an
  *    exponential backoff with jitter, or `failed` at the attempt cap, on a final answer
- *    (`finalAnswer`) or at once when the egress policy refuses its address; every `failed` is logged with `alert: 'webhook.failed'` (an operator can
- *    retry it: `leasehold deliveries retry`).
+ *    (`finalAnswer`) or at once when the egress policy refuses its address; every `failed` is
+ *    logged with `alert: 'webhook.failed'` (an operator can retry it: `leasehold deliveries retry`).
  *
  * Sends flow: up to `batchSize` are in flight, at most `perReceiver` of them to one receiver
  * (scheme, host, port), and the run claims again as sends end, and every interval while some are

@@ -302,8 +302,7 @@ export async function jobEnqueue(db: Queryable, p: EnqueueParams): Promise<Enque
     await run(db, keyFreeSql, [p.idempotencyKey, k_job_id]);
     return jobEnqueue(db, p);
   }
-  if (same) return duplicate(toJob(row));
-  return conflict(`idempotency key ${JSON.stringify(p.idempotencyKey)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
+  return repeatOf(p.idempotencyKey!, same, row);
 }
 
 /**
@@ -315,6 +314,11 @@ async function keyedRepeat(db: Queryable, key: string, queue: string, payloadJso
   const [existing] = await run<Record<string, unknown> & { same: boolean; k_job_id: string }>(db, byKeySql, [key, queue, payloadJson]);
   if (!existing || existing.id === null) return refused;
   const { same, k_job_id: _k, ...row } = existing;
+  return repeatOf(key, same, row);
+}
+
+/** What a repeat of `key` is answered, given its job's row (`byKeySql`): duplicate with the same queue and payload, else conflict. */
+function repeatOf(key: string, same: boolean, row: Record<string, unknown>): EnqueueOutcome {
   if (same) return duplicate(toJob(row));
   return conflict(`idempotency key ${JSON.stringify(key)} was used for job ${String(row.id)} with another queue or payload`, currentOf(row as never));
 }
