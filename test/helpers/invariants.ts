@@ -23,6 +23,11 @@
  *
  * And what the counts read (the kept finished counts plus the live jobs, server/store/counts.ts)
  * is what counting every job says.
+ *
+ * Given a pool, every read is made in one REPEATABLE READ transaction, so that the checks hold for
+ * a database still at work (the chaos run's end, with jobs still moving), not only a quiet one:
+ * two reads of a moving database at two moments disagree (the counts read, then counted, a job
+ * apart) where no state ever was wrong. A client is read as it is.
  */
 import type pg from 'pg';
 import { endedCutoff, endedScanSql } from '../../server/store/counts.js';
@@ -39,14 +44,24 @@ export interface InvariantOptions {
 }
 
 /** Checks the six invariants; throws an Error listing every violation. */
-export async function checkInvariants(db: Db, opts: InvariantOptions = {}): Promise<void> {
+export async function checkInvariants(pool: Db, opts: InvariantOptions = {}): Promise<void> {
   const v: string[] = [];
-  const gone = await goneJobs(db);
-  await historyInvariants(db, v, gone);
-  await heldInvariant(db, v, opts);
-  await stepInvariant(db, v, gone);
-  await countInvariant(db, v);
-  await orphanInvariant(db, v, gone);
+  const own = 'totalCount' in pool ? await pool.connect() : undefined;
+  const db = own ?? pool;
+  try {
+    if (own) await own.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
+    const gone = await goneJobs(db);
+    await historyInvariants(db, v, gone);
+    await heldInvariant(db, v, opts);
+    await stepInvariant(db, v, gone);
+    await countInvariant(db, v);
+    await orphanInvariant(db, v, gone);
+  } finally {
+    if (own) {
+      await own.query('ROLLBACK').catch(() => undefined);
+      own.release();
+    }
+  }
   if (v.length) throw new Error(`invariants violated (${v.length}):\n- ${v.slice(0, 30).join('\n- ')}`);
 }
 
