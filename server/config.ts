@@ -11,6 +11,7 @@ import { DEFAULT_RETENTION_MS, DEFAULT_SWEEP_SHARE } from './core/purger.js';
 import { limits, MAX_TIMER_MS } from './domain/validation.js';
 import { DEFAULT_VACUUM_DEAD_ROWS } from './core/vacuumer.js';
 import { EgressPolicy } from './lib/egress.js';
+import { ProxyTrust } from './lib/proxy-trust.js';
 import { HOT_POOL_MAX, POOL_MAX } from './store/database.js';
 
 export interface Config {
@@ -101,12 +102,12 @@ export interface Config {
    */
   insecure: boolean;
   /**
-   * A TLS-terminating proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`), e.g.
-   * Caddy in front of a container that listens on `0.0.0.0`: cleartext on a non-loopback address
-   * is allowed, as the proxy's own network leg, and a caller's address is read from
-   * `X-Forwarded-For` whatever peer sends it (transport/caller-address.ts).
+   * A TLS-terminating proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`, or the
+   * proxies' addresses), e.g. Caddy in front of a container that listens on `0.0.0.0`: cleartext
+   * on a non-loopback address is allowed, as the proxy's own network leg, and a caller's address
+   * is read from `X-Forwarded-For` (transport/caller-address.ts). Undefined: not set.
    */
-  trustProxy: boolean;
+  trustProxy: ProxyTrust | undefined;
   /**
    * Start on a database migrated by a newer release (`LEASEHOLD_ALLOW_NEWER_SCHEMA=1`), as a
    * deliberate rollback; without it such a start (and `leasehold migrate`) is refused. Never
@@ -177,6 +178,15 @@ function count(name: string, raw: string | undefined, fallback: number, min: num
   const n = Number(raw);
   if (!Number.isInteger(n) || n < min || n > max) throw new ConfigError(`${name}=${JSON.stringify(raw)} must be a whole number from ${min} to ${max}`);
   return n;
+}
+
+/** `LEASEHOLD_TRUST_PROXY`: whose `X-Forwarded-For` names the caller (server/lib/proxy-trust.ts). */
+function proxyTrust(raw: string | undefined): ProxyTrust | undefined {
+  try {
+    return ProxyTrust.parse(raw, 'LEASEHOLD_TRUST_PROXY');
+  } catch (err) {
+    throw new ConfigError((err as Error).message);
+  }
 }
 
 /** `LEASEHOLD_WEBHOOK_DENY`: where webhook sends may not connect (server/lib/egress.ts). */
@@ -278,7 +288,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
         : duration('LEASEHOLD_AGENT_KEEPALIVE', env.LEASEHOLD_AGENT_KEEPALIVE, 20_000, 100),
     tls: undefined,
     insecure: flags.insecure === true || flag('LEASEHOLD_INSECURE', env.LEASEHOLD_INSECURE),
-    trustProxy: flag('LEASEHOLD_TRUST_PROXY', env.LEASEHOLD_TRUST_PROXY),
+    trustProxy: proxyTrust(env.LEASEHOLD_TRUST_PROXY),
     allowNewerSchema: flag('LEASEHOLD_ALLOW_NEWER_SCHEMA', env.LEASEHOLD_ALLOW_NEWER_SCHEMA),
   };
   if (cfg.alertUrl && !/^https?:\/\/[^\s/]+/.test(cfg.alertUrl)) {

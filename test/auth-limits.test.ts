@@ -13,6 +13,7 @@ import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentHub } from '../server/core/agent-hub.js';
 import { CredentialCache } from '../server/core/credential-cache.js';
+import { ProxyTrust } from '../server/lib/proxy-trust.js';
 import { keyCreate } from '../server/store/index.js';
 import { principalOwner, type Principal } from '../server/transport/auth.js';
 import { listenHttp, type HttpServer } from '../server/transport/http.js';
@@ -231,7 +232,7 @@ describe('behind a proxy (LEASEHOLD_TRUST_PROXY=1)', () => {
     if (fresh.outcome !== 'ok') throw new Error(fresh.outcome);
     const pool = t.newPool(4);
     const log = pino({ level: 'silent' });
-    const behind = await listenHttp({ db: pool, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000, hub, credentials, trustProxy: true }, '127.0.0.1:0');
+    const behind = await listenHttp({ db: pool, log, leaseTtlMs: 5000, claimTtlMs: 5000, heartbeatIntervalMs: 1000, hub, credentials, trustProxy: ProxyTrust.parse('1', 'LEASEHOLD_TRUST_PROXY') }, '127.0.0.1:0');
     try {
       const proxy = '127.0.0.5';
       const at = (key: string, forwardedFor?: string) => call(LIST, key, proxy, forwardedFor, behind.address.port);

@@ -26,7 +26,7 @@ describe('listening beyond loopback', () => {
 
   it('starts on loopback without TLS, as by default', () => {
     const c = loadConfig({}, {});
-    expect([c.grpcAddr, c.httpAddr, c.insecure, c.trustProxy, c.tls]).toEqual(['127.0.0.1:50051', '127.0.0.1:8080', false, false, undefined]);
+    expect([c.grpcAddr, c.httpAddr, c.insecure, c.trustProxy, c.tls]).toEqual(['127.0.0.1:50051', '127.0.0.1:8080', false, undefined, undefined]);
   });
 
   it('refuses a cleartext listener on a network address, naming the listener and the ways out', () => {
@@ -51,13 +51,20 @@ describe('listening beyond loopback', () => {
   it('allows it with TLS, with a declared proxy, or when told to', () => {
     const open = { grpcAddr: '0.0.0.0:50051', httpAddr: '0.0.0.0:8080' };
     expect(loadConfig(open, { LEASEHOLD_TLS_CERT: cert, LEASEHOLD_TLS_KEY: key }).tls).toEqual({ certFile: cert, keyFile: key });
-    expect(loadConfig(open, { LEASEHOLD_TRUST_PROXY: '1' }).trustProxy).toBe(true);
+    expect(loadConfig(open, { LEASEHOLD_TRUST_PROXY: '1' }).trustProxy?.proxies).toBeUndefined();
+    expect(loadConfig(open, { LEASEHOLD_TRUST_PROXY: '1' }).trustProxy?.text).toBe('1');
+    // The proxies' addresses, for more than one hop: a proxy is the way in all the same.
+    expect(loadConfig(open, { LEASEHOLD_TRUST_PROXY: '127.0.0.1,10.0.0.0/8' }).trustProxy?.proxies?.entries).toEqual(['127.0.0.1', '10.0.0.0/8']);
     expect(loadConfig(open, { LEASEHOLD_INSECURE: 'true' }).insecure).toBe(true);
     expect(loadConfig({ ...open, insecure: true }, {}).insecure).toBe(true);
   });
 
   it('refuses a switch that is neither on nor off', () => {
     expect(() => loadConfig({}, { LEASEHOLD_INSECURE: 'maybe' })).toThrow('LEASEHOLD_INSECURE="maybe" must be 1 or 0 (true or false)');
+    expect(() => loadConfig({}, { LEASEHOLD_TRUST_PROXY: 'maybe' })).toThrow(ConfigError);
+    expect(() => loadConfig({}, { LEASEHOLD_TRUST_PROXY: '127.0.0.1,proxy.internal' })).toThrow(
+      'LEASEHOLD_TRUST_PROXY: "proxy.internal" is not an IP address or a network in CIDR notation',
+    );
     expect(() => loadConfig({}, { LEASEHOLD_TRUST_PROXY: 'yes please' })).toThrow(/LEASEHOLD_TRUST_PROXY/);
   });
 });

@@ -76,5 +76,12 @@ describe('deploy/Caddyfile', () => {
     // POST /stop (docs/decisions.md, "Where webhooks may go"); compose.yaml gives the image that directory.
     expect((config as { admin?: { listen?: string } }).admin?.listen).toBe('unix//var/lib/caddy/admin.sock');
     expect(readFileSync(path.join(root, 'deploy/compose.yaml'), 'utf8')).toMatch(/^ {4}tmpfs:\n {6}- \/var\/lib\/caddy$/m);
+    // No proxy in front trusted unless LEASEHOLD_OUTER_PROXIES names some: then both upstreams keep
+    // what those send in X-Forwarded-For (docs/deploy.md, "Behind a CDN or a load balancer").
+    expect(stdout).not.toContain('trusted_proxies');
+    const env = { ...process.env, LEASEHOLD_OUTER_PROXIES: '198.51.100.0/24 2001:db8:100::/48' };
+    const outer = await run('caddy', ['adapt', '--config', path.join(root, 'deploy/Caddyfile'), '--adapter', 'caddyfile', '--validate'], { env });
+    expect(outer.stdout.match(/"trusted_proxies":\["198\.51\.100\.0\/24","2001:db8:100::\/48"\]/g)).toHaveLength(2);
+    expect(readFileSync(path.join(root, 'deploy/compose.yaml'), 'utf8')).toContain('LEASEHOLD_OUTER_PROXIES: ${LEASEHOLD_OUTER_PROXIES:-}');
   });
 });

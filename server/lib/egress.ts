@@ -12,7 +12,7 @@
  * stay allowed (n8n often runs beside the coordinator).
  */
 import dns from 'node:dns';
-import net from 'node:net';
+import { AddressList, addressEntry } from './address-list.js';
 
 /** The networks denied unless configured otherwise (docs/decisions.md, "Where webhooks may go"). */
 export const DEFAULT_DENIED = [
@@ -54,7 +54,7 @@ type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.
 
 /** The denied list, and a lookup for connections that keeps to it. */
 export class EgressPolicy {
-  private readonly list = new net.BlockList();
+  private readonly list: AddressList;
 
   /**
    * @param entries addresses (`169.254.169.254`, `fd00:ec2::254`) and networks in CIDR notation
@@ -65,21 +65,16 @@ export class EgressPolicy {
     readonly entries: readonly string[],
     readonly setting: string,
   ) {
-    for (const e of [...entries, ...ALWAYS_DENIED]) {
-      const [address, bits] = splitEntry(e)!;
-      const family = net.isIPv4(address) ? 'ipv4' : 'ipv6';
-      if (bits === undefined) this.list.addAddress(address, family);
-      else this.list.addSubnet(address, bits, family);
-    }
+    this.list = new AddressList([...entries, ...ALWAYS_DENIED]);
   }
 
   /**
-   * The policy of a comma-separated list: addresses, CIDR networks, `default` (DEFAULT_DENIED)
+   * The policy of a list separated by commas or spaces: addresses, CIDR networks, `default` (DEFAULT_DENIED)
    * and `none` (alone: nothing denied but ALWAYS_DENIED, as with any list). Unset or blank: the
    * default. Throws an Error naming the entry that is none of those.
    */
   static parse(text: string | undefined, setting: string): EgressPolicy {
-    const items = (text ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+    const items = (text ?? '').split(/[\s,]+/).filter(Boolean);
     if (!items.length) return new EgressPolicy([...DEFAULT_DENIED], setting);
     if (items.some((i) => i.toLowerCase() === 'none')) {
       if (items.length > 1) throw new Error(`${setting}: "none" denies nothing and cannot be combined with other entries`);
@@ -88,7 +83,7 @@ export class EgressPolicy {
     const entries: string[] = [];
     for (const item of items) {
       if (item.toLowerCase() === 'default') entries.push(...DEFAULT_DENIED);
-      else if (splitEntry(item)) entries.push(item);
+      else if (addressEntry(item)) entries.push(item);
       else throw new Error(`${setting}: ${JSON.stringify(item)} is not an IP address, a network in CIDR notation (10.0.0.0/8, fc00::/7), "default" or "none"`);
     }
     return new EgressPolicy([...new Set(entries)], setting);
@@ -96,9 +91,7 @@ export class EgressPolicy {
 
   /** Whether a connection to `address` (IPv4 or IPv6, IPv4-mapped included) is refused. */
   denies(address: string): boolean {
-    const family = net.isIP(address);
-    if (!family) return false;
-    return this.list.check(address, family === 4 ? 'ipv4' : 'ipv6');
+    return this.list.has(address);
   }
 
   /**
@@ -130,19 +123,4 @@ export class EgressPolicy {
       else callback(null, allowed[0]!.address, allowed[0]!.family);
     });
   };
-
-}
-
-/** `[address, prefix bits]` of an address or CIDR network, or undefined if it is neither. */
-function splitEntry(entry: string): [string, number | undefined] | undefined {
-  const slash = entry.indexOf('/');
-  const address = slash < 0 ? entry : entry.slice(0, slash);
-  const family = net.isIP(address);
-  // A zone (fe80::1%eth0) names an interface, not an address the list could match.
-  if (!family || address.includes('%')) return undefined;
-  if (slash < 0) return [address, undefined];
-  const bitsText = entry.slice(slash + 1);
-  const bits = Number(bitsText);
-  if (!/^\d{1,3}$/.test(bitsText) || bits > (family === 4 ? 32 : 128)) return undefined;
-  return [address, bits];
 }

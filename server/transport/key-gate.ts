@@ -15,7 +15,7 @@
  * key) is checked once, for one token.
  *
  * The address is the caller's as caller-address.ts tells it: the socket's, or behind a proxy
- * the last address of `X-Forwarded-For`. IPv6 addresses share a bucket per /64, which one host commonly
+ * the one `X-Forwarded-For` names (its last, or the last past the proxies listed). IPv6 addresses share a bucket per /64, which one host commonly
  * holds whole. Each listener keeps its own buckets, at most `addresses` of them: a bucket full again
  * is dropped (it is as good as none), and past the bound the one whose last check is oldest goes.
  *
@@ -29,6 +29,7 @@ import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 import { hashSecret, type Queryable } from '../store/index.js';
 import { authenticate, authenticateCached, type Principal } from './auth.js';
+import type { ProxyTrust } from '../lib/proxy-trust.js';
 import { callerAddress } from './caller-address.js';
 import type { Metrics } from './metrics.js';
 
@@ -56,8 +57,8 @@ export interface KeyGateDeps {
   credentials?: CredentialCache<Principal> | undefined;
   log: Logger;
   metrics?: Pick<Metrics, 'authRefused'> | undefined;
-  /** A proxy is the only way in (`LEASEHOLD_TRUST_PROXY=1`): a call's address is its `X-Forwarded-For`'s last (caller-address.ts). */
-  trustProxy?: boolean | undefined;
+  /** Whose `X-Forwarded-For` names a call's address (`LEASEHOLD_TRUST_PROXY`, caller-address.ts); undefined: none's. */
+  trustProxy?: ProxyTrust | undefined;
   /** Which listener this gate guards (the log's and the metric's label). */
   listener: 'http' | 'grpc';
 }
@@ -172,7 +173,7 @@ export function createKeyGate(deps: KeyGateDeps, bounds: FailedKeyBounds = FAILE
 
   return {
     check(token, peer, forwardedFor) {
-      const remote = callerAddress(peer, forwardedFor, deps.trustProxy ?? false);
+      const remote = callerAddress(peer, forwardedFor, deps.trustProxy);
       const addr = addressKey(remote);
       const hash = hashSecret(token);
       const id = `${addr} ${hash}`;

@@ -12,6 +12,7 @@ import type { AgentHub } from '../core/agent-hub.js';
 import type { Dispatcher } from '../core/dispatcher.js';
 import type { CredentialCache } from '../core/credential-cache.js';
 import type { EgressPolicy } from '../lib/egress.js';
+import type { ProxyTrust } from '../lib/proxy-trust.js';
 import { LogSummary } from '../lib/log-summary.js';
 import type { Logger } from '../log.js';
 import type { Queryable } from '../store/index.js';
@@ -50,10 +51,10 @@ export interface ServerDeps {
   /** Served at GET /metrics on the HTTP listener when given. */
   metrics?: Metrics | undefined;
   /**
-   * A proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY=1`): the caller's address,
-   * for the limit on refused keys, is the last of `X-Forwarded-For` (caller-address.ts).
+   * A proxy is the only way to the listeners (`LEASEHOLD_TRUST_PROXY`): the caller's address, for
+   * the limit on refused keys, is read from `X-Forwarded-For` (caller-address.ts).
    */
-  trustProxy?: boolean | undefined;
+  trustProxy?: ProxyTrust | undefined;
   /**
    * Verified credentials, shared by both listeners (the coordinator keeps it in step with
    * revocations); without it every call is verified in the database.

@@ -25,10 +25,9 @@ export interface TestCoordinator {
   agent(name: string): Promise<string>;
 }
 
-export function useCoordinator(t: TestDb, env: Record<string, string> = {}): TestCoordinator {
+export function useCoordinator(t: TestDb, env: Record<string, string> = {}, log: pino.Logger = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' })): TestCoordinator {
   let c: Coordinator | undefined;
   let config: Config | undefined;
-  const log = pino({ level: process.env.LEASEHOLD_TEST_LOG ?? 'silent' });
   beforeAll(async () => {
     config = loadConfig(
       { grpcAddr: '127.0.0.1:0', httpAddr: '127.0.0.1:0' },

@@ -182,9 +182,9 @@ function healthy(port: number, caFile: string) {
  * which sets none of these): storage in a temp dir (not ~/.local/share/caddy), certificates from Caddy's own local CA rather
  * than Let's Encrypt (`local_certs`) without touching the system trust store, and free ports in
  * place of 80 and 443. The site address and the upstreams come through the file's own
- * environment placeholders.
+ * environment placeholders, and so may the others it reads (`placeholders`: LEASEHOLD_OUTER_PROXIES).
  */
-export async function startCaddy(up: Upstreams): Promise<RunningProxy> {
+export async function startCaddy(up: Upstreams, placeholders: Record<string, string> = {}): Promise<RunningProxy> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-caddy-'));
   const [port, httpPort] = [await freePort(), await freePort()];
   const options = [`\tstorage file_system ${dir}/data`, '\tlocal_certs', '\tskip_install_trust', `\thttp_port ${httpPort}`, `\thttps_port ${port}`];
@@ -208,6 +208,7 @@ export async function startCaddy(up: Upstreams): Promise<RunningProxy> {
     // Several replicas: the placeholders take a space-separated list, as the Caddyfile says.
     LEASEHOLD_GRPC_UPSTREAM: hostPorts(up.grpcPort).join(' '),
     LEASEHOLD_HTTP_UPSTREAM: hostPorts(up.httpPort).join(' '),
+    ...placeholders,
   };
   // The root of Caddy's local CA, made on the first start and kept in storage across restarts.
   const caFile = path.join(dir, 'data/pki/authorities/local/root.crt');
