@@ -5,7 +5,7 @@
  * else, and for a header that holds no address, the connection's own.
  */
 import { describe, expect, it } from 'vitest';
-import { ProxyTrust } from '../server/lib/proxy-trust.js';
+import { MAX_HOPS, ProxyTrust } from '../server/lib/proxy-trust.js';
 import { callerAddress } from '../server/transport/caller-address.js';
 
 const trust = (setting: string) => ProxyTrust.parse(setting, 'LEASEHOLD_TRUST_PROXY')!;
@@ -68,9 +68,23 @@ describe('LEASEHOLD_TRUST_PROXY as a list of proxies (more than one hop)', () =>
     expect(callerAddress('127.0.0.1', '173.245.48.7, 173.245.48.9', chain)).toBe('173.245.48.7');
   });
 
+  it('reads at most MAX_HOPS entries from the end: past them the last proxy read is the caller', () => {
+    const edges = Array.from({ length: 5_000 }, (_, i) => `173.245.${48 + ((i >> 8) % 16)}.${i % 256}`);
+    // 5,000 listed entries: before the bound each was looked up (28 ms a call).
+    expect(callerAddress('127.0.0.1', ['203.0.113.7', ...edges].join(', '), chain)).toBe(edges.at(-MAX_HOPS));
+    expect(callerAddress('127.0.0.1', ['203.0.113.7', ...edges.slice(0, MAX_HOPS - 1)].join(','), chain)).toBe('203.0.113.7');
+  });
+
   it('refuses an entry that is neither a switch nor an address, naming it and what it may be', () => {
     for (const bad of ['127.0.0.1,cdn.example', '10.0.0.0/33', 'maybe', '127.0.0.1,fe80::1%eth0']) {
       expect(() => ProxyTrust.parse(bad, 'LEASEHOLD_TRUST_PROXY'), bad).toThrow(/^LEASEHOLD_TRUST_PROXY: ".*" is not an IP address or a network in CIDR notation: give 1 \(a proxy is the only way in\), 0, or the proxies' addresses/);
     }
+  });
+
+  it('refuses a network wider than a /8 of IPv4 or a /16 of IPv6: it would take any client for a proxy', () => {
+    for (const wide of ['0.0.0.0/0', '127.0.0.1 ::/0', '64.0.0.0/2', '2000::/3', '10.0.0.0/7']) {
+      expect(() => ProxyTrust.parse(wide, 'LEASEHOLD_TRUST_PROXY'), wide).toThrow(/is wider than a proxy's network can be \(at most \/8 for IPv4, \/16 for IPv6\)/);
+    }
+    expect(trust('10.0.0.0/8 2a06:98c0::/29 fc00::/16').proxies?.entries).toHaveLength(3);
   });
 });

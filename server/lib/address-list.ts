@@ -1,6 +1,6 @@
 /**
  * Lists of IP addresses and networks, as the settings that take them write them
- * (`LEASEHOLD_WEBHOOK_DENY`, `LEASEHOLD_TRUST_PROXY`): comma-separated addresses (`10.0.0.7`,
+ * (`LEASEHOLD_WEBHOOK_DENY`, `LEASEHOLD_TRUST_PROXY`): addresses, separated by commas or spaces (`10.0.0.7`,
  * `fd00:ec2::254`) and networks in CIDR notation (`10.0.0.0/8`, `fc00::/7`), matched with
  * `net.BlockList`, which also matches an IPv4-mapped IPv6 address (`::ffff:10.0.0.7`) against
  * the IPv4 entries.

@@ -15,6 +15,11 @@
 import net from 'node:net';
 import { AddressList } from './address-list.js';
 
+/** The widest networks a list may name: a /8 of IPv4 (10.0.0.0/8), a /16 of IPv6. */
+const MIN_BITS = { v4: 8, v6: 16 };
+/** The most entries of a header read: a chain of proxies is a few; a header of thousands is not one. */
+export const MAX_HOPS = 32;
+
 /** Whose `X-Forwarded-For` is believed: any peer's last entry (`1`), or the listed proxies'. */
 export class ProxyTrust {
   private constructor(
@@ -37,25 +42,38 @@ export class ProxyTrust {
     if (['', '0', 'false', 'no', 'off'].includes(flag)) return undefined;
     if (['1', 'true', 'yes', 'on'].includes(flag)) return new ProxyTrust(text, undefined);
     const items = text.split(/[\s,]+/).filter(Boolean);
+    const usage = "give 1 (a proxy is the only way in), 0, or the proxies' addresses and networks, separated by commas or spaces (127.0.0.1,10.0.0.0/8)";
+    let list: AddressList;
     try {
-      return new ProxyTrust(text, new AddressList(items));
+      list = new AddressList(items);
     } catch (err) {
-      throw new Error(
-        `${setting}: ${(err as Error).message}: give 1 (a proxy is the only way in), 0, or the proxies' addresses and networks, comma-separated (127.0.0.1,10.0.0.0/8)`,
-      );
+      throw new Error(`${setting}: ${(err as Error).message}: ${usage}`);
     }
+    // A network that wide takes almost any client for a proxy, and every entry a client writes
+    // before its own address would then be believed: worse than `1`.
+    const wide = items.find((i) => {
+      const bits = /\/(\d+)$/.exec(i)?.[1];
+      return bits !== undefined && Number(bits) < (net.isIPv4(i.slice(0, i.indexOf('/'))) ? MIN_BITS.v4 : MIN_BITS.v6);
+    });
+    if (wide) throw new Error(`${setting}: ${JSON.stringify(wide)} is wider than a proxy's network can be (at most /${MIN_BITS.v4} for IPv4, /${MIN_BITS.v6} for IPv6): ${usage}`);
+    return new ProxyTrust(text, list);
   }
 
-  /** The caller of a call from `peer` (the socket's address) carrying `forwardedFor`. */
+  /**
+   * The caller of a call from `peer` (the socket's address) carrying `forwardedFor`. The header is
+   * read from its end, at most `MAX_HOPS` entries: past them the last proxy read is the caller.
+   */
   caller(peer: string, forwardedFor: string): string {
     if (this.proxies && !this.proxies.has(peer)) return peer;
-    const entries = forwardedFor.split(',');
     let caller = peer;
-    for (let i = entries.length - 1; i >= 0; i--) {
-      const address = bareAddress(entries[i]!.trim());
+    let end = forwardedFor.length;
+    for (let hop = 0; hop < MAX_HOPS && end >= 0; hop++) {
+      const comma = forwardedFor.lastIndexOf(',', end - 1);
+      const address = bareAddress(forwardedFor.slice(comma + 1, end).trim());
       if (address === undefined) return caller;
       caller = address;
       if (!this.proxies?.has(address)) return address;
+      end = comma;
     }
     return caller;
   }
