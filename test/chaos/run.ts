@@ -387,18 +387,24 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     };
     const running = (p: Proc | undefined): p is Proc => Boolean(p && p.child.exitCode === null && p.child.signalCode === null);
     const paused = new Set<Proc>();
+    /** Each pause, on this machine's monotonic clock (the sink's and the agents' `mono`), by whom. */
+    const pauses: Array<{ who: string; from: number; to?: number }> = [];
+    const mono = () => Number(process.hrtime.bigint() / 1_000_000n);
     /** Neither dead nor frozen. */
     const live = (p: Proc | undefined): p is Proc => running(p) && !paused.has(p);
     /** Freezes `p` for less or (half the time) more than the lease, then lets it run again. */
-    const pause = (p: Proc): boolean => {
+    const pause = (p: Proc, who: string): boolean => {
       const past = rand() < 0.5;
       const ms = past ? LEASE_MS * (1.25 + rand() * 1.5) : LEASE_MS * (0.15 + rand() * 0.6);
       paused.add(p);
+      const at = { who, from: mono(), to: undefined as number | undefined };
+      pauses.push(at);
       p.child.kill('SIGSTOP');
       restarts.push(
         sleep(ms).then(() => {
           paused.delete(p);
           if (running(p)) p.child.kill('SIGCONT');
+          at.to = mono();
         }),
       );
       return past;
@@ -428,7 +434,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         if (!live(r.proc) || replicas.filter((q) => live(q.proc)).length <= 1) continue;
         if (fault === 'replica-pause') {
           figures.replicaPauses!++;
-          if (pause(r.proc)) figures.replicaPausesPastLease!++;
+          if (pause(r.proc, `replica-${r.i}`)) figures.replicaPausesPastLease!++;
           continue;
         }
         figures.replicaKills!++;
@@ -438,7 +444,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
         const a = agents[Math.floor(rand() * agents.length)]!;
         if (!live(a.proc)) continue;
         figures.agentPauses!++;
-        if (pause(a.proc)) figures.agentPausesPastLease!++;
+        if (pause(a.proc, `chaos-agent-${a.i}`)) figures.agentPausesPastLease!++;
       } else if (fault === 'clock') {
         // Stepped 10 minutes back or forward, and back to true time 1–4 s later.
         const a = agents[Math.floor(rand() * agents.length)]!;
@@ -531,7 +537,19 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     // let through by a lease check that should have stopped it.
     for (const l of sink.late) {
       if (l.delayMs !== undefined && l.delayMs >= HEARTBEAT_MS) figures.lateApplies!++;
-      else violations.push(`apply of ${l.key} by attempt ${l.attemptNo} (${l.attemptId}) reached the sink ${l.delayMs} ms after its effect began, after attempt ${l.newest} had touched the key: its lease check passed too late`);
+      else {
+        // What is needed to tell why: the attempt's agent's pauses of the last lease and a half,
+        // and its step's reservation, against when the effect began (ms before it reached the sink).
+        const agent = (await pool.query(`SELECT agent_id FROM attempt_log WHERE id = $1`, [l.attemptId])).rows[0]?.agent_id as string | undefined;
+        const near = pauses
+          .filter((p) => p.who === agent && (p.to ?? Infinity) >= l.at - 1.5 * LEASE_MS - 5_000 && p.from <= l.at)
+          .map((p) => `paused ${l.at - p.from} ms before it reached the sink, for ${p.to === undefined ? '?' : p.to - p.from} ms`);
+        const step = (await pool.query(`SELECT started_at, finished_at, reservations FROM steps WHERE job_id::text || ':' || step = $1`, [l.key])).rows[0];
+        violations.push(
+          `apply of ${l.key} by attempt ${l.attemptNo} (${l.attemptId}, ${agent}) reached the sink ${l.delayMs} ms after its effect began, after attempt ${l.newest} had touched the key: its lease check passed too late ` +
+            `(${near.join('; ') || 'no pause of its agent'}; the step ${JSON.stringify(step)}, the sink's wall clock ${new Date(l.wall).toISOString()})`,
+        );
+      }
     }
     for (const id of ids) {
       for (const step of ['charge', 'email']) {

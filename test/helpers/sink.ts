@@ -10,7 +10,7 @@
  * one window no agent can close: frozen between its step's last lease check and its request
  * leaving. The caller tells those apart from a lease check that let an attempt through too late
  * by `delayMs` (how long the request took from the effect's start to the sink, on the machine's
- * monotonic clock).
+ * monotonic clock; `at` is when it came, on the same clock).
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -26,7 +26,7 @@ export interface Sink {
   /** How many status queries came (reconciliations). */
   readonly statusQueries: number;
   /** With `fence`: the applies refused because a later attempt had asked about or applied the key. */
-  readonly late: Array<{ key: string; attemptId: string | undefined; attemptNo: number; newest: number; delayMs: number | undefined }>;
+  readonly late: Array<{ key: string; attemptId: string | undefined; attemptNo: number; newest: number; delayMs: number | undefined; at: number; wall: number }>;
   close(): Promise<void>;
 }
 
@@ -60,7 +60,8 @@ export async function startSink(onApply?: (key: string) => boolean | void, opts:
     req.on('end', () => {
       const { key, value, attemptId, attemptNo, mono: sentAt } = JSON.parse(body) as { key: string; value: number; attemptId?: string; attemptNo?: number; mono?: number };
       if (opts.fence && attemptNo !== undefined && attemptNo < (newest.get(key) ?? 0)) {
-        late.push({ key, attemptId, attemptNo, newest: newest.get(key)!, delayMs: sentAt === undefined ? undefined : mono() - sentAt });
+        const at = mono();
+        late.push({ key, attemptId, attemptNo, newest: newest.get(key)!, delayMs: sentAt === undefined ? undefined : at - sentAt, at, wall: Date.now() });
         res.writeHead(409).end(JSON.stringify({ refused: `attempt ${attemptNo} is older than attempt ${newest.get(key)}` }));
         return;
       }
