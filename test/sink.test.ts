@@ -3,13 +3,12 @@
  * that asked about or applied the key is refused and kept with how long it took to arrive.
  */
 import { afterEach, expect, it } from 'vitest';
-import { startSink, type Sink } from './helpers/sink.js';
+import { mono, startSink, type Sink } from './helpers/sink.js';
 
 let sink: Sink | undefined;
 afterEach(async () => {
   await sink?.close();
 });
-const mono = () => Number(process.hrtime.bigint() / 1_000_000n);
 const apply = async (s: Sink, body: Record<string, unknown>) => {
   const res = await fetch(`${s.url}/apply`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
   return res.status;

@@ -13,7 +13,7 @@
  *   that is not an address stops the walk: the proxy that passed it on is then the caller.
  */
 import net from 'node:net';
-import { AddressList } from './address-list.js';
+import { AddressList, addressEntry } from './address-list.js';
 
 /** The widest networks a list may name: a /8 of IPv4 (10.0.0.0/8), a /16 of IPv6. */
 const MIN_BITS = { v4: 8, v6: 16 };
@@ -52,8 +52,8 @@ export class ProxyTrust {
     // A network that wide takes almost any client for a proxy, and every entry a client writes
     // before its own address would then be believed: worse than `1`.
     const wide = items.find((i) => {
-      const bits = /\/(\d+)$/.exec(i)?.[1];
-      return bits !== undefined && Number(bits) < (net.isIPv4(i.slice(0, i.indexOf('/'))) ? MIN_BITS.v4 : MIN_BITS.v6);
+      const [address, bits] = addressEntry(i)!;
+      return bits !== undefined && bits < (net.isIPv4(address) ? MIN_BITS.v4 : MIN_BITS.v6);
     });
     if (wide) throw new Error(`${setting}: ${JSON.stringify(wide)} is wider than a proxy's network can be (at most /${MIN_BITS.v4} for IPv4, /${MIN_BITS.v6} for IPv6): ${usage}`);
     return new ProxyTrust(text, list);

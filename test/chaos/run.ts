@@ -38,7 +38,7 @@ import { signDelivery, WEBHOOK_HEADERS } from '../../server/core/webhook-deliver
 import { agentBundle } from '../helpers/agent-process.js';
 import { freePort } from '../helpers/ports.js'; // below the ephemeral range: replicas and PostgreSQL restart on theirs
 import { checkInvariants } from '../helpers/invariants.js';
-import { startSink } from '../helpers/sink.js';
+import { mono, startSink } from '../helpers/sink.js';
 import { startFaultProxy, type FaultProxy } from './fault-proxy.js';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
@@ -389,7 +389,6 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     const paused = new Set<Proc>();
     /** Each pause, on this machine's monotonic clock (the sink's and the agents' `mono`), by whom. */
     const pauses: Array<{ who: string; from: number; to?: number }> = [];
-    const mono = () => Number(process.hrtime.bigint() / 1_000_000n);
     /** Neither dead nor frozen. */
     const live = (p: Proc | undefined): p is Proc => running(p) && !paused.has(p);
     /** Freezes `p` for less or (half the time) more than the lease, then lets it run again. */

@@ -16,6 +16,9 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Agent } from '@leasehold/agent-client';
 
+/** This machine's monotonic clock in whole ms (CLOCK_MONOTONIC, the same in every process): what the agents' fixture writes as `mono`, and what `delayMs` and `at` are on. */
+export const mono = (): number => Number(process.hrtime.bigint() / 1_000_000n);
+
 export interface Sink {
   url: string;
   /** Apply calls per key (every call, duplicates included). */
@@ -38,7 +41,6 @@ export async function startSink(onApply?: (key: string) => boolean | void, opts:
   const applies = new Map<string, number>();
   const newest = new Map<string, number>(); // key → the highest attempt number that asked or applied
   const late: Sink['late'] = [];
-  const mono = () => Number(process.hrtime.bigint() / 1_000_000n);
   const seen = (key: string, attemptNo: number | undefined) => {
     if (attemptNo !== undefined) newest.set(key, Math.max(newest.get(key) ?? 0, attemptNo));
   };
