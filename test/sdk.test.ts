@@ -9,7 +9,7 @@ import path from 'node:path';
 import { once } from 'node:events';
 import pino from 'pino';
 import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
-import { createAgent, JobError, Outbox, readOutbox, type Agent, type AgentOptions } from '@leasehold/agent-client';
+import { createAgent, JobError, Outbox, readOutbox, type Agent, type AgentEvents, type AgentOptions } from '@leasehold/agent-client';
 import { encodeRecord } from '../agent-client/src/outbox-log.js';
 import { attemptStart, jobClaim, jobEnqueue } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
@@ -348,9 +348,19 @@ describe('ctx.step', () => {
     const { agent } = await newAgent('sdk-step', ['sdk-step']);
     let effects = 0;
     let attempts = 0;
+    let firstAttemptId = '';
+    // The `effect` event: once per effect, between the lease check and the step function.
+    const order: string[] = [];
+    const events: Array<AgentEvents['effect'][0]> = [];
+    agent.on('effect', (e) => {
+      order.push('effect');
+      events.push(e);
+    });
     agent.handle('sdk-step', async (_j, ctx) => {
       attempts++;
+      if (attempts === 1) firstAttemptId = ctx.attempt.id;
       const out = await ctx.step('charge', async ({ idempotencyKey }) => {
+        order.push('fn');
         effects++;
         return { charged: true, idempotencyKey };
       });
@@ -361,7 +371,31 @@ describe('ctx.step', () => {
     const j = await enqueue('sdk-step', {}, { maxAttempts: 3 });
     await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded', 15_000);
     expect(effects).toBe(1);
+    expect(attempts).toBe(2);
     expect((await job(j.id)).result).toEqual({ out: { charged: true, idempotencyKey: `${j.id}:charge` } });
+    // Attempt 2 got the recorded output: no effect, no event.
+    expect(order).toEqual(['effect', 'fn']);
+    expect(events).toEqual([{ attemptId: firstAttemptId, jobId: j.id, step: 'charge', idempotencyKey: `${j.id}:charge`, leaseLeftMs: expect.any(Number) }]);
+    // Counted from the last renewal's sending time: the lease (1.5 s) less one heartbeat interval at most.
+    expect(events[0]!.leaseLeftMs).toBeGreaterThan(0);
+    expect(events[0]!.leaseLeftMs).toBeLessThanOrEqual(1500 - HEARTBEAT_MS);
+  });
+
+  it('runs the step when an effect listener throws, and logs it', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const log = pino({ level: 'error' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+    const { agent } = await newAgent('sdk-effect-throw', ['sdk-effect-throw'], { log });
+    agent.on('effect', () => {
+      throw new Error('the audit log is down');
+    });
+    let effects = 0;
+    agent.handle('sdk-effect-throw', async (_j, ctx) => ({ out: await ctx.step('send', () => ++effects) }));
+    await agent.start();
+    const j = await enqueue('sdk-effect-throw', {}, { maxAttempts: 1 });
+    await until(lh, 'succeeded', async () => (await job(j.id)).status === 'succeeded', 15_000);
+    expect(effects).toBe(1);
+    expect((await job(j.id)).result).toEqual({ out: 1 });
+    expect(lines).toContainEqual(expect.objectContaining({ msg: 'an effect listener threw; the step runs', step: 'send', jobId: j.id, err: expect.objectContaining({ message: 'the audit log is down' }) }));
   });
 
   it('asks onUnknown when an earlier attempt reserved a step and never recorded it', async () => {

@@ -239,7 +239,18 @@ export class Assignments {
       },
       onLeaseLost: (why) => this.abortAttempt(r, `lease lost: ${why}`),
       checkLease: () => {
-        if (monotonic() > r.deadline) this.abortAttempt(r, 'local lease deadline passed without a renewal');
+        const left = r.deadline - monotonic();
+        if (left < 0) this.abortAttempt(r, 'local lease deadline passed without a renewal');
+        return left;
+      },
+      onEffect: (e) => {
+        // A notice, not a gate: the step is reserved already, so a listener's throw must not
+        // leave it reserved with no effect (the next attempt would find its outcome unknown).
+        try {
+          this.o.events.emit('effect', { attemptId: r.attemptId, jobId: r.job.id, ...e });
+        } catch (err) {
+          this.o.log.error({ err, jobId: r.job.id, attemptId: r.attemptId, step: e.step }, 'an effect listener threw; the step runs');
+        }
       },
     });
     let entry: OutboxEntry;

@@ -23,6 +23,14 @@ export interface AgentEvents {
   aborted: [{ attemptId: string; reason: string; revoke?: string }];
   zombie: [{ attemptId: string }];
   /**
+   * A step's effect runs next: the ledger reserved the step to this attempt, the local lease
+   * deadline was checked and holds (`leaseLeftMs` of it left), and `fn` is called as soon as the
+   * listeners return (they run synchronously; one that throws is logged, and the step runs).
+   * For an audit trail of effects, or to see how long one took to reach the system it acts on.
+   * A step already done, or reconciled as done by `onUnknown`, has no effect and no event.
+   */
+  effect: [{ attemptId: string; jobId: string; step: string; idempotencyKey: string; leaseLeftMs: number }];
+  /**
    * The outbox cannot be written (a full disk, an I/O error): the agent takes no new work (freed
    * slots are withheld, jobs assigned meanwhile are not started) until a write works again; it
    * tries every few seconds. Reports that could not be written are lost: those jobs are redone.

@@ -9,8 +9,9 @@
  * asked about or applied the key is refused (409) and kept in `late`. That is what absorbs the
  * one window no agent can close: frozen between its step's last lease check and its request
  * leaving. The caller tells those apart from a lease check that let an attempt through too late
- * by `delayMs` (how long the request took from the effect's start to the sink, on the machine's
- * monotonic clock; `at` is when it came, on the same clock).
+ * by `delayMs` (how long the request took from its step's lease check to the sink, on the machine's
+ * monotonic clock: the fixture stamps `mono` in the agent's `effect` event, which comes between the
+ * check and the step function; `at` is when it came, on the same clock).
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
