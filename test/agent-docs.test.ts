@@ -38,6 +38,8 @@ it('the Linux walk-through of docs/agent.md runs as pasted', async () => {
     timeout: 120_000,
   });
   expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);
+  // The guide makes the file that holds the token its user's alone.
+  expect(stdout).not.toMatch(/can be read by other users/);
   expect(stdout).toMatch(/coordinator ok/);
   expect(stdout, stderr).toMatch(/job [0-9a-f-]{36}: JOB_STATUS_SUCCEEDED \{"sum":42\}/);
 }, 150_000);

@@ -14,7 +14,7 @@
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -172,8 +172,12 @@ describe('@leasehold/agent-client installed from its tarball', () => {
     const token = await lh.agent('package-check');
     const config = path.join(app, 'agent.json');
     await writeFile(config, JSON.stringify({ url: lh.url, token, slots: 2, outboxDir: path.join(app, 'runner-outbox'), queues: { add: { command: ['node', 'add.mjs'], timeout: '1m' } } }));
+    // A configuration holding the token, readable by every user of the machine: said, and how to fix it.
+    await chmod(config, 0o644);
     const { stdout } = await run('npx', ['--no-install', 'leasehold-agent', '--config', config, '--check'], { cwd: app, env: cleanEnv() });
     expect(stdout).toMatch(/config ok: 1 queue\(s\), 2 slot\(s\)/);
+    expect(stdout).toContain(`warning: the configuration, which holds the token, ${config} can be read by other users of this machine (mode 0644)`);
+    expect(stdout).toContain(`chmod 600 '${config}'`);
     expect(stdout).toMatch(/coordinator ok/);
     // The bin ran the compiled runner: the package has no source to run.
     expect(existsSync(path.join(app, 'node_modules/@leasehold/agent-client/src'))).toBe(false);

@@ -9,12 +9,12 @@
  *   (Node fires such a timer after 1 ms: every job would time out at once).
  */
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from '../agent-client/src/runner/config.js';
+import { ConfigError, loadConfig, secretsOpenToOthers } from '../agent-client/src/runner/config.js';
 
 const run = promisify(execFile);
 const root = path.resolve(import.meta.dirname, '..');
@@ -61,6 +61,41 @@ describe('the runner configuration', () => {
     const tokenFile = await file(utf16le('lh_agent_from_powershell\r\n'));
     const c = await loadConfig(await file(JSON.stringify({ ...valid, token: undefined, tokenFile })), noEnv);
     expect(c.token).toBe('lh_agent_from_powershell');
+  });
+
+  it('knows which files hold a secret, and warns of those other users can read, with the fix', async () => {
+    const tokenFile = await file('lh_agent_in_a_file\n');
+    const key = await file('-----BEGIN PRIVATE KEY-----\n');
+    const pem = await file('-----BEGIN CERTIFICATE-----\n');
+    const inline = await file(JSON.stringify(valid));
+    const fromFile = await file(JSON.stringify({ ...valid, token: undefined, tokenFile, tls: { ca: pem, cert: pem, key } }));
+    const fromEnv = await file(JSON.stringify({ ...valid, token: undefined, tokenFile }));
+    expect((await loadConfig(inline, noEnv)).secretFiles.map((f) => f.file)).toEqual([inline]);
+    expect((await loadConfig(fromFile, noEnv)).secretFiles.map((f) => f.file)).toEqual([tokenFile, key]);
+    // LEASEHOLD_TOKEN wins over tokenFile, which is then not read: no file holds the token used.
+    expect((await loadConfig(fromEnv, { LEASEHOLD_TOKEN: 'lh_agent_env' })).secretFiles).toEqual([]);
+
+    const c = await loadConfig(fromFile, noEnv);
+    for (const f of [tokenFile, key]) await chmod(f, 0o600);
+    expect(await secretsOpenToOthers(c.secretFiles)).toEqual([]);
+    await chmod(tokenFile, 0o644);
+    await chmod(key, 0o640);
+    const open = await secretsOpenToOthers(c.secretFiles);
+    expect(open.map((o) => [o.file, o.mode])).toEqual([[tokenFile, '0644'], [key, '0640']]);
+    expect(open[0]!.message).toBe(
+      `tokenFile ${tokenFile} can be read by other users of this machine (mode 0644): whoever reads it can act as this agent (take its jobs, report their results). Make it yours alone: chmod 600 '${tokenFile}'`,
+    );
+    expect(open[1]!.message).toMatch(/^tls\.key .* \(mode 0640\): whoever reads it can present this agent's client certificate\./);
+    // On Windows modes say nothing: ACLs decide.
+    expect(await secretsOpenToOthers(c.secretFiles, 'win32')).toEqual([]);
+    // The configuration itself, when it holds the token; a name with a quote, quoted for the shell.
+    const odd = path.join(work, "it's agent.json");
+    await writeFile(odd, JSON.stringify(valid), { mode: 0o604 });
+    await chmod(odd, 0o604);
+    const [w] = await secretsOpenToOthers((await loadConfig(odd, noEnv)).secretFiles);
+    expect(w!.message).toBe(
+      `the configuration, which holds the token, ${odd} can be read by other users of this machine (mode 0604): whoever reads it can act as this agent (take its jobs, report their results). Make it yours alone: chmod 600 '${odd.replace("'", "'\\''")}'`,
+    );
   });
 
   it('names the tls field whose file cannot be read, and wants cert and key together', async () => {

@@ -12,7 +12,7 @@ import pino from 'pino';
 import { createAgent, envLogLevel } from '../agent.js';
 import { LOCK_FILE } from '../outbox-lock.js';
 import { readOutbox } from '../outbox.js';
-import { ConfigError, loadConfig, type AgentConfig } from './config.js';
+import { ConfigError, loadConfig, secretsOpenToOthers, type AgentConfig } from './config.js';
 import { killLeftover, type PidRecord } from './process-tree.js';
 import { killRunningCommands, runCommand } from './run-command.js';
 
@@ -56,6 +56,7 @@ function agentFor(config: AgentConfig, handleSignals: boolean, outboxDir = confi
 }
 
 async function serve(config: AgentConfig): Promise<void> {
+  for (const o of await secretsOpenToOthers(config.secretFiles)) log.warn({ event: 'config.secret_readable', file: o.file, mode: o.mode }, o.message);
   const pidDir = path.join(config.outboxDir, 'running');
   const agent = agentFor(config, true);
   // When the agent before this one was last alive, read before the lock is taken over.
@@ -96,6 +97,7 @@ async function serve(config: AgentConfig): Promise<void> {
 async function check(config: AgentConfig): Promise<void> {
   const out = (s: string) => process.stdout.write(`${s}\n`);
   out(`config ok: ${Object.keys(config.queues).length} queue(s), ${config.slots} slot(s), outbox ${config.outboxDir}`);
+  for (const o of await secretsOpenToOthers(config.secretFiles)) out(`warning: ${o.message}`);
   for (const [q, c] of Object.entries(config.queues)) {
     out(`  ${q}: ${c.shell ? c.command[0] : JSON.stringify(c.command)}${c.cwd ? ` in ${c.cwd}` : ''}${c.timeout ? `, timeout ${c.timeout} ms` : ''}${c.retryableExitCodes.length ? `, retry on exit ${c.retryableExitCodes.join(',')}` : ''}`);
   }

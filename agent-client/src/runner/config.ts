@@ -4,7 +4,7 @@
  * file and the token file may be UTF-8 or, with a byte order mark, UTF-16 (what Windows
  * PowerShell 5.1's `>` and `Out-File` write); the TLS files named must be readable.
  */
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { z } from 'zod';
@@ -121,7 +121,20 @@ export const configSchema = z
   })
   .strict();
 
-export type AgentConfig = z.output<typeof configSchema> & { token: string; outboxDir: string };
+export type AgentConfig = z.output<typeof configSchema> & {
+  token: string;
+  outboxDir: string;
+  /** The files that hold a secret: the token's (this configuration's own, or `tokenFile`) and `tls.key`. */
+  secretFiles: SecretFile[];
+};
+
+/** A file holding a secret, and what the secret lets whoever reads it do. */
+export interface SecretFile {
+  what: string;
+  file: string;
+  grants: string;
+}
+const AS_AGENT = 'act as this agent (take its jobs, report their results)';
 export type CommandConfig = z.output<typeof command>;
 
 /** Where the outbox goes by default: `%ProgramData%\leasehold\outbox` on Windows, `~/.leasehold/outbox` elsewhere. */
@@ -170,7 +183,11 @@ export async function parseConfig(raw: unknown, env = process.env): Promise<Agen
   }
   const c = r.data;
   let token = c.token ?? env.LEASEHOLD_TOKEN;
-  if (!token && c.tokenFile) token = decodeText(await readNamed('tokenFile', c.tokenFile), `tokenFile ${c.tokenFile}`).trim();
+  const secretFiles: SecretFile[] = [];
+  if (!token && c.tokenFile) {
+    token = decodeText(await readNamed('tokenFile', c.tokenFile), `tokenFile ${c.tokenFile}`).trim();
+    secretFiles.push({ what: 'tokenFile', file: c.tokenFile, grants: AS_AGENT });
+  }
   if (!token) throw new ConfigError('token: is required (in the file, as tokenFile, or in LEASEHOLD_TOKEN)');
   // The SDK reads them when it connects, where a missing one would stop the agent with a bare ENOENT.
   if (typeof c.tls === 'object') {
@@ -183,7 +200,8 @@ export async function parseConfig(raw: unknown, env = process.env): Promise<Agen
   for (const [q, cmd] of Object.entries(c.queues)) {
     if (cmd.shell && cmd.command.length !== 1) throw new ConfigError(`queues.${q}.command: with "shell": true, give the command line as one string`);
   }
-  return { ...c, token, outboxDir: c.outboxDir ?? defaultOutboxDir() };
+  if (typeof c.tls === 'object' && c.tls.key !== undefined) secretFiles.push({ what: 'tls.key', file: c.tls.key, grants: "present this agent's client certificate" });
+  return { ...c, token, outboxDir: c.outboxDir ?? defaultOutboxDir(), secretFiles };
 }
 
 /** Reads and validates a configuration file. */
@@ -201,5 +219,27 @@ export async function loadConfig(file: string, env = process.env): Promise<Agent
   } catch (err) {
     throw new ConfigError(`${file}: not valid JSON: ${(err as Error).message}`);
   }
-  return parseConfig(raw, env);
+  const config = await parseConfig(raw, env);
+  if (raw && typeof raw === 'object' && 'token' in raw) config.secretFiles.unshift({ what: 'the configuration, which holds the token,', file, grants: AS_AGENT });
+  return config;
+}
+
+/**
+ * The secret files other users of this machine can read, each as a warning naming the fix: read
+ * by group or others in POSIX modes. On Windows modes say nothing (ACLs decide: docs/agent.md).
+ */
+export async function secretsOpenToOthers(files: SecretFile[], platform = process.platform): Promise<Array<{ file: string; mode: string; message: string }>> {
+  if (platform === 'win32') return [];
+  const open: Array<{ file: string; mode: string; message: string }> = [];
+  for (const f of files) {
+    const st = await stat(f.file).catch(() => undefined);
+    if (!st || (st.mode & 0o044) === 0) continue;
+    const mode = (st.mode & 0o7777).toString(8).padStart(4, '0');
+    open.push({
+      file: f.file,
+      mode,
+      message: `${f.what} ${f.file} can be read by other users of this machine (mode ${mode}): whoever reads it can ${f.grants}. Make it yours alone: chmod 600 '${f.file.replaceAll("'", "'\\''")}'`,
+    });
+  }
+  return open;
 }
