@@ -338,7 +338,7 @@ export function loadConfig(flags: ConfigFlags = {}, env: NodeJS.ProcessEnv = pro
       if (isLoopback(value)) continue;
       throw new ConfigError(
         `refusing to listen for ${what} on ${value} (${flagName}, ${envName}) without TLS: keys and tokens would cross the network in cleartext. ` +
-          'Set LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY; or, with a TLS-terminating proxy in front, LEASEHOLD_TRUST_PROXY=1; ' +
+          'Set LEASEHOLD_TLS_CERT and LEASEHOLD_TLS_KEY; or, with a TLS-terminating proxy in front, LEASEHOLD_TRUST_PROXY=1 (or the addresses of the proxies, for more than one hop); ' +
           'or accept cleartext with --insecure (LEASEHOLD_INSECURE=1).',
       );
     }

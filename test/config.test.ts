@@ -44,7 +44,7 @@ describe('listening beyond loopback', () => {
       expect(err, listener).toBeInstanceOf(ConfigError);
       const m = (err as Error).message;
       expect(m).toContain(`refusing to listen for ${listener}`);
-      for (const way of ['LEASEHOLD_TLS_CERT', 'LEASEHOLD_TRUST_PROXY=1', '--insecure', 'LEASEHOLD_INSECURE=1']) expect(m).toContain(way);
+      for (const way of ['LEASEHOLD_TLS_CERT', 'LEASEHOLD_TRUST_PROXY=1', 'or the addresses of the proxies', '--insecure', 'LEASEHOLD_INSECURE=1']) expect(m).toContain(way);
     }
   });
 
