@@ -166,6 +166,51 @@ describe('assignments', () => {
     expect(f.written).toEqual([]);
   });
 
+  it('keeps the attempt it holds when the same attempt is assigned again: one handler, still watched', async () => {
+    let signal: AbortSignal | undefined;
+    const handler = vi.fn((_job: unknown, ctx: JobContext) => {
+      signal = ctx.signal;
+      return new Promise<void>((r) => ctx.signal.addEventListener('abort', () => r()));
+    });
+    const f = fixture({ q: handler });
+    const assigned: unknown[] = [];
+    f.events.on('assigned', (e) => assigned.push(e));
+    f.a.assign(claimed(1));
+    f.a.renewed([ID(1)], performance.now() + 2000);
+    await vi.advanceTimersByTimeAsync(0);
+    f.a.assign(claimed(1));
+    f.a.renewed([ID(1)], performance.now() + 1000);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(handler).toHaveBeenCalledTimes(1);
+    expect(assigned).toHaveLength(1);
+    expect(f.a.ids()).toEqual([ID(1)]);
+    // The handler's own signal is the one the watchdog aborts when the deadline passes.
+    await vi.advanceTimersByTimeAsync(2200);
+    expect(signal?.aborted).toBe(true);
+  });
+
+  it('a deadline that is not a number counts as passed: the handler never starts', async () => {
+    const handler = vi.fn(async () => ({}));
+    const f = fixture({ q: handler });
+    f.a.assign(claimed(1));
+    f.a.renewed([ID(1)], Number.NaN);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(handler).not.toHaveBeenCalled();
+    expect(f.freed).toBe(1);
+    expect(f.a.ids()).toEqual([]);
+  });
+
+  it('a renewal whose deadline is not a number leaves no started attempt unwatched', async () => {
+    let signal: AbortSignal | undefined;
+    const f = fixture({ q: (_job, ctx) => ((signal = ctx.signal), new Promise<void>((r) => ctx.signal.addEventListener('abort', () => r()))) });
+    f.a.assign(claimed(1));
+    f.a.renewed([ID(1)], performance.now() + 1000);
+    await vi.advanceTimersByTimeAsync(0);
+    f.a.renewed([ID(1)], Number.NaN);
+    await vi.advanceTimersByTimeAsync(1200);
+    expect(signal?.aborted).toBe(true);
+  });
+
   it('a start confirmed after its deadline is given up without running the handler', async () => {
     const handler = vi.fn(async () => ({}));
     const f = fixture({ q: handler });

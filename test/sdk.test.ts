@@ -349,6 +349,7 @@ describe('ctx.step', () => {
     let effects = 0;
     let attempts = 0;
     let firstAttemptId = '';
+    let fnAt = 0;
     // The `effect` event: once per effect, between the lease check and the step function.
     const order: string[] = [];
     const events: Array<AgentEvents['effect'][0]> = [];
@@ -361,6 +362,7 @@ describe('ctx.step', () => {
       if (attempts === 1) firstAttemptId = ctx.attempt.id;
       const out = await ctx.step('charge', async ({ idempotencyKey }) => {
         order.push('fn');
+        fnAt = performance.now();
         effects++;
         return { charged: true, idempotencyKey };
       });
@@ -375,7 +377,10 @@ describe('ctx.step', () => {
     expect((await job(j.id)).result).toEqual({ out: { charged: true, idempotencyKey: `${j.id}:charge` } });
     // Attempt 2 got the recorded output: no effect, no event.
     expect(order).toEqual(['effect', 'fn']);
-    expect(events).toEqual([{ attemptId: firstAttemptId, jobId: j.id, step: 'charge', idempotencyKey: `${j.id}:charge`, leaseLeftMs: expect.any(Number) }]);
+    expect(events).toEqual([{ attemptId: firstAttemptId, jobId: j.id, step: 'charge', idempotencyKey: `${j.id}:charge`, checkedAt: expect.any(Number), leaseLeftMs: expect.any(Number) }]);
+    // The check's own clock reading (performance.now()), taken right before the step function.
+    expect(events[0]!.checkedAt).toBeLessThanOrEqual(fnAt);
+    expect(fnAt - events[0]!.checkedAt).toBeLessThan(50);
     // Counted from the last renewal's sending time: the lease (1.5 s) less one heartbeat interval at most.
     expect(events[0]!.leaseLeftMs).toBeGreaterThan(0);
     expect(events[0]!.leaseLeftMs).toBeLessThanOrEqual(1500 - HEARTBEAT_MS);

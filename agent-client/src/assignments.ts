@@ -129,6 +129,12 @@ export class Assignments {
   /** An `Assign`'s job: held, its handler waiting for the start to be confirmed. */
   assign(c: ClaimedJob): void {
     const j = c.job!;
+    if (this.running.has(c.attemptId)) {
+      // Already held (a coordinator that sent it twice): a second entry would take the first's
+      // place, and its running handler would be left with a signal nothing aborts any more.
+      this.o.log.warn({ event: 'job.assigned_twice', jobId: j.id, attemptId: c.attemptId }, 'an attempt already held was assigned again: keeping the one held');
+      return;
+    }
     const job: JobInfo = {
       id: j.id,
       queue: j.queue,
@@ -172,6 +178,8 @@ export class Assignments {
    * Returns the attempts this agent does not hold (undefined if none).
    */
   renewed(attemptIds: string[], deadline: number): string[] | undefined {
+    // A deadline that is not a number (a malformed lease TTL) counts as passed: it fails closed.
+    if (Number.isNaN(deadline)) deadline = -Infinity;
     let notRunning: string[] | undefined;
     for (const id of attemptIds) {
       const r = this.running.get(id);
@@ -239,9 +247,11 @@ export class Assignments {
       },
       onLeaseLost: (why) => this.abortAttempt(r, `lease lost: ${why}`),
       checkLease: () => {
-        const left = r.deadline - monotonic();
-        if (left < 0) this.abortAttempt(r, 'local lease deadline passed without a renewal');
-        return left;
+        const at = monotonic();
+        const left = r.deadline - at;
+        // Fails closed: a deadline that is not a number stops the effect too.
+        if (!(left >= 0)) this.abortAttempt(r, 'local lease deadline passed before a step could run its effect');
+        return { at, left };
       },
       onEffect: (e) => {
         // A notice, not a gate: the step is reserved already, so a listener's throw must not
@@ -301,7 +311,7 @@ export class Assignments {
     const now = monotonic();
     this.o.session.checkSilence(now, () => this.holdsLeases());
     for (const r of this.running.values()) {
-      if (!r.abort.aborted && now > r.deadline) {
+      if (!r.abort.aborted && !(now <= r.deadline)) {
         this.abortAttempt(r, 'local lease deadline passed without a renewal');
       } else if (r.abortedAt && !r.zombieReported && now > r.abortedAt + this.o.session.heartbeatMs) {
         r.zombieReported = true;

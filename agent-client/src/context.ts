@@ -105,11 +105,12 @@ export function createContext(opts: {
    * Checks the local lease deadline now, on the monotonic clock, aborting the attempt if it has
    * passed. Called right before a step's effect: a process frozen while it waited for the ledger
    * wakes with that answer in its socket, and may read it before its watchdog timer runs.
-   * Returns the milliseconds left before that deadline (0 or less: the attempt is aborted).
+   * Returns when it checked (`monotonic()`) and the milliseconds then left before the deadline
+   * (below 0: the attempt is aborted).
    */
-  checkLease: () => number;
+  checkLease: () => { at: number; left: number };
   /** A step's effect runs next (the agent's `effect` event): called after the lease check, right before `fn`. */
-  onEffect: (e: { step: string; idempotencyKey: string; leaseLeftMs: number }) => void;
+  onEffect: (e: { step: string; idempotencyKey: string; checkedAt: number; leaseLeftMs: number }) => void;
 }): JobContext {
   const { job, attemptId, abort, channel } = opts;
   const key = (step: string) => `${job.id}:${step}`;
@@ -166,9 +167,9 @@ export function createContext(opts: {
       }
       // The last moment to notice that the lease is gone before the effect: the reservation may
       // have come back after a pause longer than the lease (another attempt may be doing it now).
-      const leaseLeftMs = opts.checkLease();
+      const lease = opts.checkLease();
       signal.throwIfAborted();
-      opts.onEffect({ step: name, idempotencyKey, leaseLeftMs });
+      opts.onEffect({ step: name, idempotencyKey, checkedAt: lease.at, leaseLeftMs: lease.left });
       const output = await fn({ idempotencyKey, signal });
       await record(name, output);
       return output;

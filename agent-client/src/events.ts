@@ -24,12 +24,13 @@ export interface AgentEvents {
   zombie: [{ attemptId: string }];
   /**
    * A step's effect runs next: the ledger reserved the step to this attempt, the local lease
-   * deadline was checked and holds (`leaseLeftMs` of it left), and `fn` is called as soon as the
-   * listeners return (they run synchronously; one that throws is logged, and the step runs).
-   * For an audit trail of effects, or to see how long one took to reach the system it acts on.
+   * deadline was checked at `checkedAt` (`performance.now()`) and holds (`leaseLeftMs` of it
+   * left), and `fn` is called as soon as the listeners return (they run synchronously; one that
+   * throws is logged, and the step runs). For an audit trail of effects, or to see how long one
+   * took from the check to the system it acts on (a freeze after the check counts in that time).
    * A step already done, or reconciled as done by `onUnknown`, has no effect and no event.
    */
-  effect: [{ attemptId: string; jobId: string; step: string; idempotencyKey: string; leaseLeftMs: number }];
+  effect: [{ attemptId: string; jobId: string; step: string; idempotencyKey: string; checkedAt: number; leaseLeftMs: number }];
   /**
    * The outbox cannot be written (a full disk, an I/O error): the agent takes no new work (freed
    * slots are withheld, jobs assigned meanwhile are not started) until a write works again; it

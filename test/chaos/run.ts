@@ -531,10 +531,10 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
     // Applies the fencing refused. An attempt passes its step's lease check only while its
     // local deadline runs, at least one heartbeat interval before the coordinator's lease ends,
     // and no later attempt can touch the key before that lease ends: so a refused apply took
-    // longer than one interval from that check to the sink (the fixture stamps it in the agent's
-    // `effect` event, between the check and the step function). It was frozen between the check
-    // and its request leaving (the window docs/agent.md names). One that took less was let
-    // through by a lease check that should have stopped it.
+    // longer than one interval from that check to the sink (the fixture sends the check's own
+    // clock reading, from the agent's `effect` event). It was frozen between the check and its
+    // request leaving (the window docs/agent.md names). One that took less was let through by a
+    // lease check that should have stopped it.
     for (const l of sink.late) {
       if (l.delayMs !== undefined && l.delayMs >= HEARTBEAT_MS) figures.lateApplies!++;
       else {
@@ -546,7 +546,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
           .map((p) => `paused ${l.at - p.from} ms before it reached the sink, for ${p.to === undefined ? '?' : p.to - p.from} ms`);
         const step = (await pool.query(`SELECT started_at, finished_at, reservations FROM steps WHERE job_id::text || ':' || step = $1`, [l.key])).rows[0];
         violations.push(
-          `apply of ${l.key} by attempt ${l.attemptNo} (${l.attemptId}, ${agent}) reached the sink ${l.delayMs} ms after its lease check passed, after attempt ${l.newest} had touched the key: its lease check passed too late ` +
+          `apply of ${l.key} by attempt ${l.attemptNo} (${l.attemptId}, ${agent}) reached the sink ${l.delayMs} ms after its lease check passed with ${l.leaseLeftMs} ms of its local lease left, after attempt ${l.newest} had touched the key: its lease check passed too late ` +
             `(${near.join('; ') || 'no pause of its agent'}; the step ${JSON.stringify(step)}, the sink's wall clock ${new Date(l.wall).toISOString()})`,
         );
       }

@@ -10,8 +10,9 @@
  * one window no agent can close: frozen between its step's last lease check and its request
  * leaving. The caller tells those apart from a lease check that let an attempt through too late
  * by `delayMs` (how long the request took from its step's lease check to the sink, on the machine's
- * monotonic clock: the fixture stamps `mono` in the agent's `effect` event, which comes between the
- * check and the step function; `at` is when it came, on the same clock).
+ * monotonic clock: the fixture sends the check's own clock reading, from the agent's `effect`
+ * event, as `mono`, and what was left of the local lease then as `leaseLeftMs`; `at` is when it
+ * came, on the same clock).
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -30,7 +31,7 @@ export interface Sink {
   /** How many status queries came (reconciliations). */
   readonly statusQueries: number;
   /** With `fence`: the applies refused because a later attempt had asked about or applied the key. */
-  readonly late: Array<{ key: string; attemptId: string | undefined; attemptNo: number; newest: number; delayMs: number | undefined; at: number; wall: number }>;
+  readonly late: Array<{ key: string; attemptId: string | undefined; attemptNo: number; newest: number; delayMs: number | undefined; leaseLeftMs: number | undefined; at: number; wall: number }>;
   close(): Promise<void>;
 }
 
@@ -61,10 +62,10 @@ export async function startSink(onApply?: (key: string) => boolean | void, opts:
     let body = '';
     req.on('data', (c) => (body += c));
     req.on('end', () => {
-      const { key, value, attemptId, attemptNo, mono: sentAt } = JSON.parse(body) as { key: string; value: number; attemptId?: string; attemptNo?: number; mono?: number };
+      const { key, value, attemptId, attemptNo, mono: sentAt, leaseLeftMs } = JSON.parse(body) as { key: string; value: number; attemptId?: string; attemptNo?: number; mono?: number; leaseLeftMs?: number };
       if (opts.fence && attemptNo !== undefined && attemptNo < (newest.get(key) ?? 0)) {
         const at = mono();
-        late.push({ key, attemptId, attemptNo, newest: newest.get(key)!, delayMs: sentAt === undefined ? undefined : at - sentAt, at, wall: Date.now() });
+        late.push({ key, attemptId, attemptNo, newest: newest.get(key)!, delayMs: sentAt === undefined ? undefined : at - sentAt, leaseLeftMs, at, wall: Date.now() });
         res.writeHead(409).end(JSON.stringify({ refused: `attempt ${attemptNo} is older than attempt ${newest.get(key)}` }));
         return;
       }
