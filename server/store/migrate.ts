@@ -23,7 +23,7 @@ import type { Logger } from '../log.js';
 import { endedCountsReconcile, endedCutoff, jobCountsReconcile } from './counts.js';
 import { DatabaseSettingError } from './database.js';
 import { daysEnsure } from './days.js';
-import { compatInfo, schemaCompatGet, schemaCompatRaise, schemaTooNewMessage, type CompatInfo } from './schema-compat.js';
+import { compatInfo, schemaCompatRaise, schemaTooNewMessage, type CompatInfo } from './schema-compat.js';
 
 /** The folder drizzle-kit writes to (`server/store/migrations`). */
 export const migrationsFolder = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
@@ -75,17 +75,18 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
     // A statement_timeout set on the role or the database (a DBA's guard for applications) would
     // cut a migration, or an index built online over a large history, at every start: the
     // migrations run without one, and the connection gets the role's back before it is pooled.
-    await client.query('SET statement_timeout = 0');
-    await migrationLockTake(client, opts);
+    // (Sent with the lock's first try: a start far from its database pays each round trip.)
+    await migrationLockTake(client, opts, 'SET statement_timeout = 0');
     locked = true;
-    await readerLevelCheck(client, compat);
-    await newerSchemaCheck(client, folder, opts);
+    const state = await schemaState(client, migrationLast(folder).when);
+    readerLevelCheck(state, compat);
+    newerSchemaCheck(state, folder, opts);
     const applied = await applyMigrations(client, folder);
-    // (The table exists once 0021 has run: always, but for a test's journal cut before it.)
-    if (await compatKept(client)) {
-      const raised = await schemaCompatRaise(client, compat.minReader);
+    // (The table exists once 0021 has run: always, but for a test's journal cut before it. Looked
+    // for again only when migrations ran where it was missing.)
+    if (state.compatKept || (applied > 0 && (await compatKept(client)))) {
+      const { raised, minReader } = await schemaCompatRaise(client, compat.minReader);
       if (raised !== undefined) opts.log?.info({ minReader: raised }, 'schema level raised: coordinators of a lower reader level stop');
-      const minReader = raised ?? (await schemaCompatGet(client));
       opts.log?.info(
         { readerLevel: compat.readerLevel, minReader },
         `schema level: this release reads up to ${compat.readerLevel}, the database needs ${minReader} or more`,
@@ -100,12 +101,15 @@ export async function migrateDatabase(pool: pg.Pool, opts: MigrateOptions = {}):
     broken = err as Error;
     throw (await privilegeProblem(client, err as Error)) ?? err;
   } finally {
+    // The unlock and the reset in one round trip when all went well.
+    const reset = broken ? undefined : 'RESET statement_timeout';
     if (locked) {
-      await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch((err: Error) => {
+      await client.query(reset ? `SELECT pg_advisory_unlock(${MIGRATION_LOCK}); ${reset}` : `SELECT pg_advisory_unlock(${MIGRATION_LOCK})`).catch((err: Error) => {
         broken ??= err;
       });
+    } else if (reset) {
+      await client.query(reset).catch((err: Error) => (broken = err));
     }
-    if (!broken) await client.query('RESET statement_timeout').catch((err: Error) => (broken = err));
     // After a failure (or an unlock that failed: the session may still hold the lock), the
     // connection is closed rather than pooled.
     client.release(broken);
@@ -205,15 +209,17 @@ export async function applyMigrations(client: pg.ClientBase, folder: string): Pr
  * nothing between tries; every `waitLogEveryMs` of waiting it logs who holds it and what that
  * session is running (a long `CREATE INDEX CONCURRENTLY`, a batch of `fillInOnline`).
  */
-async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions): Promise<void> {
+async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions, before: string): Promise<void> {
   const every = opts.waitLogEveryMs ?? 10_000;
   const started = performance.now();
   let nextLog = started + every;
   let pause = TRY_FIRST_MS;
   let told = false;
+  // The first try carries `before` (one round trip, the simple protocol: the lock's key written in).
+  const first = (await client.query(`${before}; SELECT pg_try_advisory_lock(${MIGRATION_LOCK}) AS got`)) as unknown as Array<pg.QueryResult<{ got: boolean }>>;
+  let got = first.at(-1)?.rows[0]?.got === true;
   for (;;) {
-    const { rows } = await client.query<{ got: boolean }>('SELECT pg_try_advisory_lock($1) AS got', [MIGRATION_LOCK]);
-    if (rows[0]?.got) {
+    if (got) {
       if (told) opts.log?.info({ waitedMs: Math.round(performance.now() - started) }, 'migration lock taken');
       return;
     }
@@ -235,7 +241,49 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions): P
     }
     await delay(pause * (0.5 + Math.random() / 2));
     pause = Math.min(TRY_MAX_MS, pause * 2);
+    const { rows } = await client.query<{ got: boolean }>('SELECT pg_try_advisory_lock($1) AS got', [MIGRATION_LOCK]);
+    got = rows[0]?.got === true;
   }
+}
+
+/** What the checks before the migrations read (`schemaState`). */
+interface SchemaState {
+  /** `schema_compat` exists (0021 ran), and its `min_reader` (undefined without a row). */
+  compatKept: boolean;
+  minReader: number | undefined;
+  /** drizzle's journal table exists, and what it holds dated after this release's last migration. */
+  journalKept: boolean;
+  newer: { n: number; newest: string | null; hash: string | null };
+}
+
+/**
+ * What the checks before the migrations need, in two round trips (one on a new database): which
+ * of the two tables exist, then what they hold. A table that is not there cannot be named in
+ * the statement that reads the others, hence the first.
+ */
+async function schemaState(client: pg.PoolClient, knownWhen: number): Promise<SchemaState> {
+  const kept = await client.query<{ compat: boolean; journal: boolean }>(
+    `SELECT to_regclass('schema_compat') IS NOT NULL AS compat, to_regclass('drizzle.__drizzle_migrations') IS NOT NULL AS journal`,
+  );
+  const compatKept = kept.rows[0]?.compat === true;
+  const journalKept = kept.rows[0]?.journal === true;
+  const state: SchemaState = { compatKept, minReader: undefined, journalKept, newer: { n: 0, newest: null, hash: null } };
+  if (!compatKept && !journalKept) return state;
+  const { rows } = await client.query<{ min_reader: number | null; n: string | null; newest: string | null; hash: string | null }>(
+    `SELECT ${compatKept ? '(SELECT min_reader FROM schema_compat)' : 'NULL::int'} AS min_reader, ${
+      journalKept
+        ? `n.n, n.newest, n.hash FROM (
+             SELECT count(*) AS n, max(created_at) AS newest, (array_agg(hash ORDER BY created_at DESC))[1] AS hash
+               FROM drizzle.__drizzle_migrations WHERE created_at > $1
+           ) n`
+        : 'NULL::bigint AS n, NULL::text AS newest, NULL::text AS hash'
+    }`,
+    journalKept ? [knownWhen] : [],
+  );
+  const r = rows[0];
+  state.minReader = r?.min_reader ?? undefined;
+  state.newer = { n: Number(r?.n ?? 0), newest: r?.newest ?? null, hash: r?.hash ?? null };
+  return state;
 }
 
 /**
@@ -243,9 +291,8 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions): P
  * `schema_compat.min_reader`: a newer release applied a migration this one cannot run beside).
  * No setting overrides it. A database without the table (new, or from before 0021) passes.
  */
-async function readerLevelCheck(client: pg.PoolClient, compat: CompatInfo): Promise<void> {
-  if (!(await compatKept(client))) return;
-  const minReader = await schemaCompatGet(client);
+function readerLevelCheck(state: SchemaState, compat: CompatInfo): void {
+  const { minReader } = state;
   if (minReader !== undefined && minReader > compat.readerLevel) throw new NewerSchemaError(schemaTooNewMessage(minReader, compat.readerLevel));
 }
 
@@ -272,21 +319,15 @@ function migrationLast(folder: string): { tag: string; when: number } {
  * `created_at`) and hashes the file's text, which a release may reword (0012 and 0014 were, once
  * applied), so a hash unknown here is no sign of a newer release; a later date is one.
  */
-async function newerSchemaCheck(client: pg.PoolClient, folder: string, opts: MigrateOptions): Promise<void> {
+function newerSchemaCheck(state: SchemaState, folder: string, opts: MigrateOptions): void {
   const known = migrationLast(folder);
-  const kept = await client.query<{ yes: boolean }>(`SELECT to_regclass('drizzle.__drizzle_migrations') IS NOT NULL AS yes`);
-  if (!kept.rows[0]?.yes) return; // a new database
-  const { rows } = await client.query<{ n: string; newest: string; hash: string }>(
-    `SELECT count(*) AS n, max(created_at) AS newest, (array_agg(hash ORDER BY created_at DESC))[1] AS hash
-       FROM drizzle.__drizzle_migrations WHERE created_at > $1`,
-    [known.when],
-  );
-  const n = Number(rows[0]?.n ?? 0);
+  if (!state.journalKept) return; // a new database
+  const { n, newest, hash } = state.newer;
   if (n === 0) return;
   const when = (ms: number) => new Date(ms).toISOString();
   const ahead =
     `the database was migrated by a newer release: it has ${n} migration${n === 1 ? '' : 's'} this release does not know, ` +
-    `the newest dated ${when(Number(rows[0]!.newest))} (hash ${String(rows[0]!.hash).slice(0, 12)}); ` +
+    `the newest dated ${when(Number(newest))} (hash ${String(hash).slice(0, 12)}); ` +
     `the newest this release knows is ${known.tag} (dated ${when(known.when)})`;
   if (!opts.allowNewerSchema) {
     throw new NewerSchemaError(
@@ -365,15 +406,17 @@ const FILL_BATCH = 10_000;
  * gone keeps NULL (the purge takes both).
  */
 async function fillInOnline(client: pg.PoolClient): Promise<void> {
-  const { rows } = await client.query<{ need: boolean }>(
-    'SELECT NOT EXISTS (SELECT 1 FROM job_counts) AND EXISTS (SELECT 1 FROM jobs WHERE finished_at IS NOT NULL) AS need',
+  // What is to be done, in one round trip (each EXISTS stops at its first row; the attempts' reads
+  // attempts_created_missing_idx, built by buildOnline before this).
+  const { rows } = await client.query<{ counts: boolean; minutes: boolean; created: boolean }>(
+    `SELECT NOT EXISTS (SELECT 1 FROM job_counts) AND EXISTS (SELECT 1 FROM jobs WHERE finished_at IS NOT NULL) AS counts,
+            NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempt_log WHERE ended_at >= ${endedCutoff}) AS minutes,
+            EXISTS (SELECT 1 FROM attempts WHERE job_created_at IS NULL) AS created`,
   );
-  if (rows[0]?.need) await jobCountsReconcile(client);
+  if (rows[0]?.counts) await jobCountsReconcile(client);
   // The per-minute counts of the last day (migration 0016), when none are kept yet.
-  const minutes = await client.query<{ need: boolean }>(
-    `SELECT NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempt_log WHERE ended_at >= ${endedCutoff}) AS need`,
-  );
-  if (minutes.rows[0]?.need) await endedCountsReconcile(client);
+  if (rows[0]?.minutes) await endedCountsReconcile(client);
+  if (!rows[0]?.created) return;
   let after = '00000000-0000-0000-0000-000000000000';
   for (;;) {
     const batch = await client.query<{ last: string | null }>(

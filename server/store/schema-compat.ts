@@ -54,25 +54,31 @@ export async function schemaCompatGet(db: Queryable): Promise<number | undefined
 
 // Raises only: a release older than the database's (LEASEHOLD_ALLOW_NEWER_SCHEMA=1) computes a
 // lower value, which must not let releases older still back in. The NOTIFY is sent only when the
-// value changed, and delivered when this statement's transaction commits.
+// value changed, and delivered when this statement's transaction commits. `before` is read in the
+// same statement (one round trip): a CTE's write is not seen by the rest of its statement, so it is
+// the value from before, and the value left is the one raised or else that one.
 const raiseSql = statement(
   'schemaCompatRaise',
   `WITH u AS (
      INSERT INTO schema_compat (min_reader) VALUES ($1)
      ON CONFLICT (one) DO UPDATE SET min_reader = excluded.min_reader WHERE schema_compat.min_reader < excluded.min_reader
      RETURNING min_reader
+   ), n AS (
+     SELECT min_reader, pg_notify('${SCHEMA_CHANNEL}', min_reader::text) AS notified FROM u
    )
-   SELECT min_reader, pg_notify('${SCHEMA_CHANNEL}', min_reader::text) AS notified FROM u`,
+   SELECT (SELECT min_reader FROM n) AS raised, (SELECT min_reader FROM schema_compat) AS before`,
 );
 
 /**
  * Raises the database's `min_reader` to `minReader` when it is lower, and then tells every
- * coordinator (NOTIFY `leasehold_schema`, payload the new value). Returns the new value, or
- * undefined when it was already at least `minReader`.
+ * coordinator (NOTIFY `leasehold_schema`, payload the new value). Returns the new value as
+ * `raised` (undefined when it was already at least `minReader`), and the value the database holds
+ * now as `minReader`.
  */
-export async function schemaCompatRaise(db: Queryable, minReader: number): Promise<number | undefined> {
-  const [r] = await run<{ min_reader: number }>(db, raiseSql, [minReader]);
-  return r?.min_reader;
+export async function schemaCompatRaise(db: Queryable, minReader: number): Promise<{ raised: number | undefined; minReader: number | undefined }> {
+  const [r] = await run<{ raised: number | null; before: number | null }>(db, raiseSql, [minReader]);
+  const raised = r?.raised ?? undefined;
+  return { raised, minReader: raised ?? r?.before ?? undefined };
 }
 
 /** What an operator is told when the database needs a newer reader than `readerLevel`. */
