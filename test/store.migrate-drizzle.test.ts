@@ -196,11 +196,14 @@ describe('migrateDatabase', () => {
       };
       return client;
     };
-    expect(await migrateDatabase(db.pool)).toBe(0);
-    (db.pool as unknown as { connect: unknown }).connect = connect;
+    try {
+      expect(await migrateDatabase(db.pool)).toBe(0);
+    } finally {
+      (db.pool as unknown as { connect: unknown }).connect = connect;
+    }
     // The timeout set with the lock's first try; which tables exist; what they hold; the journal;
     // the schema level raised and read; the online indexes; what is to be filled in; the days'
-    // partitions (two); the unlock with the reset. (Nineteen before 2026-12-07.)
+    // partitions (two); the unlock with the reset. (Eighteen before 2026-12-07.)
     expect(sent).toBe(10);
     // (The timeout's reset is test/store.migrate-timeout.test.ts's.)
   });

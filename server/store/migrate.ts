@@ -217,7 +217,8 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions, be
   let told = false;
   // The first try carries `before` (one round trip, the simple protocol: the lock's key written in).
   const first = (await client.query(`${before}; SELECT pg_try_advisory_lock(${MIGRATION_LOCK}) AS got`)) as unknown as Array<pg.QueryResult<{ got: boolean }>>;
-  let got = first.at(-1)?.rows[0]?.got === true;
+  const last = Array.isArray(first) ? first.at(-1) : (first as pg.QueryResult<{ got: boolean }>);
+  let got = last?.rows[0]?.got === true;
   for (;;) {
     if (got) {
       if (told) opts.log?.info({ waitedMs: Math.round(performance.now() - started) }, 'migration lock taken');
@@ -253,7 +254,7 @@ interface SchemaState {
   minReader: number | undefined;
   /** drizzle's journal table exists, and what it holds dated after this release's last migration. */
   journalKept: boolean;
-  newer: { n: number; newest: string | null; hash: string | null };
+  newer: { n: number; newest: number | string | null; hash: string | null };
 }
 
 /**
@@ -269,7 +270,8 @@ async function schemaState(client: pg.PoolClient, knownWhen: number): Promise<Sc
   const journalKept = kept.rows[0]?.journal === true;
   const state: SchemaState = { compatKept, minReader: undefined, journalKept, newer: { n: 0, newest: null, hash: null } };
   if (!compatKept && !journalKept) return state;
-  const { rows } = await client.query<{ min_reader: number | null; n: string | null; newest: string | null; hash: string | null }>(
+  // (count and max come back as numbers where database.ts's parser of int8 is set, else as text.)
+  const { rows } = await client.query<{ min_reader: number | null; n: number | string | null; newest: number | string | null; hash: string | null }>(
     `SELECT ${compatKept ? '(SELECT min_reader FROM schema_compat)' : 'NULL::int'} AS min_reader, ${
       journalKept
         ? `n.n, n.newest, n.hash FROM (
@@ -406,8 +408,8 @@ const FILL_BATCH = 10_000;
  * gone keeps NULL (the purge takes both).
  */
 async function fillInOnline(client: pg.PoolClient): Promise<void> {
-  // What is to be done, in one round trip (each EXISTS stops at its first row; the attempts' reads
-  // attempts_created_missing_idx, built by buildOnline before this).
+  // What is to be done, in one round trip (each EXISTS stops at its first row; the attempts'
+  // question reads attempts_created_missing_idx, built by buildOnline before this).
   const { rows } = await client.query<{ counts: boolean; minutes: boolean; created: boolean }>(
     `SELECT NOT EXISTS (SELECT 1 FROM job_counts) AND EXISTS (SELECT 1 FROM jobs WHERE finished_at IS NOT NULL) AS counts,
             NOT EXISTS (SELECT 1 FROM ended_counts) AND EXISTS (SELECT 1 FROM attempt_log WHERE ended_at >= ${endedCutoff}) AS minutes,
