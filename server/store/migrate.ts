@@ -215,10 +215,7 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions, be
   let nextLog = started + every;
   let pause = TRY_FIRST_MS;
   let told = false;
-  // The first try carries `before` (one round trip, the simple protocol: the lock's key written in).
-  const first = (await client.query(`${before}; SELECT pg_try_advisory_lock(${MIGRATION_LOCK}) AS got`)) as unknown as Array<pg.QueryResult<{ got: boolean }>>;
-  const last = Array.isArray(first) ? first.at(-1) : (first as pg.QueryResult<{ got: boolean }>);
-  let got = last?.rows[0]?.got === true;
+  let got = await migrationLockTry(client, before);
   for (;;) {
     if (got) {
       if (told) opts.log?.info({ waitedMs: Math.round(performance.now() - started) }, 'migration lock taken');
@@ -242,9 +239,20 @@ async function migrationLockTake(client: pg.PoolClient, opts: MigrateOptions, be
     }
     await delay(pause * (0.5 + Math.random() / 2));
     pause = Math.min(TRY_MAX_MS, pause * 2);
-    const { rows } = await client.query<{ got: boolean }>('SELECT pg_try_advisory_lock($1) AS got', [MIGRATION_LOCK]);
-    got = rows[0]?.got === true;
+    got = await migrationLockTry(client);
   }
+}
+
+/**
+ * One try of the migration lock, after `before` in the same round trip when given (the first
+ * try carries the timeout's SET). The simple protocol, the lock's key written in: it alone sends
+ * several statements at once, and answers with one result for each.
+ */
+async function migrationLockTry(client: pg.PoolClient, before?: string): Promise<boolean> {
+  type Got = pg.QueryResult<{ got: boolean }>;
+  const r = (await client.query(`${before ? `${before}; ` : ''}SELECT pg_try_advisory_lock(${MIGRATION_LOCK}) AS got`)) as unknown as Got | Got[];
+  const last = Array.isArray(r) ? r.at(-1) : r;
+  return last?.rows[0]?.got === true;
 }
 
 /** What the checks before the migrations read (`schemaState`). */
