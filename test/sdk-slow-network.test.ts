@@ -17,10 +17,12 @@ import { useTestDb } from './helpers/db.js';
 import { startProxy } from './helpers/tcp-proxy.js';
 
 const t = useTestDb();
-// A lease long enough that renewals coming back 1.2 s late still keep it (4 s − one 500 ms
-// interval after each heartbeat is sent). Late by 1.2 s, not more: the agent hears nothing for
-// up to the delay plus one interval when the delay begins, and past 2 s (its silence floor) it
-// would leave for another address; at 1.5 s a busy machine crossed that now and then.
+// A lease long enough that renewals coming back 1 s late still keep it (4 s − one 500 ms
+// interval after each heartbeat is sent). Late by 1 s, not more: the agent hears nothing for up
+// to the delay plus one interval when the delay begins, and past 2 s (its silence floor) it would
+// leave for another address; at 1.5 s a busy machine crossed that now and then, and 1.2 s left
+// it 300 ms. At 1 s both sides have 500 ms: the silence floor, and the lease against a deadline
+// counted from arrival (1 s + 3.5 s after the heartbeat, past the 4 s lease).
 const lh = useCoordinator(t, { LEASEHOLD_LEASE_TTL: '4s', LEASEHOLD_HEARTBEAT_INTERVAL: '500ms' });
 const dirs: string[] = [];
 afterAll(async () => {
@@ -57,8 +59,8 @@ it('renewals that come back late do not stretch the local deadline past the coor
     const enq = await jobEnqueue(t.pool, { queue: 'slow', payload: {} });
     if (enq.outcome !== 'ok') throw new Error(JSON.stringify(enq));
     await waitFor('handler running', () => began);
-    // Renewals now come back 1.2 s after they were made; the heartbeats still arrive at once.
-    proxy.delayDownstream(1200);
+    // Renewals now come back 1 s after they were made; the heartbeats still arrive at once.
+    proxy.delayDownstream(1000);
     await waitFor('several late renewals arrived, the attempt still alive', () => proxy.delayed >= 4 && reason === '', 10_000);
     // Then the network goes silent: no heartbeat reaches the coordinator, whose lease runs out
     // 4 s after the last one it got; the renewals already on their way still arrive.
