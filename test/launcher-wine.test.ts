@@ -35,8 +35,7 @@ async function appears(file: string, ms: number): Promise<string> {
     if (Date.now() > deadline) throw new Error(`${path.basename(file)} did not appear within ${ms} ms`);
     await new Promise((r) => setTimeout(r, 100));
   }
-  await new Promise((r) => setTimeout(r, 100)); // written whole
-  return readFileSync(file, 'utf8');
+  return readFileSync(file, 'utf8'); // whole: each file is written beside its name and renamed into place
 }
 
 describe.skipIf(missing)(`npm start's stop on Windows, under Wine${missing ? ` (skipped: ${missing})` : ''}`, () => {
@@ -57,15 +56,20 @@ describe.skipIf(missing)(`npm start's stop on Windows, under Wine${missing ? ` (
         resolveDir: root,
         loader: 'ts',
         contents: `
-          import { writeFileSync } from 'node:fs';
+          import { renameSync, writeFileSync } from 'node:fs';
           import { watchLauncher } from './server/launcher.ts';
+          // Written whole or not at all, for the test (and npm.mjs) that read them once they exist.
+          const put = (file, text) => {
+            writeFileSync(file + '.tmp', text);
+            renameSync(file + '.tmp', file);
+          };
           const log = {
-            debug: (o) => writeFileSync('watching.json', JSON.stringify({ pid: process.pid, ppid: process.ppid, ...o })),
+            debug: (o) => put('watching.json', JSON.stringify({ pid: process.pid, ppid: process.ppid, ...o })),
             info() {},
             warn() {},
           };
           watchLauncher(log, (why) => {
-            writeFileSync('gone.txt', why);
+            put('gone.txt', why);
             process.exit(0);
           });
           setInterval(() => undefined, 1000);
@@ -83,7 +87,7 @@ describe.skipIf(missing)(`npm start's stop on Windows, under Wine${missing ? ` (
       path.join(dir, 'npm.mjs'),
       `
       import { spawn } from 'node:child_process';
-      import { existsSync, writeFileSync } from 'node:fs';
+      import { existsSync, renameSync, writeFileSync } from 'node:fs';
       spawn('cmd.exe', ['/d', '/s', '/c', '"exec "' + process.execPath + '" child.mjs"'], {
         env: { ...process.env, npm_lifecycle_event: 'start' },
         stdio: 'ignore',
@@ -92,7 +96,8 @@ describe.skipIf(missing)(`npm start's stop on Windows, under Wine${missing ? ` (
       const t = setInterval(() => {
         if (!existsSync('watching.json')) return;
         clearInterval(t);
-        writeFileSync('npm.txt', String(process.pid));
+        writeFileSync('npm.txt.tmp', String(process.pid));
+        renameSync('npm.txt.tmp', 'npm.txt');
         process.exit(0); // npm ends; cmd.exe and the child do not
       }, 100);
       `,

@@ -18,6 +18,19 @@ import { killTree } from '../agent-client/src/runner/process-tree.js';
 const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-slow-wmic-'));
 afterAll(() => rm(dir, { recursive: true, force: true }));
 
+/** The pid of `pid`'s child once it has one (pgrep exits 1 until then); fails after 10 s. */
+async function childOf(pid: number): Promise<number> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    try {
+      return Number(execFileSync('pgrep', ['-P', String(pid)]).toString().trim());
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+}
+
 it('closes the tools\' stdin: a process list that reads it to the end answers at once, and finds the tree', async () => {
   await writeFile(path.join(dir, 'wmic'), '#!/bin/sh\ncat >/dev/null\necho "ParentProcessId  ProcessId"\nps -eo ppid=,pid=\n');
   await chmod(path.join(dir, 'wmic'), 0o755);
@@ -27,8 +40,7 @@ it('closes the tools\' stdin: a process list that reads it to the end answers at
   const log = { warn: (_: unknown, msg: string) => warned.push(msg) };
   // A command with a child of its own: the list must show the child for the stop to end it.
   const child = spawn('sh', ['-c', 'sleep 60 & wait']);
-  await new Promise((r) => setTimeout(r, 200));
-  const grandchild = Number(execFileSync('pgrep', ['-P', String(child.pid)]).toString().trim());
+  const grandchild = await childOf(child.pid!);
   const started = performance.now();
   try {
     await killTree(child, 100, { platform: 'win32', log: log as never });
@@ -38,9 +50,11 @@ it('closes the tools\' stdin: a process list that reads it to the end answers at
   }
   expect(performance.now() - started).toBeLessThan(5_000);
   expect(warned).not.toContain('stopping the tree took long');
-  // The grandchild was found in the list and terminated (gone, or a zombie no one has reaped yet).
-  await new Promise((r) => setTimeout(r, 100));
-  const state = await readFile(`/proc/${grandchild}/stat`, 'utf8').then((st) => st.slice(st.lastIndexOf(')') + 2, st.lastIndexOf(')') + 3), () => 'gone');
+  // The grandchild was found in the list and terminated (gone, or a zombie no one has reaped yet):
+  // its state read until it is either, for up to 5 s (a kill takes moments; one never sent, forever).
+  const stateOf = () => readFile(`/proc/${grandchild}/stat`, 'utf8').then((st) => st.slice(st.lastIndexOf(')') + 2, st.lastIndexOf(')') + 3), () => 'gone');
+  let state = await stateOf();
+  for (const until = Date.now() + 5_000; !['gone', 'Z'].includes(state) && Date.now() < until; state = await stateOf()) await new Promise((r) => setTimeout(r, 20));
   expect(['gone', 'Z']).toContain(state);
 }, 30_000);
 

@@ -16,6 +16,7 @@ import { AgentMessageSchema, ServerMessageSchema, type ServerMessage } from '../
 import { AGENT_CONNECT_PATH, LaneConnection, MAX_RECEIVE_BYTES, proxyConfigured } from '../agent-client/src/lane.js';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { AgentStream } from '../agent-client/src/session.js';
+import { deferred } from './helpers/deferred.js';
 import { startProxy } from './helpers/tcp-proxy.js';
 
 const servers: http2.Http2Server[] = [];
@@ -254,11 +255,20 @@ describe('the SDK stream client', () => {
       stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' });
     });
     const proxy = await startProxy(lastPort);
-    const lane = new LaneConnection(`127.0.0.1:${proxy.port}`, false, undefined, { everyMs: 100, timeoutMs: 200 });
+    // A PING unanswered for 500 ms ends the connection: long enough that a stall of this process
+    // (client, proxy and server share its event loop) does not drop a healthy one.
+    const lane = new LaneConnection(`127.0.0.1:${proxy.port}`, false, undefined, { everyMs: 100, timeoutMs: 500 });
     lanes.push(lane);
+    /** Resolves once the server has seen `n` streams; fails after 5 s. */
+    const streamsReach = async (n: number) => {
+      for (const until = Date.now() + 5_000; streams < n; await new Promise((r) => setTimeout(r, 10))) {
+        if (Date.now() > until) throw new Error(`the server saw ${streams} streams, not ${n}, in 5 s`);
+      }
+    };
     try {
       const first = lane.connect();
       const f = outcome(first);
+      await streamsReach(1);
       await new Promise((r) => setTimeout(r, 300)); // PINGs answered meanwhile: the stream stays
       expect(streams).toBe(1);
       // The network goes silent, the connection stays open: only an unanswered PING can tell.
@@ -271,8 +281,7 @@ describe('the SDK stream client', () => {
       proxy.cutAll();
       const second = lane.connect();
       const s = outcome(second);
-      await new Promise((r) => setTimeout(r, 300));
-      expect(streams).toBe(2);
+      await streamsReach(2);
       second.cancel();
       expect(codeOf((await s).end)).toBe('CANCELLED');
     } finally {
@@ -312,14 +321,13 @@ describe('the SDK stream client', () => {
     const pre = await lane.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, aborted.signal).catch((e: grpc.ServiceError) => e);
     expect(codeOf(pre as grpc.ServiceError)).toBe('CANCELLED');
     // Aborted while the coordinator has not answered: CANCELLED, and the stream is reset.
-    let reset: number | undefined;
-    const silent = await serve((stream) => stream.on('close', () => (reset = stream.rstCode)));
+    const reset = deferred<number>();
+    const silent = await serve((stream) => stream.on('close', () => reset.resolve(stream.rstCode)));
     const later = new AbortController();
     setTimeout(() => later.abort(), 50);
     const mid = await silent.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, later.signal).catch((e: grpc.ServiceError) => e);
     expect(codeOf(mid as grpc.ServiceError)).toBe('CANCELLED');
-    await new Promise((r) => setTimeout(r, 50));
-    expect(reset).toBe(http2.constants.NGHTTP2_CANCEL);
+    expect(await reset.promise).toBe(http2.constants.NGHTTP2_CANCEL);
   });
 
   it('holds fifty calls at once on one connection without a listener a call on it, and a dropped connection ends each UNAVAILABLE', async () => {

@@ -15,12 +15,14 @@ import { useTestDb } from './helpers/db.js';
 const t = useTestDb();
 let pool: pg.Pool;
 
-// Locks row 1, then (after 300 ms, by then the other transaction holds row 2) row 2. Counts its
+// Locks row 1, then (after 1.5 s, by then the other transaction holds row 2) row 2. The pause
+// is the test's window to take row 2 once it has seen the statement in it: at 300 ms a loaded
+// machine could miss it, and the statement would take both rows with no deadlock. Counts its
 // runs in dl_runs, a sequence: nextval is not rolled back with the victim's transaction.
 const crossing = statement(
   'testDeadlockCrossing',
   `WITH first AS (UPDATE dl_rows SET v = v + 1 WHERE id = 1 RETURNING nextval('dl_runs') AS run),
-        pause AS (SELECT pg_sleep(0.3), first.run FROM first),
+        pause AS (SELECT pg_sleep(1.5), first.run FROM first),
         second AS (UPDATE dl_rows SET v = v + 1 WHERE id = 2 AND EXISTS (SELECT 1 FROM pause) RETURNING id)
    SELECT (SELECT run FROM pause) AS run, (SELECT count(*) FROM second)::int AS second`,
 );
