@@ -107,9 +107,13 @@ describe('an agent killed with SIGKILL', () => {
     let a = agentProcess(env);
     for (let i = 0; i < RUNS; i++) {
       jobs.push((await enqueue('crash50', { n: i })).id);
-      // Wait for a handler of this process to return, then kill it a random moment later.
-      const returned = await a.waitFor((l) => l.event === 'handler.returned', 30_000);
-      await new Promise((r) => setTimeout(r, Math.random() * 15));
+      // Wait for a handler of this process to return, then kill it a random moment later. Every
+      // tenth run waits for its result to be on disk instead ('handler.finished', logged after the
+      // outbox write and before the report is sent) and kills it at once: on a machine whose
+      // fsync takes longer than the random 15 ms, random moments alone could all land before it.
+      const onDisk = i % 10 === 9;
+      const returned = await a.waitFor((l) => l.event === (onDisk ? 'handler.finished' : 'handler.returned'), 30_000);
+      if (!onDisk) await new Promise((r) => setTimeout(r, Math.random() * 15));
       await a.kill();
       const attemptId = String(returned.attemptId);
       if ((await readOutbox(outbox)).pending.some((e) => e.attemptId === attemptId)) moments.writtenNotAcked++;
