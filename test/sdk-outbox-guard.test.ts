@@ -338,7 +338,8 @@ describe('an outbox lock taken over by another process', () => {
     await waitFor('the runner serving', () => {
       if (child.exitCode !== null) throw new Error(`the runner exited: ${stderr.join('\n')}`);
       return stdout.some((l) => l.includes('"event":"serving"'));
-    });
+      // A start compiles the runner's TypeScript (tsx): 30 s, as agent-runner.test.ts gives it.
+    }, 30_000);
     const lock = path.join(outboxDir, 'outbox.lock');
     const theirs = JSON.stringify({ pid: process.pid, host: os.hostname(), since: new Date().toISOString() });
     await rm(lock);

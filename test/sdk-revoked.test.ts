@@ -109,7 +109,8 @@ describe('leasehold-agent with a revoked token', () => {
     await waitFor('the runner serving', () => {
       if (r.child.exitCode !== null) throw new Error(`the runner exited: ${r.stderr.join('\n')}`);
       return r.stdout.some((l) => l.includes('"event":"serving"'));
-    });
+      // A start compiles the runner's TypeScript (tsx): 30 s, as agent-runner.test.ts gives it.
+    }, 30_000);
     await revoke('rev-runner');
     expect(await r.exited).toBe(1);
     expect(r.stderr).toEqual([
