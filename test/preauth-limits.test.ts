@@ -380,7 +380,7 @@ describe('open streaming calls (reflection, Health/Watch): 2 a connection, 3 in 
   it('counts no agent stream, also one that Connect serves (with a deadline) rather than the lane', async () => {
     const url = `http://127.0.0.1:${grpcServer.address.port}`;
     const s = connect(url);
-    // Before, these took the open streams' places (the fourth refused at once) and were cut after their time.
+    // Before, these took the open streams' places (the third refused at once: 2 a connection) and were cut after their time.
     const agentStreams = Array.from({ length: 4 }, () => grpcCall(s, '/leasehold.v1.AgentService/Connect', { 'grpc-timeout': '100S' }, []));
     // Compared as text: a failing toBe on the raced object made vitest's worker run out of memory.
     const first = await within(Promise.race(agentStreams), 900);

@@ -255,9 +255,9 @@ describe('the SDK stream client', () => {
       stream.respond({ ':status': 200, 'content-type': 'application/grpc+proto' });
     });
     const proxy = await startProxy(lastPort);
-    // A PING unanswered for 500 ms ends the connection: long enough that a stall of this process
+    // A PING unanswered for 1 s ends the connection: long enough that a stall of this process
     // (client, proxy and server share its event loop) does not drop a healthy one.
-    const lane = new LaneConnection(`127.0.0.1:${proxy.port}`, false, undefined, { everyMs: 100, timeoutMs: 500 });
+    const lane = new LaneConnection(`127.0.0.1:${proxy.port}`, false, undefined, { everyMs: 100, timeoutMs: 1000 });
     lanes.push(lane);
     /** Resolves once the server has seen `n` streams; fails after 5 s. */
     const streamsReach = async (n: number) => {
@@ -269,15 +269,19 @@ describe('the SDK stream client', () => {
       const first = lane.connect();
       const f = outcome(first);
       await streamsReach(1);
-      await new Promise((r) => setTimeout(r, 300)); // PINGs answered meanwhile: the stream stays
+      // PINGs answered meanwhile (one every 100 ms, each given 1 s): the stream stays open.
+      await new Promise((r) => setTimeout(r, 1500));
+      expect(await Promise.race([f.then(() => 'ended'), new Promise((r) => setImmediate(() => r('open')))])).toBe('open');
       expect(streams).toBe(1);
       // The network goes silent, the connection stays open: only an unanswered PING can tell.
       const t0 = performance.now();
       proxy.blackhole();
-      const end = (await f).end;
+      const ended = await Promise.race([f, new Promise<'open'>((r) => setTimeout(() => r('open'), 3000))]);
+      if (ended === 'open') throw new Error('the stream was still open 3 s after the network went silent');
+      const end = ended.end;
       expect(codeOf(end)).toBe('UNAVAILABLE');
       expect((end as grpc.ServiceError).details).toMatch(/PING/);
-      expect(performance.now() - t0).toBeLessThan(2000);
+      expect(performance.now() - t0).toBeLessThan(3000);
       proxy.cutAll();
       const second = lane.connect();
       const s = outcome(second);
@@ -327,7 +331,7 @@ describe('the SDK stream client', () => {
     setTimeout(() => later.abort(), 50);
     const mid = await silent.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, later.signal).catch((e: grpc.ServiceError) => e);
     expect(codeOf(mid as grpc.ServiceError)).toBe('CANCELLED');
-    expect(await reset.promise).toBe(http2.constants.NGHTTP2_CANCEL);
+    expect(await Promise.race([reset.promise, new Promise((r) => setTimeout(() => r('no reset in 2 s'), 2000))])).toBe(http2.constants.NGHTTP2_CANCEL);
   });
 
   it('holds fifty calls at once on one connection without a listener a call on it, and a dropped connection ends each UNAVAILABLE', async () => {

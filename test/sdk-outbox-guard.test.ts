@@ -335,11 +335,11 @@ describe('an outbox lock taken over by another process', () => {
     createInterface({ input: child.stdout }).on('line', (l) => stdout.push(l));
     createInterface({ input: child.stderr }).on('line', (l) => stderr.push(l));
     const exited = once(child, 'close').then(([code]) => code as number | null);
+    // A start compiles the runner's TypeScript (tsx): 20 s, as agent-runner.test.ts waits for it.
     await waitFor('the runner serving', () => {
       if (child.exitCode !== null) throw new Error(`the runner exited: ${stderr.join('\n')}`);
       return stdout.some((l) => l.includes('"event":"serving"'));
-      // A start compiles the runner's TypeScript (tsx): 30 s, as agent-runner.test.ts gives it.
-    }, 30_000);
+    }, 20_000);
     const lock = path.join(outboxDir, 'outbox.lock');
     const theirs = JSON.stringify({ pid: process.pid, host: os.hostname(), since: new Date().toISOString() });
     await rm(lock);
@@ -348,7 +348,7 @@ describe('an outbox lock taken over by another process', () => {
     expect(await Promise.race([exited, sleep(20_000).then(() => 'still running')])).toBe(1);
     expect(stderr).toEqual([expect.stringMatching(/^leasehold-agent: outbox .*: another process took its lock over .*: stopped \(another process writes this outbox now: run one agent per outbox directory\)$/)]);
     expect(await readFile(lock, 'utf8')).toBe(theirs);
-  }, 40_000);
+  }, 60_000);
 
   it('refuses a second open with a hint that does not tell to delete the lock of a running agent', async () => {
     const dir = await tmpDir();

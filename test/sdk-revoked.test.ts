@@ -106,17 +106,17 @@ describe('leasehold-agent with a revoked token', () => {
 
   it('exits 1 with one line when revoked while serving', async () => {
     const r = await runner(await lh.agent('rev-runner'));
+    // A start compiles the runner's TypeScript (tsx): 20 s, as agent-runner.test.ts waits for it.
     await waitFor('the runner serving', () => {
       if (r.child.exitCode !== null) throw new Error(`the runner exited: ${r.stderr.join('\n')}`);
       return r.stdout.some((l) => l.includes('"event":"serving"'));
-      // A start compiles the runner's TypeScript (tsx): 30 s, as agent-runner.test.ts gives it.
-    }, 30_000);
+    }, 20_000);
     await revoke('rev-runner');
     expect(await r.exited).toBe(1);
     expect(r.stderr).toEqual([
       'leasehold-agent: the coordinator refused this agent: Hello refused: agent rev-runner was revoked: stopped (its token no longer works: make a new agent with `leasehold agents add NAME` and put its token in the configuration)',
     ]);
-  }, 30_000);
+  }, 60_000);
 
   it('exits 1 with one line when its token is refused at start', async () => {
     const token = await lh.agent('rev-runner-start');
