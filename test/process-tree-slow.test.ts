@@ -14,22 +14,20 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, expect, it } from 'vitest';
 import { killTree } from '../agent-client/src/runner/process-tree.js';
+import { waitFor } from './helpers/coordinator.js';
 
 const dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-slow-wmic-'));
 afterAll(() => rm(dir, { recursive: true, force: true }));
 
 /** The pid of `pid`'s child once it has one (pgrep exits 1 until then); fails after 10 s. */
-async function childOf(pid: number): Promise<number> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
+const childOf = (pid: number) =>
+  waitFor(`a child of ${pid}`, () => {
     try {
       return Number(execFileSync('pgrep', ['-P', String(pid)]).toString().trim());
-    } catch (err) {
-      if (Date.now() > deadline) throw err;
-      await new Promise((r) => setTimeout(r, 20));
+    } catch {
+      return undefined;
     }
-  }
-}
+  });
 
 it('closes the tools\' stdin: a process list that reads it to the end answers at once, and finds the tree', async () => {
   await writeFile(path.join(dir, 'wmic'), '#!/bin/sh\ncat >/dev/null\necho "ParentProcessId  ProcessId"\nps -eo ppid=,pid=\n');

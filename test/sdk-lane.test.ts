@@ -16,6 +16,7 @@ import { AgentMessageSchema, ServerMessageSchema, type ServerMessage } from '../
 import { AGENT_CONNECT_PATH, LaneConnection, MAX_RECEIVE_BYTES, proxyConfigured } from '../agent-client/src/lane.js';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { AgentStream } from '../agent-client/src/session.js';
+import { waitFor } from './helpers/coordinator.js';
 import { deferred } from './helpers/deferred.js';
 import { startProxy } from './helpers/tcp-proxy.js';
 
@@ -259,12 +260,7 @@ describe('the SDK stream client', () => {
     // (client, proxy and server share its event loop) does not drop a healthy one.
     const lane = new LaneConnection(`127.0.0.1:${proxy.port}`, false, undefined, { everyMs: 100, timeoutMs: 1000 });
     lanes.push(lane);
-    /** Resolves once the server has seen `n` streams; fails after 5 s. */
-    const streamsReach = async (n: number) => {
-      for (const until = Date.now() + 5_000; streams < n; await new Promise((r) => setTimeout(r, 10))) {
-        if (Date.now() > until) throw new Error(`the server saw ${streams} streams, not ${n}, in 5 s`);
-      }
-    };
+    const streamsReach = (n: number) => waitFor(`${n} streams at the server`, () => streams >= n, 5_000);
     try {
       const first = lane.connect();
       const f = outcome(first);
