@@ -31,10 +31,10 @@ async function runningJob(queue: string, now: (ms: number) => Date): Promise<{ j
   return { jobId: job.id, attemptId: c!.attemptId };
 }
 
-/** Waits until a statement whose text has `fragment` waits on a lock (it polls pg_stat_activity). */
+/** Waits until a statement of this database whose text has `fragment` waits on a lock (it polls pg_stat_activity). */
 async function blockedOn(pool: pg.Pool, fragment: string): Promise<void> {
   for (let i = 0; ; i++) {
-    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`, [`%${fragment}%`]);
+    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, [`%${fragment}%`]);
     if (rows[0].n > 0) return;
     if (i > 500) throw new Error(`no statement with "${fragment}" ever waited on a lock`);
     await new Promise((r) => setTimeout(r, 10));
