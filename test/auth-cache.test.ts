@@ -77,7 +77,7 @@ describe('two coordinators with the default cache (60 s)', () => {
       // The control: a key this coordinator has not verified goes to the database and waits.
       pending = list(a, uncached);
       await waitFor('the uncached lookup to wait for the lock', async () => {
-        const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND relation = 'api_keys'::regclass`);
+        const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND relation = 'api_keys'::regclass AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`);
         return rows[0].n > 0;
       });
       expect((await list(a, cached)).status).toBe(200);

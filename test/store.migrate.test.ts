@@ -79,10 +79,13 @@ describe('replicas starting together', () => {
   it('three coordinators migrating a fresh database at once all succeed, round after round, and the schema is complete', async () => {
     const admin = new pg.Client({ connectionString: inject('pgAdminUrl') });
     await admin.connect();
+    // The template's schema, read and the connection closed at once: other test files create
+    // their databases from the template meanwhile, which PostgreSQL refuses (after 5 s) while a
+    // session is connected to it.
     const template = new pg.Client({ connectionString: withDatabase(inject('pgAdminUrl'), inject('pgTemplate')) });
     await template.connect();
+    const expected = await schemaOf(template).finally(() => template.end());
     try {
-      const expected = await schemaOf(template);
       expect(expected.migrations.at(-1)).toMatchObject({ created_at: String(migrationLast().when) });
       for (let round = 1; round <= 3; round++) {
         const name = `${inject('pgPrefix')}race_${randomBytes(4).toString('hex')}`;
@@ -113,7 +116,6 @@ describe('replicas starting together', () => {
         }
       }
     } finally {
-      await template.end();
       await admin.end();
     }
   });
