@@ -18,6 +18,7 @@ import { ConfigError, loadConfig } from '../server/config.js';
 import { startCoordinator } from '../server/coordinator.js';
 import { createPool, openDatabase, ROOM_RETRY_MS, type Database } from '../server/store/database.js';
 import { startEmbedded } from '../server/store/embedded.js';
+import { withDatabase } from './helpers/global-setup.js';
 import { ownDatabase } from './helpers/newer-release.js';
 import { rpc } from './helpers/http.js';
 import { killAll, serve } from './helpers/serve.js';
@@ -70,13 +71,6 @@ async function quietServer(settings: Record<string, string> = {}): Promise<{ url
   const server = await startEmbedded({ dataDir, log: pino({ level: 'silent' }), ephemeral: true, settings: { fsync: 'off', autovacuum: 'off', ...settings } });
   cleanups.push(() => server.stop());
   return server;
-}
-
-/** `url` naming the database `name`. */
-function withDatabase(url: string, name: string): string {
-  const u = new URL(url);
-  u.pathname = `/${name}`;
-  return u.toString();
 }
 
 /** A database of this test's own; its name. */

@@ -20,7 +20,7 @@ import { agentCreate, jobEnqueue, type Queryable } from '../server/store/index.j
 import { migrateDatabase, migrationsFolder } from '../server/store/migrate.js';
 import { SCHEMA_CHANNEL } from '../server/store/notify.js';
 import { compatInfo } from '../server/store/schema-compat.js';
-import { ADMIN_KEY, waitFor } from './helpers/coordinator.js';
+import { ADMIN_KEY, waitFor, within } from './helpers/coordinator.js';
 import { newerRelease, ownDatabase, type OwnDatabase } from './helpers/newer-release.js';
 import { freePort } from './helpers/ports.js';
 import { killAll, serve } from './helpers/serve.js';
@@ -53,16 +53,6 @@ async function coordinator(db: OwnDatabase, grpcPort: number, opts: Parameters<t
   const c = await startCoordinator(config, log, opts);
   cleanups.push(() => c.stop());
   return { c, lines };
-}
-
-/** `p`, or a failure naming `what` when it has not settled within `ms`. */
-async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} within ${ms} ms`)), ms)))]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 /** What the halted coordinator said, and when: its error line names both levels and says it stops. */

@@ -16,7 +16,7 @@ import { AgentMessageSchema, ServerMessageSchema, type ServerMessage } from '../
 import { AGENT_CONNECT_PATH, LaneConnection, MAX_RECEIVE_BYTES, proxyConfigured } from '../agent-client/src/lane.js';
 import { fromBinary } from '@bufbuild/protobuf';
 import type { AgentStream } from '../agent-client/src/session.js';
-import { waitFor } from './helpers/coordinator.js';
+import { waitFor, within } from './helpers/coordinator.js';
 import { deferred } from './helpers/deferred.js';
 import { startProxy } from './helpers/tcp-proxy.js';
 
@@ -272,9 +272,7 @@ describe('the SDK stream client', () => {
       // The network goes silent, the connection stays open: only an unanswered PING can tell.
       const t0 = performance.now();
       proxy.blackhole();
-      const ended = await Promise.race([f, new Promise<'open'>((r) => setTimeout(() => r('open'), 3000))]);
-      if (ended === 'open') throw new Error('the stream was still open 3 s after the network went silent');
-      const end = ended.end;
+      const { end } = await within(f, 3000, 'the stream did not end after the network went silent');
       expect(codeOf(end)).toBe('UNAVAILABLE');
       expect((end as grpc.ServiceError).details).toMatch(/PING/);
       expect(performance.now() - t0).toBeLessThan(3000);
@@ -327,7 +325,7 @@ describe('the SDK stream client', () => {
     setTimeout(() => later.abort(), 50);
     const mid = await silent.unary('/x.Y/Z', 'tok', Buffer.from('a'), (b) => b, later.signal).catch((e: grpc.ServiceError) => e);
     expect(codeOf(mid as grpc.ServiceError)).toBe('CANCELLED');
-    expect(await Promise.race([reset.promise, new Promise((r) => setTimeout(() => r('no reset in 2 s'), 2000))])).toBe(http2.constants.NGHTTP2_CANCEL);
+    expect(await within(reset.promise, 2000, 'no reset')).toBe(http2.constants.NGHTTP2_CANCEL);
   });
 
   it('holds fifty calls at once on one connection without a listener a call on it, and a dropped connection ends each UNAVAILABLE', async () => {

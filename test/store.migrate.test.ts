@@ -14,6 +14,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { migrateDatabase, migrationsFolder, ONLINE_INDEXES } from '../server/store/migrate.js';
+import { within } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
 import { withDatabase } from './helpers/global-setup.js';
 import { killAll, serve } from './helpers/serve.js';
@@ -50,16 +51,6 @@ function capture() {
       events.on('line', on);
     });
   return { log: pino({ level: 'info' }, stream), lines, next };
-}
-
-/** `p`, or a failure naming `what` when it has not settled within `ms` (a deadline, never a pause). */
-async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} within ${ms} ms`)), ms)))]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 /** The catalog a complete migration leaves (the day partitions aside: they are named by date). */

@@ -74,6 +74,16 @@ export function useCoordinator(t: TestDb, env: Record<string, string> = {}, log:
   };
 }
 
+/** `p`, or a failure naming `what` when it has not settled within `ms` (a deadline, never a pause). */
+export async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} within ${ms} ms`)), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /**
  * Polls `check` every 20 ms until it returns a value other than undefined/false, or fails after
  * `ms`: for what another process changes (a child's file, a proxy's state). What the in-process
