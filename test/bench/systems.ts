@@ -190,13 +190,21 @@ export async function leasehold(
 }
 
 /** graphile-worker 0.17, batching off or on (the worker process runs `run()`). */
-export async function graphile(adminUrl: string, batching: boolean): Promise<System> {
-  const name = batching ? 'bench_graphile_on' : 'bench_graphile_off';
+export async function graphile(adminUrl: string, batching: boolean, name = batching ? 'bench_graphile_on' : 'bench_graphile_off'): Promise<System> {
   const url = await createDb(adminUrl, name);
   const { runMigrations, makeWorkerUtils, Logger } = await import('graphile-worker');
   const logger = new Logger(() => () => undefined);
-  await runMigrations({ connectionString: url, logger });
-  const utils = await makeWorkerUtils({ connectionString: url, logger });
+  // graphile-worker's client gets a pool of ours, as many connections as its own would have. The
+  // pool it makes itself loses its 'error' listeners at `release()` and is then ended as pg-pool
+  // ends one, resolving before the sockets close: the database stopped right after killed them,
+  // and the 57P01 error on a pool with no listener ended the benchmark after its results. These
+  // listeners do what graphile-worker's own do with its silent logger (it adds none of its own
+  // to a pool that has them).
+  const utilsPool = new pg.Pool({ connectionString: url, max: 10 });
+  utilsPool.on('error', () => undefined);
+  utilsPool.on('connect', (client) => client.on('error', () => undefined));
+  await runMigrations({ pgPool: utilsPool, logger });
+  const utils = await makeWorkerUtils({ pgPool: utilsPool, logger });
   const pool = createPool(url, 4);
   return {
     name: batching ? 'graphile-on' : 'graphile-off',
@@ -226,6 +234,7 @@ export async function graphile(adminUrl: string, batching: boolean): Promise<Sys
     },
     async close() {
       await utils.release();
+      await utilsPool.end();
       await pool.end();
     },
   };
