@@ -22,6 +22,7 @@ import { startEmbedded, type EmbeddedDatabase } from '../server/store/embedded.j
 import { attemptComplete, attemptStart, jobClaim, jobEnqueue, migrateDatabase } from '../server/store/index.js';
 import { checkInvariants } from './helpers/invariants.js';
 import { root } from './helpers/serve.js';
+import { quietPool } from './helpers/quiet-pool.js';
 
 const exec = promisify(execFile);
 const log = pino({ level: 'warn' });
@@ -46,9 +47,7 @@ async function leasehold(args: string[], env: Record<string, string | undefined>
 
 /** A pool on one database of an embedded cluster. */
 function poolOn(db: EmbeddedDatabase): pg.Pool {
-  const p = new pg.Pool({ connectionString: db.url, max: 4 });
-  p.on('error', () => undefined);
-  return p;
+  return quietPool({ connectionString: db.url, max: 4 });
 }
 
 /** Every table and index of the database checked by amcheck: throws on any corruption. */

@@ -28,6 +28,7 @@ import {
   type Job,
 } from '../server/store/index.js';
 import { migrationsFolder, ONLINE_INDEXES } from '../server/store/migrate.js';
+import { quietPool } from './helpers/quiet-pool.js';
 import { withDatabase } from './helpers/global-setup.js';
 import { checkInvariants } from './helpers/invariants.js';
 
@@ -45,7 +46,7 @@ beforeAll(async () => {
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
   await admin.end();
-  pool = new pg.Pool({ connectionString: withDatabase(inject('pgAdminUrl'), name), max: 4 });
+  pool = quietPool({ connectionString: withDatabase(inject('pgAdminUrl'), name), max: 4 });
   // The schema of the previous release: migrations 0000-0004 only.
   dir = await mkdtemp(path.join(os.tmpdir(), 'leasehold-migrations-'));
   await cp(migrationsFolder, dir, { recursive: true });

@@ -16,6 +16,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { Reaper, type ReaperRun } from '../server/core/reaper.js';
 import { attemptComplete, attemptHeartbeat, jobGet } from '../server/store/index.js';
 import { useTestDb } from './helpers/db.js';
+import { quietPool } from './helpers/quiet-pool.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
 
@@ -32,8 +33,7 @@ beforeAll(() => {
   // Two real pools, one of read-only sessions, behind one pool the reaper holds (a Proxy: still
   // `instanceof pg.Pool`, as the store's pool paths check).
   const rw = t.newPool(2);
-  const ro = new pg.Pool({ connectionString: t.url, max: 2, options: '-c default_transaction_read_only=on' });
-  ro.on('error', () => undefined);
+  const ro = quietPool({ connectionString: t.url, max: 2, options: '-c default_transaction_read_only=on' });
   pools.push(ro);
   flaky = new Proxy(rw, {
     get: (_, key) => {

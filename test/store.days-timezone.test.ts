@@ -10,6 +10,7 @@ import pg from 'pg';
 import { afterAll, expect, it } from 'vitest';
 import { DAYS_AHEAD, daysDrop, daysEnsure } from '../server/store/days.js';
 import { useTestDb } from './helpers/db.js';
+import { quietPool } from './helpers/quiet-pool.js';
 
 const t = useTestDb();
 const pools: pg.Pool[] = [];
@@ -18,7 +19,7 @@ afterAll(async () => {
 });
 
 it.each(['America/Sao_Paulo', 'Pacific/Apia', 'UTC'])('makes today and the next two days in a session of %s', async (zone) => {
-  const pool = new pg.Pool({ connectionString: t.url, max: 1, options: `-c TimeZone=${zone}` });
+  const pool = quietPool({ connectionString: t.url, max: 1, options: `-c TimeZone=${zone}` });
   pools.push(pool);
   // 2018-11-03 12:00 UTC: Sao Paulo's clocks went from 00:00 to 01:00 on 2018-11-04.
   // 2011-12-29 12:00 UTC: Samoa skipped 2011-12-30 (local) altogether.
@@ -34,7 +35,7 @@ it.each(['America/Sao_Paulo', 'Pacific/Apia', 'UTC'])('makes today and the next 
 });
 
 it("cuts the days it drops at the UTC day of the cutoff, also where that day's local midnight never was", async () => {
-  const pool = new pg.Pool({ connectionString: t.url, max: 2, options: '-c TimeZone=Pacific/Apia' });
+  const pool = quietPool({ connectionString: t.url, max: 2, options: '-c TimeZone=Pacific/Apia' });
   pools.push(pool);
   await daysEnsure(pool, ['2011-12-28', '2011-12-29', '2011-12-30']);
   // The cutoff falls on 2011-12-30 (UTC): the days that ended before it go, that day stays.

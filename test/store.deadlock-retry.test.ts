@@ -11,6 +11,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { run, statement, StoreError, withTransaction } from '../server/store/sql.js';
 import { useTestDb } from './helpers/db.js';
+import { quietPool } from './helpers/quiet-pool.js';
 
 const t = useTestDb();
 let pool: pg.Pool;
@@ -30,7 +31,7 @@ const crossing = statement(
 beforeAll(async () => {
   await t.pool.query('CREATE TABLE dl_rows (id int PRIMARY KEY, v int NOT NULL)');
   await t.pool.query('CREATE SEQUENCE dl_runs');
-  pool = new pg.Pool({ connectionString: t.url, max: 2, options: '-c deadlock_timeout=100ms' });
+  pool = quietPool({ connectionString: t.url, max: 2, options: '-c deadlock_timeout=100ms' });
 });
 afterAll(async () => {
   await pool.end();

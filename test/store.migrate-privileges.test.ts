@@ -10,6 +10,7 @@ import pg from 'pg';
 import { afterEach, expect, inject, it } from 'vitest';
 import { migrateDatabase } from '../server/store/migrate.js';
 import { ownDatabase } from './helpers/newer-release.js';
+import { quietPool } from './helpers/quiet-pool.js';
 
 const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
@@ -30,7 +31,7 @@ it('a role that does not own the database: one line with the role, the database 
   const url = new URL(db.url);
   url.username = role;
   url.password = 'guest-pw';
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 1 });
+  const pool = quietPool({ connectionString: url.toString(), max: 1 });
   cleanups.push(() => pool.end());
   const dbName = url.pathname.slice(1);
 

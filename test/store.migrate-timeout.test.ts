@@ -5,10 +5,10 @@
  * again after an upgrade). The migrations' connection runs without one and gives the database's
  * back before it is pooled.
  */
-import pg from 'pg';
 import { afterEach, expect, it } from 'vitest';
 import { migrateDatabase } from '../server/store/migrate.js';
 import { newerRelease, ownDatabase } from './helpers/newer-release.js';
+import { quietPool } from './helpers/quiet-pool.js';
 
 const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
@@ -22,7 +22,7 @@ it('applies a migration longer than the database’s statement_timeout, and leav
   cleanups.push(() => release.remove());
   await db.pool.query(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET statement_timeout = %L', current_database(), '200ms'); END $$`);
   // Sessions opened from now on have it; one connection, so the migrations' is the one read after.
-  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  const pool = quietPool({ connectionString: db.url, max: 1 });
   cleanups.push(() => pool.end());
   await expect(pool.query('SELECT pg_sleep(0.6)')).rejects.toThrow(/statement timeout/);
 

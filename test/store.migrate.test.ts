@@ -16,6 +16,7 @@ import { afterEach, describe, expect, inject, it } from 'vitest';
 import { migrateDatabase, migrationsFolder, ONLINE_INDEXES } from '../server/store/migrate.js';
 import { within } from './helpers/coordinator.js';
 import { useTestDb } from './helpers/db.js';
+import { quietPool } from './helpers/quiet-pool.js';
 import { withDatabase } from './helpers/global-setup.js';
 import { killAll, serve } from './helpers/serve.js';
 
@@ -82,11 +83,7 @@ describe('replicas starting together', () => {
         const name = `${inject('pgPrefix')}race_${randomBytes(4).toString('hex')}`;
         await admin.query(`CREATE DATABASE ${name}`);
         // A pool per replica, as each coordinator process has its own.
-        const pools = [0, 1, 2].map(() => {
-          const p = new pg.Pool({ connectionString: withDatabase(inject('pgAdminUrl'), name), max: 2 });
-          p.on('error', () => undefined);
-          return p;
-        });
+        const pools = [0, 1, 2].map(() => quietPool({ connectionString: withDatabase(inject('pgAdminUrl'), name), max: 2 }));
         try {
           const results = await Promise.allSettled(pools.map((p) => migrateDatabase(p)));
           const failures = results.flatMap((r, i) =>

@@ -23,6 +23,9 @@ const N = new Command()
 const log = pino({ level: 'warn' });
 const embedded = await startEmbedded({ dataDir: await mkdtemp(path.join(os.tmpdir(), 'leasehold-partition-drop-')), log, ephemeral: true });
 const setup = new pg.Pool({ connectionString: embedded.url, max: 1 });
+// pg-pool's end() resolves before its sockets close: the server stopped right after may end them
+// first, and that error on a pool with no listener would be thrown (as lifecycle.ts says).
+setup.on('error', (err) => console.error(`setup connection lost: ${err.message}`));
 const a = new pg.Client(embedded.url);
 const b = new pg.Client(embedded.url);
 try {

@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, expect, inject } from 'vitest';
 import { withDatabase } from './global-setup.js';
+import { quietPool } from './quiet-pool.js';
 
 // int8 as numbers, as the server sets it.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
@@ -29,8 +30,7 @@ export function useTestDb(): TestDb {
   let main: pg.Pool | undefined;
 
   const newPool = (max: number) => {
-    const p = new pg.Pool({ connectionString: url, max });
-    p.on('error', () => undefined); // idle clients killed on purpose in some tests
+    const p = quietPool({ connectionString: url, max });
     pools.push(p);
     return p;
   };

@@ -11,6 +11,7 @@ import path from 'node:path';
 import pg from 'pg';
 import { inject } from 'vitest';
 import { migrationsFolder } from '../../server/store/migrate.js';
+import { quietPool } from './quiet-pool.js';
 import { withDatabase } from './global-setup.js';
 
 export interface NewerRelease {
@@ -66,8 +67,7 @@ export async function ownDatabase(opts: { empty?: boolean } = {}): Promise<OwnDa
   };
   await admin(opts.empty ? `CREATE DATABASE ${name}` : `CREATE DATABASE ${name} TEMPLATE ${inject('pgTemplate')}`);
   const url = withDatabase(inject('pgAdminUrl'), name);
-  const pool = new pg.Pool({ connectionString: url, max: 4 });
-  pool.on('error', () => undefined);
+  const pool = quietPool({ connectionString: url, max: 4 });
   return {
     url,
     pool,
