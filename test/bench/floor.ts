@@ -251,6 +251,7 @@ export async function floor(adminUrl: string): Promise<System> {
         (res) => {
           res.resume();
           res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`floor enqueue: HTTP ${res.statusCode}`))));
+          res.on('close', () => res.complete || reject(new Error('floor enqueue: the answer was cut off')));
         },
       );
       req.on('error', reject);

@@ -109,6 +109,8 @@ export async function leasehold(
           const chunks: Buffer[] = [];
           res.on('data', (b: Buffer) => chunks.push(b));
           res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`EnqueueJob: HTTP ${res.statusCode} ${Buffer.concat(chunks).toString()}`))));
+          // An answer cut off before its end never ends: failed, not waited for.
+          res.on('close', () => res.complete || reject(new Error('EnqueueJob: the answer was cut off')));
         },
       );
       req.on('error', (err: NodeJS.ErrnoException) => {
@@ -212,7 +214,8 @@ export async function graphile(adminUrl: string, batching: boolean, name = batch
     label: `graphile-worker (batching ${batching ? 'on' : 'off'})`,
     database: name,
     pool,
-    pools: [pool],
+    // The enqueues' pool too: its idle connections are told to flush their statistics.
+    pools: [pool, utilsPool],
     async bulkEnqueue(count, payload = () => ({})) {
       for (let i = 0; i < count; i += 5000) {
         const specs = Array.from({ length: Math.min(5000, count - i) }, (_, k) => ({ identifier: QUEUE, payload: payload(i + k) }));
@@ -249,13 +252,16 @@ export async function pgboss(adminUrl: string, opts: { expireMs: number }): Prom
   await boss.start();
   await boss.createQueue(QUEUE, { name: QUEUE, expireInSeconds: Math.max(1, Math.round(opts.expireMs / 1000)), retryLimit: 5, retryDelay: 0 });
   const pool = createPool(url, 4);
+  // pg-boss's own pool (it sends the enqueues), opened by start().
+  const bossPool = (boss.getDb() as unknown as { pool: pg.Pool }).pool;
   return {
     name: 'pgboss',
     key: 'pg-boss',
     label: 'pg-boss',
     database: 'bench_pgboss',
     pool,
-    pools: [pool],
+    // The enqueues' pool too: its idle connections are told to flush their statistics.
+    pools: [pool, bossPool],
     leaseMs: opts.expireMs,
     async bulkEnqueue(count, payload = () => ({})) {
       for (let i = 0; i < count; i += 5000) {
