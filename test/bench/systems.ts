@@ -10,6 +10,7 @@ import pino from 'pino';
 import { loadConfig } from '../../server/config.js';
 import { startCoordinator, type Coordinator } from '../../server/coordinator.js';
 import { agentCreate, createPool } from '../../server/store/index.js';
+import { quietPool } from '../helpers/quiet-pool.js';
 import type { SystemKey } from './report.js';
 import type { WorkerConfig } from './worker.js';
 
@@ -202,8 +203,7 @@ export async function graphile(adminUrl: string, batching: boolean, name = batch
   // and the 57P01 error on a pool with no listener ended the benchmark after its results. These
   // listeners do what graphile-worker's own do with its silent logger (it adds none of its own
   // to a pool that has them).
-  const utilsPool = new pg.Pool({ connectionString: url, max: 10 });
-  utilsPool.on('error', () => undefined);
+  const utilsPool = quietPool({ connectionString: url, max: 10 });
   utilsPool.on('connect', (client) => client.on('error', () => undefined));
   await runMigrations({ pgPool: utilsPool, logger });
   const utils = await makeWorkerUtils({ pgPool: utilsPool, logger });

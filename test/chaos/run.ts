@@ -30,7 +30,6 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
-import pg from 'pg';
 import pino from 'pino';
 import { startEmbedded, type EmbeddedDatabase } from '../../server/store/embedded.js';
 import { agentCreate, migrateDatabase, signingSecretGet, subscriptionCreate } from '../../server/store/index.js';
@@ -39,6 +38,7 @@ import { agentBundle } from '../helpers/agent-process.js';
 import { freePort } from '../helpers/ports.js'; // below the ephemeral range: replicas and PostgreSQL restart on theirs
 import { checkInvariants } from '../helpers/invariants.js';
 import { mono, startSink } from '../helpers/sink.js';
+import { quietPool } from '../helpers/quiet-pool.js';
 import { startFaultProxy, type FaultProxy } from './fault-proxy.js';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
@@ -170,8 +170,7 @@ export async function chaos(o: ChaosOptions): Promise<ChaosReport> {
       startEmbedded({ dataDir, log: pino({ level: 'warn' }), port: pgPort, settings: { max_connections: '300' } });
     db = await startDb();
     const url = db.url;
-    const pool = new pg.Pool({ connectionString: url, max: 4 });
-    pool.on('error', () => undefined);
+    const pool = quietPool({ connectionString: url, max: 4 });
     cleanup.push(() => pool.end());
     await migrateDatabase(pool);
 
