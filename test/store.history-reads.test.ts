@@ -27,6 +27,17 @@ import { planNodes as nodes, type PlanNode } from './helpers/plan.js';
 const db = useTestDb();
 
 
+/**
+ * The plan's nodes without the subplans that look a row's error up in its attempts (jobErrorSql:
+ * run for each row returned, by attempts_job_attempt_no_uq).
+ */
+function withoutErrorLookup(p: PlanNode): PlanNode[] {
+  const isErrorLookup = (c: PlanNode) =>
+    (c as { 'Parent Relationship'?: string })['Parent Relationship'] === 'SubPlan' &&
+    nodes(c).some((n) => n['Relation Name'] === 'attempts' && n['Index Name'] === 'attempts_job_attempt_no_uq');
+  return [p, ...(p.Plans ?? []).filter((c) => !isErrorLookup(c)).flatMap(withoutErrorLookup)];
+}
+
 describe('operator reads with history', () => {
   it('the waits read the queued jobs from jobs_claim_idx, whatever the finished jobs kept', async () => {
     await db.pool.query(
@@ -116,7 +127,10 @@ describe('operator reads with history', () => {
             // (Whether an index is read in its order or its matches sorted is the planner's call
             // at this size; the history bench times the reads at ten million jobs.) A day's
             // partition has the indexes of jobs_live that finished jobs use, named after its table.
-            const read = [...new Set(plan.map((n) => n['Index Name']).filter((x): x is string => !!x).map(asLive))].sort();
+            // The page's rows each have their error looked up in their attempts (jobErrorSql, a
+            // subplan run for the rows returned only), by attempts_job_attempt_no_uq: not a read
+            // of the shape's own, so it is left out here.
+            const read = [...new Set(withoutErrorLookup(plan[0]!).map((n) => n['Index Name']).filter((x): x is string => !!x).map(asLive))].sort();
             expect(read.filter((x) => !must.includes(x) && !may.includes(x)), `${label}: read ${read.join(', ')}`).toEqual([]);
             expect(must.filter((x) => !read.includes(x)), `${label}: read ${read.join(', ')}`).toEqual([]);
             if (!must.length) expect(read.length, label).toBeGreaterThan(0);

@@ -21,6 +21,7 @@ import {
   type Claimed,
 } from '../server/store/index.js';
 import type { Outcome } from '../server/domain/outcomes.js';
+import { jobErrorSql } from '../server/store/rows.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -475,6 +476,53 @@ describe('jobRequeue and jobGet', () => {
     expect(d.steps).toMatchObject([{ step: 's1', status: 'started' }]);
     expect(d.staleReports).toEqual([]);
     expect(await jobGet(t.pool, { jobId: '33333333-3333-3333-3333-333333333333' })).toMatchObject({ outcome: 'not_found' });
+  });
+});
+
+describe("a job's error", () => {
+  it('is what job_error (migration 0005) says, in every state: the statements write that expression in (jobErrorSql)', async () => {
+    const claim = async (queue: string, now: Date) => {
+      const [c] = value(await jobClaim(t.pool, { agentId: 'a1', queues: [queue], limit: 1, claimTtlMs: TTL, now }));
+      value(await attemptStart(t.pool, { attemptId: c!.attemptId, agentId: 'a1', leaseTtlMs: TTL, now }));
+      return c!;
+    };
+    const failOnce = async (queue: string, n: number, retryable = true) => {
+      const c = await claim(queue, at(n * 10));
+      const error = { message: `${queue} ${n}` };
+      return value(await attemptFail(t.pool, { attemptId: c.attemptId, agentId: 'a1', error, retryable, backoff: { baseMs: 1, maxMs: 1 }, now: at(n * 10) }));
+    };
+    const ids: Record<string, string> = {};
+    for (const queue of ['fresh', 'queued', 'running', 'failed', 'dead', 'succeeded', 'canceled']) {
+      ids[queue] = (await enqueueOne({ queue, maxAttempts: queue === 'dead' ? 2 : 5 })).id;
+    }
+    await failOnce('queued', 1);
+    await failOnce('running', 1);
+    await claim('running', at(20));
+    await failOnce('failed', 1);
+    await failOnce('failed', 2, false);
+    await failOnce('dead', 1);
+    await failOnce('dead', 2);
+    await failOnce('succeeded', 1);
+    value(await attemptComplete(t.pool, { attemptId: (await claim('succeeded', at(20))).attemptId, agentId: 'a1', result: { ok: true } }));
+    await failOnce('canceled', 1);
+    value(await jobCancel(t.pool, { jobId: ids.canceled! }));
+
+    const rows = (
+      await t.pool.query(`SELECT j.queue, j.status::text, ${jobErrorSql('j')} AS inline, job_error(j.id, j.status) AS fn FROM jobs j ORDER BY j.queue`)
+    ).rows;
+    expect(rows.map((r) => [r.queue, r.status, r.fn?.message ?? null])).toEqual([
+      ['canceled', 'canceled', 'canceled 1'],
+      ['dead', 'dead', 'dead 2'],
+      ['failed', 'failed', 'failed 2'],
+      ['fresh', 'queued', null],
+      ['queued', 'queued', 'queued 1'],
+      ['running', 'running', 'running 1'],
+      ['succeeded', 'succeeded', null],
+    ]);
+    for (const r of rows) {
+      expect(r.inline).toEqual(r.fn);
+      expect(value(await jobGet(t.pool, { jobId: ids[r.queue]! })).job.error ?? null).toEqual(r.fn);
+    }
   });
 });
 

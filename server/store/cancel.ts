@@ -9,7 +9,7 @@ import { countChangeSql, endedCountSql } from './counts.js';
 import { withDays } from './days.js';
 import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './ends.js';
 import { outboxSql } from './outbox.js';
-import { currentOf, jobRowById, toJob, type Job } from './rows.js';
+import { currentOf, jobErrorSql, jobRowById, toJob, type Job } from './rows.js';
 import { JOB_COLUMNS } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -56,11 +56,11 @@ const cancelSql = statement(
    ), ec AS (
      ${endedCountSql(`SELECT a.ended_at, 'canceled' FROM a UNION ALL SELECT e.at, 'canceled' FROM e`)}
    )${outboxSql(`SELECT u.id AS job_id, u.queue, u.notify_url, 'job.canceled' AS type, u.finished_at AS at,
-       ${notifiedJob('job_error(u.id, u.status)')} AS job,
+       ${notifiedJob(jobErrorSql('u'))} AS job,
        coalesce((SELECT to_jsonb(a) FROM a),
                 (SELECT to_jsonb(la) FROM attempts la WHERE la.job_id = u.id AND la.attempt_no = u.attempt_no)) AS attempt
      FROM u`)}
-   SELECT u.*, job_error(u.id, u.status) AS error, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
+   SELECT u.*, ${jobErrorSql('u')} AS error, o.current_attempt_id AS canceled_attempt_id, o.agent_id AS canceled_agent_id
    FROM u JOIN o ON o.id = u.id`,
 );
 

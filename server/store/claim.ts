@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { ok, type Outcome } from '../domain/outcomes.js';
 import { check, checkAll, limits, schemas, valid } from '../domain/validation.js';
-import type { Job } from './rows.js';
+import { jobErrorSql, type Job } from './rows.js';
 import { run, statement, type Queryable } from './sql.js';
 
 export interface ClaimParams {
@@ -122,7 +122,7 @@ export const claimSql = statement(
      j.current_attempt_id, j.agent_id, j.execution_timeout_ms, j.idempotency_key, j.labels, j.notify_url,
      date_part('epoch', j.run_at) * 1000 AS run_at_ms, date_part('epoch', j.created_at) * 1000 AS created_at_ms,
      date_part('epoch', j.claimed_at) * 1000 AS claimed_at_ms, date_part('epoch', j.claim_deadline) * 1000 AS claim_deadline_ms,
-     CASE WHEN j.attempt_no > 1 THEN job_error(j.id, j.status) END AS error`,
+     CASE WHEN j.attempt_no > 1 THEN ${jobErrorSql('j')} END AS error`,
 );
 
 interface ClaimRow {

@@ -3,15 +3,13 @@
  * (ended, from `attempt_log`, and the live one from its row), its history as a list of
  * transitions, its steps and its stale reports, from one read-only snapshot.
  */
-import { asc, desc, eq } from 'drizzle-orm';
-import { drizzle } from 'drizzle-orm/node-postgres';
 import type pg from 'pg';
 import { notFound, ok, type Outcome } from '../domain/outcomes.js';
 import type { EventKind, JobStatus } from '../domain/statuses.js';
 import { check, schemas } from '../domain/validation.js';
 import { camelRow, jobRowById, toJob, type Job } from './rows.js';
-import { jobEvents, staleReports, steps, type AttemptRow, type JobEventRow, type StaleReportRow, type StepRow } from './schema.js';
-import { withTransaction, type Queryable } from './sql.js';
+import type { AttemptRow, JobEventRow, StaleReportRow, StepRow } from './schema.js';
+import { run, statement, withTransaction, type Queryable } from './sql.js';
 
 /**
  * An attempt as operators see it: ended (a row of `attempt_log`: its `attempts` row, or for a
@@ -108,6 +106,27 @@ export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEvent
   return out.map((e, i) => ({ id: i + 1, ...e }));
 }
 
+// What GetJob reads besides the row, each a named statement: planned once a connection, where
+// an unnamed query is planned on every call (the view's two halves over every partition of jobs
+// took about 0.6 ms of planning a call; docs/performance.md, "Reading one job"). Each is served
+// by its table's index on the job (attempts_job_attempt_no_uq and the partitions' primary keys,
+// job_events_job_idx, the steps' primary key, stale_reports_job_idx).
+const attemptsOfSql = statement('jobGetAttempts', `SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`);
+const eventsOfSql = statement('jobGetEvents', `SELECT id, job_id, attempt_id, kind, at, data FROM job_events WHERE job_id = $1 ORDER BY id`);
+const stepsOfSql = statement(
+  'jobGetSteps',
+  `SELECT job_id, step, status, attempt_id, previous_attempt_id, output, reservations, started_at, finished_at
+   FROM steps WHERE job_id = $1 ORDER BY started_at`,
+);
+const staleOfSql = statement(
+  'jobGetStaleReports',
+  `SELECT id, job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at
+   FROM stale_reports WHERE job_id = $1 ORDER BY id DESC`,
+);
+
+const rowsOf = async <T>(tx: Queryable, stmt: Parameters<typeof run>[1], jobId: string): Promise<T[]> =>
+  (await run<Record<string, unknown>>(tx, stmt, [jobId])).map((r) => camelRow<T>(r));
+
 /** One job with its attempts, history, steps and stale reports, read from one snapshot. */
 export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outcome<JobDetail>> {
   const bad = check('jobId', schemas.id, p.jobId);
@@ -115,23 +134,16 @@ export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outco
   const read = async (tx: pg.PoolClient | pg.Client) => {
     const row = await jobRowById(tx, p.jobId);
     if (!row) return notFound(`job ${p.jobId} not found`);
-    const d = drizzle(tx);
     const job = toJob(row);
     const live = liveAttempt(job);
-    const ended = (await tx.query(`SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`, [p.jobId])).rows.map((r) =>
-      camelRow<AttemptView>(r),
-    );
+    const ended = await rowsOf<AttemptView>(tx, attemptsOfSql, p.jobId);
     const all = live ? [...ended, live] : ended;
     return ok<JobDetail>({
       job,
       attempts: all,
-      events: jobHistory(job, all, await d.select().from(jobEvents).where(eq(jobEvents.jobId, p.jobId)).orderBy(asc(jobEvents.id))),
-      steps: await d.select().from(steps).where(eq(steps.jobId, p.jobId)).orderBy(asc(steps.startedAt)),
-      staleReports: await d
-        .select()
-        .from(staleReports)
-        .where(eq(staleReports.jobId, p.jobId))
-        .orderBy(desc(staleReports.id)),
+      events: jobHistory(job, all, await rowsOf<JobEventRow>(tx, eventsOfSql, p.jobId)),
+      steps: await rowsOf<StepRow>(tx, stepsOfSql, p.jobId),
+      staleReports: await rowsOf<StaleReportRow>(tx, staleOfSql, p.jobId),
     });
   };
   return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY' });

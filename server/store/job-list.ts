@@ -27,7 +27,7 @@ import { ok, type Outcome } from '../domain/outcomes.js';
 import { FINISHED_STATUSES, JOB_STATUSES, type JobStatus } from '../domain/statuses.js';
 import { check, checkAll, schemas } from '../domain/validation.js';
 import { DEFAULT_PAGE_SIZE, pageOf, pageSizeSchema, pageTokenDecode, type PageTokenFormat } from './page-token.js';
-import { toJob, type Job } from './rows.js';
+import { jobErrorSql, toJob, type Job } from './rows.js';
 import { run, statement, withTransaction, type Queryable, type Statement } from './sql.js';
 
 export interface JobListFilter {
@@ -182,7 +182,7 @@ export function jobListQuery(f: JobListFilter, limit: number, after?: JobCursor)
     // A job's error is looked up for the page's rows only.
     stmt = statement(
       key,
-      `SELECT y.*, job_error(y.id, y.status) AS error, (extract(epoch FROM y.created_at) * 1000000)::int8 AS created_us
+      `SELECT y.*, ${jobErrorSql('y')} AS error, (extract(epoch FROM y.created_at) * 1000000)::int8 AS created_us
        FROM (${inner}) y ORDER BY y.created_at DESC, y.id DESC`,
     );
     statements.set(key, stmt);

@@ -7,7 +7,7 @@ import { check, schemas } from '../domain/validation.js';
 import { countChangeSql } from './counts.js';
 import { movedRowSql } from './ends.js';
 import { JOBS_CHANNEL } from './notify.js';
-import { currentOf, jobRowById, toJob, withoutNotified, type Job } from './rows.js';
+import { currentOf, jobErrorSql, jobRowById, toJob, withoutNotified, type Job } from './rows.js';
 import { JOB_COLUMNS } from './schema.js';
 import { run, statement, type Queryable } from './sql.js';
 
@@ -52,7 +52,7 @@ const requeueSql = statement(
    ), k AS (
      ${countChangeSql('SELECT o.queue, o.status, -1 FROM o JOIN u ON u.id = o.id')}
    )
-   SELECT u.*, job_error(u.id, u.status) AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
+   SELECT u.*, ${jobErrorSql('u')} AS error, (SELECT count(pg_notify('${JOBS_CHANNEL}', u.queue)) FROM u) AS notified FROM u`,
 );
 
 /**

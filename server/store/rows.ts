@@ -29,10 +29,20 @@ export type JobSummary = Pick<Job, 'id' | 'queue' | 'status' | 'attemptNo' | 'cu
 };
 
 /**
- * The select list of a job as the API shows it: its row and its derived error (`job_error`,
- * migration 0005). `alias` names the `jobs` row in the query.
+ * A job's error, derived from its attempts: the newest one's that has an error, none once the job
+ * succeeded. What the SQL function `job_error` (migration 0005) returns, written into the
+ * statement instead of called: PostgreSQL 17 plans a SQL function's body again in every statement
+ * that calls it, about 140 µs a call here, where a subquery is planned with its statement once a
+ * connection (docs/performance.md, "Reading one job"). `alias` names the `jobs` row.
  */
-export const jobColumns = (alias: string) => `${alias}.*, job_error(${alias}.id, ${alias}.status) AS error`;
+export const jobErrorSql = (alias: string) =>
+  `CASE WHEN ${alias}.status = 'succeeded' THEN NULL ELSE (SELECT ea.error FROM attempts ea WHERE ea.job_id = ${alias}.id AND ea.error IS NOT NULL ORDER BY ea.attempt_no DESC LIMIT 1) END`;
+
+/**
+ * The select list of a job as the API shows it: its row and its derived error (`jobErrorSql`).
+ * `alias` names the `jobs` row in the query.
+ */
+export const jobColumns = (alias: string) => `${alias}.*, ${jobErrorSql(alias)} AS error`;
 
 // By primary key, in whichever partition of jobs holds the row (jobs_live, or its day's).
 const jobByIdSql = statement('jobById', `SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`);
