@@ -13,6 +13,7 @@ import {
   jobCountsReconcile,
   jobDepths,
   jobEnqueue,
+  jobGet,
   jobList,
   jobSearch,
   statsGet,
@@ -251,6 +252,73 @@ describe('operator reads with history', () => {
       ]);
       // SET LOCAL: the connection's other statements are planned as PostgreSQL chooses.
       expect((await c.query('SHOW plan_cache_mode')).rows[0].plan_cache_mode).toBe('auto');
+    } finally {
+      await c.end();
+    }
+  });
+
+  it("GetJob runs its reads in generic plans, each reading its table by the job's index, the setting gone after each call", async () => {
+    // Finished jobs in today's partition, each with a failed attempt before its success; a live
+    // job with an attempt of its own.
+    await db.pool.query(
+      `INSERT INTO jobs (id, queue, payload, status, result, finished_at, created_at, attempt_no,
+                         final_attempt_id, final_agent_id, final_claimed_at, final_claim_deadline, final_started_at, done_day)
+       SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(i), 12, '0'))::uuid, 'gj', '{}', 'succeeded', '{}', now(), now() - i * interval '1 second', 2,
+              gen_random_uuid(), 'agent-' || (i % 50), now(), now() + interval '1 minute', now(), (now() AT TIME ZONE 'UTC')::date
+       FROM generate_series(1, 20000) i`,
+    );
+    await db.pool.query(
+      `INSERT INTO attempts (id, job_id, attempt_no, agent_id, status, claimed_at, claim_deadline, started_at, ended_at, error, retryable, job_status, job_created_at)
+       SELECT gen_random_uuid(), j.id, 1, j.final_agent_id, 'failed', now(), now() + interval '1 minute', now(), now(), '{"message":"x"}', true, 'queued', j.created_at
+       FROM jobs j WHERE j.queue = 'gj'`,
+    );
+    // And for each a step, a stale report and an event, so that no table GetJob reads is empty.
+    await db.pool.query(
+      `INSERT INTO steps (job_id, step, status, attempt_id, output, started_at, finished_at)
+       SELECT j.id, 'send', 'done', j.final_attempt_id, '{}', now(), now() FROM jobs j WHERE j.queue = 'gj'`,
+    );
+    await db.pool.query(
+      `INSERT INTO stale_reports (job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at)
+       SELECT j.id, gen_random_uuid(), 'agent-1', 'complete', NULL, 2, 'succeeded', now() FROM jobs j WHERE j.queue = 'gj'`,
+    );
+    await db.pool.query(
+      `INSERT INTO job_events (job_id, attempt_id, kind, at, data)
+       SELECT j.id, NULL, 'requeued', j.created_at, '{"status":"queued"}' FROM jobs j WHERE j.queue = 'gj'`,
+    );
+    await makeJob(db.pool, { queue: 'gj-live', status: 'running' });
+    await db.pool.query('ANALYZE');
+    const jobId = '00000000-0000-7000-8000-000000002710';
+    const names = ['jobById', 'jobGetAttempts', 'jobGetEvents', 'jobGetSteps', 'jobGetStaleReports'];
+    const c = new pg.Client({ connectionString: db.url }); // a connection of its own: no statement prepared on it yet
+    await c.connect();
+    try {
+      for (let i = 0; i < 8; i++) {
+        const read = await jobGet(c, { jobId });
+        if (read.outcome !== 'ok') throw new Error(JSON.stringify(read));
+        expect(read.value.attempts.map((a) => [a.attemptNo, a.status])).toEqual([
+          [1, 'failed'],
+          [2, 'succeeded'],
+        ]);
+      }
+      const { rows } = await c.query<{ name: string; statement: string; generic_plans: string; custom_plans: string }>(
+        `SELECT name, statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE name = ANY($1) ORDER BY name`,
+        [names],
+      );
+      expect(rows.map((r) => [r.name, Number(r.generic_plans), Number(r.custom_plans)])).toEqual(names.map((n) => [n, 8, 0]).sort());
+      expect((await c.query('SHOW plan_cache_mode')).rows[0].plan_cache_mode).toBe('auto');
+      // Each generic plan finds the job's rows by an index: no table read whole but the
+      // partitions of the days ahead, empty.
+      const empty = new Set(
+        (await c.query<{ name: string }>(`SELECT relname AS name FROM pg_class WHERE relname ~ '^jobs_done_[0-9]{8}$' AND reltuples <= 0`)).rows.map((r) => r.name),
+      );
+      await c.query('SET plan_cache_mode = force_generic_plan');
+      for (const r of rows) {
+        await c.query(`PREPARE p AS ${r.statement}`);
+        const plan = nodes(((await c.query(`EXPLAIN (FORMAT JSON) EXECUTE p('${jobId}')`)).rows[0]['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan);
+        await c.query('DEALLOCATE p');
+        expect(plan.filter((n) => n['Node Type'] === 'Seq Scan' && !empty.has(n['Relation Name'] ?? '')).map((n) => n['Relation Name']), r.name).toEqual([]);
+        expect(plan.some((n) => n['Index Name']), r.name).toBe(true);
+      }
     } finally {
       await c.end();
     }

@@ -110,7 +110,8 @@ export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEvent
 // an unnamed query is planned on every call (the view's two halves over every partition of jobs
 // took about 0.6 ms of planning a call; docs/performance.md, "Reading one job"). Each is served
 // by its table's index on the job (attempts_job_attempt_no_uq and the partitions' primary keys,
-// job_events_job_idx, the steps' primary key, stale_reports_job_idx).
+// job_events_job_idx, the steps' primary key, stale_reports_job_idx), in a generic plan
+// (test/store.history-reads.test.ts).
 const attemptsOfSql = statement('jobGetAttempts', `SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`);
 const eventsOfSql = statement('jobGetEvents', `SELECT id, job_id, attempt_id, kind, at, data FROM job_events WHERE job_id = $1 ORDER BY id`);
 const stepsOfSql = statement(
@@ -146,5 +147,8 @@ export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outco
       staleReports: await rowsOf<StaleReportRow>(tx, staleOfSql, p.jobId),
     });
   };
-  return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY' });
+  // Generic plans from the first call, as ListJobs' (docs/decisions.md, "The hot statements run
+  // on a pool of their own"): left to choose, PostgreSQL plans each of the first five calls on a
+  // connection on its own, over every day's partition.
+  return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY', local: 'SET LOCAL plan_cache_mode = force_generic_plan' });
 }
