@@ -79,8 +79,8 @@ it("a store verb's rows read without the Describe are the rows read with it", as
   }
   // Each enqueue statement (without a key or a header: jobEnqueuePlain, and its twin without the
   // NOTIFY) was described once, the first time, and so was each of GetJob's reads (named
-  // statements, planned once a connection: docs/performance.md, "Reading one job"); the unnamed
-  // query every time.
+  // statements, planned once a connection: docs/performance.md, "Statements planned on every
+  // call"); the unnamed query every time.
   expect(described.filter((d) => d.startsWith('jobEnqueue'))).toEqual(['jobEnqueuePlain', 'jobEnqueuePlainQuiet']);
   expect(described.filter((d) => d.startsWith('jobGet') || d === 'jobById')).toEqual([
     'jobById',

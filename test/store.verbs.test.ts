@@ -3,6 +3,7 @@
  * are checked after every test.
  */
 import { randomUUID } from 'node:crypto';
+import fc from 'fast-check';
 import pg from 'pg';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -21,6 +22,7 @@ import {
   type Claimed,
 } from '../server/store/index.js';
 import type { Outcome } from '../server/domain/outcomes.js';
+import { jobEventDeltaSql } from '../server/store/ends.js';
 import { jobErrorSql } from '../server/store/rows.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
@@ -523,6 +525,30 @@ describe("a job's error", () => {
       expect(r.inline).toEqual(r.fn);
       expect(value(await jobGet(t.pool, { jobId: ids[r.queue]! })).job.error ?? null).toEqual(r.fn);
     }
+  });
+});
+
+describe("a cancel's or a requeue's event", () => {
+  it('holds what job_event_delta (migration 0002) says, for any two rows: the statements write that expression in (jobEventDeltaSql)', async () => {
+    // Rows as jsonb: keys the delta leaves out among others, values of any JSON (no NUL, which
+    // jsonb cannot hold), some equal between the two rows.
+    const value = fc.jsonValue({ maxDepth: 2 }).filter((v) => !JSON.stringify(v).includes('\\u0000'));
+    const key = fc.constantFrom('status', 'run_at', 'attempt_no', 'updated_at', 'heartbeat_at', 'progress', 'result', 'x');
+    const row = fc.dictionary(key, value, { maxKeys: 8 });
+    const sql = `SELECT ${jobEventDeltaSql('$1::jsonb', '$2::jsonb')} AS inline, job_event_delta($1::jsonb, $2::jsonb) AS fn`;
+    await fc.assert(
+      fc.asyncProperty(row, row, fc.boolean(), async (a, b, share) => {
+        const old = share ? { ...b, ...Object.fromEntries(Object.entries(a).slice(0, 3)) } : b;
+        const [r] = (await t.pool.query(sql, [JSON.stringify(a), JSON.stringify(old)])).rows;
+        expect(r.inline).toEqual(r.fn);
+      }),
+      { numRuns: 300 },
+    );
+    // Not vacuous: a changed key is kept, an equal one and the left-out ones are not.
+    const [r] = (
+      await t.pool.query(sql, [JSON.stringify({ status: 'canceled', run_at: 1, updated_at: 2, progress: 3 }), JSON.stringify({ status: 'queued', run_at: 1 })])
+    ).rows;
+    expect(r.inline).toEqual({ status: 'canceled' });
   });
 });
 

@@ -7,7 +7,7 @@ import { conflict, duplicate, notFound, ok, type Outcome } from '../domain/outco
 import { check, schemas } from '../domain/validation.js';
 import { countChangeSql, endedCountSql } from './counts.js';
 import { withDays } from './days.js';
-import { attemptEndSql, endedColumn, movedRowSql, notifiedJob } from './ends.js';
+import { attemptEndSql, endedColumn, jobEventDeltaSql, movedRowSql, notifiedJob } from './ends.js';
 import { outboxSql } from './outbox.js';
 import { currentOf, jobErrorSql, jobRowById, toJob, type Job } from './rows.js';
 import { JOB_COLUMNS } from './schema.js';
@@ -48,7 +48,7 @@ const cancelSql = statement(
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NOT NULL`)}
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
-     SELECT u.id, 'canceled', u.finished_at, job_event_delta(to_jsonb(u) - 'done_day', to_jsonb(o))
+     SELECT u.id, 'canceled', u.finished_at, ${jobEventDeltaSql("to_jsonb(u) - 'done_day'", 'to_jsonb(o)')}
      FROM u JOIN o ON o.id = u.id WHERE o.current_attempt_id IS NULL
      RETURNING at
    ), k AS (

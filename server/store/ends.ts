@@ -29,6 +29,22 @@ export const attemptJson = (id: string, no: string, agent: string, status: strin
   `jsonb_build_object('id', ${id}, 'attempt_no', ${no}, 'agent_id', ${agent}, 'status', ${status}, 'claimed_at', ${claimed},
      'started_at', ${started}, 'ended_at', ${ended})`;
 
+/**
+ * The columns of a job's row that a transition set (the `data` of its `job_events` row): each key
+ * of `newRow` (jsonb) whose value differs from `oldRow`'s, without the times and the progress that
+ * move with every heartbeat. What the SQL function `job_event_delta` (migration 0002) returns,
+ * written into the statement: a function whose body reads FROM is never inlined, and PostgreSQL 17
+ * plans its body again in every statement that calls it (0.7 ms a call here), where this is
+ * planned with its statement (docs/performance.md, "Statements planned on every call").
+ */
+export const jobEventDeltaSql = (newRow: string, oldRow: string) =>
+  // Both rows as sets of keys, joined by key: each row's jsonb is computed once, where
+  // `oldRow -> n.key` in the WHERE would compute it again for every key.
+  `(SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}'::jsonb)
+    FROM jsonb_each((${newRow}) - '{updated_at,heartbeat_at,progress}'::text[]) AS n
+    LEFT JOIN jsonb_each(${oldRow}) AS p ON p.key = n.key
+    WHERE n.value IS DISTINCT FROM p.value)`;
+
 /** The job as a notification shows it, from a `jobs` row named `u` and the job's error. */
 export const notifiedJob = (error: string) => `to_jsonb(u) || jsonb_build_object('error', ${error})`;
 

@@ -108,9 +108,10 @@ export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEvent
 
 // What GetJob reads besides the row, each a named statement: planned once a connection, where
 // an unnamed query is planned on every call (the view's two halves over every partition of jobs
-// took about 0.6 ms of planning a call; docs/performance.md, "Reading one job"). Each is served
-// by its table's index on the job (attempts_job_attempt_no_uq and the partitions' primary keys,
-// job_events_job_idx, the steps' primary key, stale_reports_job_idx), in a generic plan
+// took about 0.6 ms of planning a call; docs/performance.md, "Statements planned on every
+// call"). Each is served by its table's index on the job (attempts_job_attempt_no_uq and the
+// partitions' primary keys, job_events_job_idx, the steps' primary key, stale_reports_job_idx),
+// in a generic plan
 // (test/store.history-reads.test.ts).
 const attemptsOfSql = statement('jobGetAttempts', `SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`);
 const eventsOfSql = statement('jobGetEvents', `SELECT id, job_id, attempt_id, kind, at, data FROM job_events WHERE job_id = $1 ORDER BY id`);

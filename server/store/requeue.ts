@@ -5,7 +5,7 @@
 import { conflict, notFound, ok, type Outcome } from '../domain/outcomes.js';
 import { check, schemas } from '../domain/validation.js';
 import { countChangeSql } from './counts.js';
-import { movedRowSql } from './ends.js';
+import { jobEventDeltaSql, movedRowSql } from './ends.js';
 import { JOBS_CHANNEL } from './notify.js';
 import { currentOf, jobErrorSql, jobRowById, toJob, withoutNotified, type Job } from './rows.js';
 import { JOB_COLUMNS } from './schema.js';
@@ -48,7 +48,7 @@ const requeueSql = statement(
      SELECT * FROM b UNION ALL SELECT * FROM l
    ), e AS (
      INSERT INTO job_events (job_id, kind, at, data)
-     SELECT u.id, 'requeued', u.updated_at, job_event_delta(to_jsonb(u) - 'done_day', to_jsonb(o)) FROM u JOIN o ON o.id = u.id
+     SELECT u.id, 'requeued', u.updated_at, ${jobEventDeltaSql("to_jsonb(u) - 'done_day'", 'to_jsonb(o)')} FROM u JOIN o ON o.id = u.id
    ), k AS (
      ${countChangeSql('SELECT o.queue, o.status, -1 FROM o JOIN u ON u.id = o.id')}
    )

@@ -33,7 +33,8 @@ export type JobSummary = Pick<Job, 'id' | 'queue' | 'status' | 'attemptNo' | 'cu
  * succeeded. What the SQL function `job_error` (migration 0005) returns, written into the
  * statement instead of called: PostgreSQL 17 plans a SQL function's body again in every statement
  * that calls it, about 140 µs a call here, where a subquery is planned with its statement once a
- * connection (docs/performance.md, "Reading one job"). `alias` names the `jobs` row.
+ * connection (docs/performance.md, "Statements planned on every call"). `alias` names the `jobs`
+ * row.
  */
 export const jobErrorSql = (alias: string) =>
   `CASE WHEN ${alias}.status = 'succeeded' THEN NULL ELSE (SELECT ea.error FROM attempts ea WHERE ea.job_id = ${alias}.id AND ea.error IS NOT NULL ORDER BY ea.attempt_no DESC LIMIT 1) END`;
