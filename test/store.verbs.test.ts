@@ -552,6 +552,52 @@ describe("a cancel's or a requeue's event", () => {
   });
 });
 
+describe('the SQL functions the statements call', () => {
+  it('are none that PostgreSQL plans on every call: every verb of a life, and the reads, call only functions it inlines', async () => {
+    // track_functions counts the calls of a function that is not inlined: a SQL function whose
+    // body reads FROM (job_error, job_event_delta), whose body PostgreSQL 17 plans again in every
+    // statement that calls it (docs/performance.md, "Statements planned on every call").
+    const c = await t.pool.connect();
+    try {
+      await c.query(`SET track_functions = 'all'`);
+      const counted = async () => {
+        await c.query('SELECT pg_stat_force_next_flush()');
+        return (await c.query(`SELECT funcname, calls::int FROM pg_stat_user_functions ORDER BY funcname`)).rows;
+      };
+      const before = await counted();
+      await c.query(`SELECT job_error(gen_random_uuid(), 'queued')`); // the count works: a call made
+      expect(await counted()).not.toEqual(before);
+      const base = await counted();
+      const claimIn = async (queue: string, now: Date) => {
+        const [x] = value(await jobClaim(c, { agentId: 'a1', queues: [queue], limit: 1, claimTtlMs: TTL, now }));
+        value(await attemptStart(c, { attemptId: x!.attemptId, agentId: 'a1', leaseTtlMs: TTL, now }));
+        return x!;
+      };
+      const job = value(await jobEnqueue(c, { queue: 'fn', payload: {}, notifyUrl: 'http://127.0.0.1:9/hook', idempotencyKey: 'fn-1', now: T0 }));
+      let x = await claimIn('fn', T0);
+      value(await attemptHeartbeat(c, { items: [{ attemptId: x.attemptId, agentId: 'a1', progress: { p: 1 } }], leaseTtlMs: TTL, now: T0 }));
+      value(await stepReserve(c, { attemptId: x.attemptId, agentId: 'a1', step: 's' }));
+      value(await stepRecord(c, { attemptId: x.attemptId, agentId: 'a1', step: 's', output: {} }));
+      value(await attemptFail(c, { attemptId: x.attemptId, agentId: 'a1', error: { message: 'x' }, retryable: true, backoff: { baseMs: 1, maxMs: 1 }, now: T0 }));
+      x = await claimIn('fn', at(10)); // a second attempt's claim reads the first one's error
+      value(await attemptComplete(c, { attemptId: x.attemptId, agentId: 'a1', result: { ok: 1 } }));
+      value(await attemptComplete(c, { attemptId: x.attemptId, agentId: 'a1', result: { ok: 1 } })); // a repeat
+      expect((await attemptComplete(c, { attemptId: x.attemptId, agentId: 'a1', result: { ok: 2 } })).outcome).toBe('conflict');
+      const other = value(await jobEnqueue(c, { queue: 'fn', payload: {}, now: at(20) }));
+      value(await jobCancel(c, { jobId: other.id })); // queued: its event's delta
+      value(await jobRequeue(c, { jobId: other.id, now: at(20) })); // and the requeue's
+      expect((await jobRequeue(c, { jobId: job.id })).outcome).toBe('conflict'); // not requeueable: its row read
+      x = await claimIn('fn', at(20));
+      value(await jobRescueExpired(c, { limit: 10, now: at(20 + TTL + 1) }));
+      value(await jobGet(c, { jobId: job.id }));
+      expect(await counted()).toEqual(base);
+    } finally {
+      await c.query('RESET track_functions');
+      c.release();
+    }
+  });
+});
+
 describe('a job that succeeds after a failed attempt', () => {
   it('carries no error of the earlier attempt (which keeps it), in GetJob and in its job.succeeded event, whose times are in milliseconds', async () => {
     const c1 = await runningOne({ notifyUrl: 'http://127.0.0.1:9/hook', maxAttempts: 3 });
