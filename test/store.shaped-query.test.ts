@@ -78,17 +78,11 @@ it("a store verb's rows read without the Describe are the rows read with it", as
     await client.query('SELECT $1::int AS n', [i]);
   }
   // Each enqueue statement (without a key or a header: jobEnqueuePlain, and its twin without the
-  // NOTIFY) was described once, the first time, and so was each of GetJob's reads (named
-  // statements, planned once a connection: docs/performance.md, "Statements planned on every
+  // NOTIFY) was described once, the first time, and so was GetJob's read (a named statement,
+  // planned once a connection: docs/performance.md, "Statements planned on every
   // call"); the unnamed query every time.
   expect(described.filter((d) => d.startsWith('jobEnqueue'))).toEqual(['jobEnqueuePlain', 'jobEnqueuePlainQuiet']);
-  expect(described.filter((d) => d.startsWith('jobGet') || d === 'jobById')).toEqual([
-    'jobById',
-    'jobGetAttempts',
-    'jobGetEvents',
-    'jobGetSteps',
-    'jobGetStaleReports',
-  ]);
+  expect(described.filter((d) => d.startsWith('jobGet'))).toEqual(['jobGetDetail']);
   expect(described.filter((d) => d === '')).toHaveLength(6);
 });
 

@@ -23,7 +23,7 @@ import {
 } from '../server/store/index.js';
 import type { Outcome } from '../server/domain/outcomes.js';
 import { jobEventDeltaSql } from '../server/store/ends.js';
-import { jobErrorSql } from '../server/store/rows.js';
+import { camelRow, jobColumns, jobErrorSql, toJob } from '../server/store/rows.js';
 import { useTestDb } from './helpers/db.js';
 import { makeJob } from './helpers/factories.js';
 import { checkInvariants } from './helpers/invariants.js';
@@ -478,6 +478,40 @@ describe('jobRequeue and jobGet', () => {
     expect(d.steps).toMatchObject([{ step: 's1', status: 'started' }]);
     expect(d.staleReports).toEqual([]);
     expect(await jobGet(t.pool, { jobId: '33333333-3333-3333-3333-333333333333' })).toMatchObject({ outcome: 'not_found' });
+  });
+
+  it("reads each list as its table's rows read through pg, field for field (times to the millisecond, ids as numbers)", async () => {
+    // Two ended attempts (a retry, then a success), a live one is not there; steps done and
+    // reserved; a late report of the first attempt; a requeue's and a cancel's events.
+    const c1 = await runningOne({ maxAttempts: 5 });
+    value(await stepReserve(t.pool, { attemptId: c1.attemptId, agentId: 'a1', step: 'a' }));
+    value(await stepRecord(t.pool, { attemptId: c1.attemptId, agentId: 'a1', step: 'a', output: { n: [1, 'x'] } }));
+    value(await attemptFail(t.pool, { attemptId: c1.attemptId, agentId: 'a1', error: { message: 'm', code: 3 }, retryable: true, backoff: { baseMs: 1, maxMs: 1 }, now: at(1) }));
+    const c2 = await claimOne('a1', at(10));
+    value(await attemptStart(t.pool, { attemptId: c2.attemptId, agentId: 'a1', leaseTtlMs: TTL, now: at(10) }));
+    value(await stepReserve(t.pool, { attemptId: c2.attemptId, agentId: 'a1', step: 'b' }));
+    expect((await attemptHeartbeat(t.pool, { items: [{ attemptId: c1.attemptId, agentId: 'a1' }], leaseTtlMs: TTL })).outcome).toBe('ok');
+    value(await attemptFail(t.pool, { attemptId: c2.attemptId, agentId: 'a1', error: { message: 'final' }, retryable: false, now: at(20) }));
+    value(await jobRequeue(t.pool, { jobId: c1.job.id, now: at(30) }));
+    value(await jobCancel(t.pool, { jobId: c1.job.id }));
+    await attemptStart(t.pool, { attemptId: c1.attemptId, agentId: 'a1', leaseTtlMs: TTL }); // late: a stale report
+    const d = value(await jobGet(t.pool, { jobId: c1.job.id }));
+    const rows = async (sql: string) => (await t.pool.query(sql, [c1.job.id])).rows.map((r) => camelRow(r));
+    const attempts = await rows('SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no');
+    const steps = await rows('SELECT * FROM steps WHERE job_id = $1 ORDER BY started_at');
+    const stale = await rows('SELECT * FROM stale_reports WHERE job_id = $1 ORDER BY id DESC');
+    const events = await rows('SELECT * FROM job_events WHERE job_id = $1 ORDER BY id');
+    expect(attempts).toHaveLength(2);
+    expect(steps).toHaveLength(2);
+    expect(stale.length).toBeGreaterThanOrEqual(1);
+    expect(events.map((e) => (e as { kind: string }).kind)).toEqual(['requeued', 'canceled']);
+    expect(d.attempts).toEqual(attempts);
+    expect(d.steps).toEqual(steps);
+    expect(d.staleReports).toEqual(stale);
+    for (const e of events as Array<{ kind: string; at: Date; data: unknown }>) {
+      expect(d.events.filter((x) => x.kind === e.kind).map((x) => [x.at, x.data])).toEqual([[e.at, e.data]]);
+    }
+    expect(d.job).toEqual(toJob((await t.pool.query(`SELECT ${jobColumns('j')} FROM jobs j WHERE j.id = $1`, [c1.job.id])).rows[0]));
   });
 });
 

@@ -3,13 +3,12 @@
  * (ended, from `attempt_log`, and the live one from its row), its history as a list of
  * transitions, its steps and its stale reports, from one read-only snapshot.
  */
-import type pg from 'pg';
 import { notFound, ok, type Outcome } from '../domain/outcomes.js';
 import type { EventKind, JobStatus } from '../domain/statuses.js';
 import { check, schemas } from '../domain/validation.js';
-import { camelRow, jobRowById, toJob, type Job } from './rows.js';
+import { camelRow, jobColumns, toJob, type Job } from './rows.js';
 import type { AttemptRow, JobEventRow, StaleReportRow, StepRow } from './schema.js';
-import { run, statement, withTransaction, type Queryable } from './sql.js';
+import { run, statement, type Queryable } from './sql.js';
 
 /**
  * An attempt as operators see it: ended (a row of `attempt_log`: its `attempts` row, or for a
@@ -106,50 +105,60 @@ export function jobHistory(job: Job, attemptsOf: AttemptView[], events: JobEvent
   return out.map((e, i) => ({ id: i + 1, ...e }));
 }
 
-// What GetJob reads besides the row, each a named statement: planned once a connection, where
-// an unnamed query is planned on every call (the view's two halves over every partition of jobs
-// took about 0.6 ms of planning a call; docs/performance.md, "Statements planned on every
-// call"). Each is served by its table's index on the job (attempts_job_attempt_no_uq and the
-// partitions' primary keys, job_events_job_idx, the steps' primary key, stale_reports_job_idx),
-// in a generic plan
+// GetJob's read: the job's row, and its ended attempts (`attempt_log`), events, steps and stale
+// reports as JSON arrays, in one named statement, so one snapshot without a transaction and one
+// round trip. Five statements in a REPEATABLE READ transaction took 1.7 ms a call here, this one
+// 0.5 (docs/performance.md, "Statements planned on every call"). Each list is read by its
+// table's index on the job (attempts_job_attempt_no_uq and the partitions' primary keys,
+// job_events_job_idx, the steps' primary key, stale_reports_job_idx); PostgreSQL plans the first
+// five calls on a connection on their own, then keeps a generic plan
 // (test/store.history-reads.test.ts).
-const attemptsOfSql = statement('jobGetAttempts', `SELECT * FROM attempt_log WHERE job_id = $1 ORDER BY attempt_no`);
-const eventsOfSql = statement('jobGetEvents', `SELECT id, job_id, attempt_id, kind, at, data FROM job_events WHERE job_id = $1 ORDER BY id`);
-const stepsOfSql = statement(
-  'jobGetSteps',
-  `SELECT job_id, step, status, attempt_id, previous_attempt_id, output, reservations, started_at, finished_at
-   FROM steps WHERE job_id = $1 ORDER BY started_at`,
-);
-const staleOfSql = statement(
-  'jobGetStaleReports',
-  `SELECT id, job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at
-   FROM stale_reports WHERE job_id = $1 ORDER BY id DESC`,
+const detailSql = statement(
+  'jobGetDetail',
+  `SELECT ${jobColumns('j')},
+     (SELECT coalesce(json_agg(a ORDER BY a.attempt_no), '[]') FROM attempt_log a WHERE a.job_id = $1) AS detail_attempts,
+     (SELECT coalesce(json_agg(e ORDER BY e.id), '[]')
+      FROM (SELECT id, job_id, attempt_id, kind, at, data FROM job_events WHERE job_id = $1) e) AS detail_events,
+     (SELECT coalesce(json_agg(s ORDER BY s.started_at), '[]')
+      FROM (SELECT job_id, step, status, attempt_id, previous_attempt_id, output, reservations, started_at, finished_at
+            FROM steps WHERE job_id = $1) s) AS detail_steps,
+     (SELECT coalesce(json_agg(r ORDER BY r.id DESC), '[]')
+      FROM (SELECT id, job_id, attempt_id, agent_id, call, current_attempt_id, current_attempt_no, current_status, at
+            FROM stale_reports WHERE job_id = $1) r) AS detail_stale_reports
+   FROM jobs j WHERE j.id = $1`,
 );
 
-const rowsOf = async <T>(tx: Queryable, stmt: Parameters<typeof run>[1], jobId: string): Promise<T[]> =>
-  (await run<Record<string, unknown>>(tx, stmt, [jobId])).map((r) => camelRow<T>(r));
+/**
+ * A row of a JSON list as its table's row reads through `pg`: camelCase keys, and each time
+ * (`keys`, which JSON gives as text) a Date, to the millisecond as `pg` reads it.
+ */
+function listRows<T>(list: unknown, keys: readonly string[]): T[] {
+  return (list as Array<Record<string, unknown>>).map((r) => {
+    for (const k of keys) if (typeof r[k] === 'string') r[k] = new Date(r[k]);
+    return camelRow<T>(r);
+  });
+}
+const ATTEMPT_TIMES = ['claimed_at', 'claim_deadline', 'started_at', 'ended_at', 'suspect_since', 'run_at', 'job_created_at'] as const;
+const EVENT_TIMES = ['at'] as const;
+const STEP_TIMES = ['started_at', 'finished_at'] as const;
+const STALE_TIMES = ['at'] as const;
 
 /** One job with its attempts, history, steps and stale reports, read from one snapshot. */
 export async function jobGet(db: Queryable, p: { jobId: string }): Promise<Outcome<JobDetail>> {
   const bad = check('jobId', schemas.id, p.jobId);
   if (bad) return bad;
-  const read = async (tx: pg.PoolClient | pg.Client) => {
-    const row = await jobRowById(tx, p.jobId);
-    if (!row) return notFound(`job ${p.jobId} not found`);
-    const job = toJob(row);
-    const live = liveAttempt(job);
-    const ended = await rowsOf<AttemptView>(tx, attemptsOfSql, p.jobId);
-    const all = live ? [...ended, live] : ended;
-    return ok<JobDetail>({
-      job,
-      attempts: all,
-      events: jobHistory(job, all, await rowsOf<JobEventRow>(tx, eventsOfSql, p.jobId)),
-      steps: await rowsOf<StepRow>(tx, stepsOfSql, p.jobId),
-      staleReports: await rowsOf<StaleReportRow>(tx, staleOfSql, p.jobId),
-    });
-  };
-  // Generic plans from the first call, as ListJobs' (docs/decisions.md, "The hot statements run
-  // on a pool of their own"): left to choose, PostgreSQL plans each of the first five calls on a
-  // connection on its own, over every day's partition.
-  return withTransaction(db, read, { mode: 'REPEATABLE READ, READ ONLY', local: 'SET LOCAL plan_cache_mode = force_generic_plan' });
+  const [r] = await run<Record<string, unknown>>(db, detailSql, [p.jobId]);
+  if (!r) return notFound(`job ${p.jobId} not found`);
+  const { detail_attempts, detail_events, detail_steps, detail_stale_reports, ...row } = r;
+  const job = toJob(row);
+  const live = liveAttempt(job);
+  const ended = listRows<AttemptView>(detail_attempts, ATTEMPT_TIMES);
+  const all = live ? [...ended, live] : ended;
+  return ok<JobDetail>({
+    job,
+    attempts: all,
+    events: jobHistory(job, all, listRows<JobEventRow>(detail_events, EVENT_TIMES)),
+    steps: listRows<StepRow>(detail_steps, STEP_TIMES),
+    staleReports: listRows<StaleReportRow>(detail_stale_reports, STALE_TIMES),
+  });
 }
