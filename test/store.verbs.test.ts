@@ -566,9 +566,9 @@ describe("a cancel's or a requeue's event", () => {
   it('holds what job_event_delta (migration 0002) says, for any two rows: the statements write that expression in (jobEventDeltaSql)', async () => {
     // Rows as jsonb: keys the delta leaves out among others, values of any JSON (no NUL, which
     // jsonb cannot hold), some equal between the two rows.
-    const value = fc.jsonValue({ maxDepth: 2 }).filter((v) => !JSON.stringify(v).includes('\\u0000'));
+    const json = fc.jsonValue({ maxDepth: 2 }).filter((v) => !JSON.stringify(v).includes('\\u0000'));
     const key = fc.constantFrom('status', 'run_at', 'attempt_no', 'updated_at', 'heartbeat_at', 'progress', 'result', 'x');
-    const row = fc.dictionary(key, value, { maxKeys: 8 });
+    const row = fc.dictionary(key, json, { maxKeys: 8 });
     const sql = `SELECT ${jobEventDeltaSql('$1::jsonb', '$2::jsonb')} AS inline, job_event_delta($1::jsonb, $2::jsonb) AS fn`;
     await fc.assert(
       fc.asyncProperty(row, row, fc.boolean(), async (a, b, share) => {
